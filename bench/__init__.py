@@ -1,0 +1,1 @@
+"""Benchmarks and the trace-driven simulator that judge slaq against stock vLLM."""

@@ -1,0 +1,1 @@
+"""GPU kernels the block manager needs, each with a CPU reference path."""

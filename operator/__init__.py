@@ -1,0 +1,1 @@
+"""The kopf operator: reconciles InferencePool and TenantSLA into pods, tables and autoscaling."""

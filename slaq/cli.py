@@ -1,0 +1,40 @@
+"""The `slaq` command.
+
+Each capability registers its own subcommands: a module listed in SUBCOMMAND_MODULES exposes
+`register(subparsers)`. Heavy imports (vLLM, kopf) happen inside the handlers, so `slaq --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+SUBCOMMAND_MODULES = (
+    "slaq.cli_api",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slaq", description="SLA-aware priority scheduling for multi-tenant LLM inference.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in SUBCOMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+def repo_root() -> Path:
+    """The source checkout this package runs from (crds/, helm/ live there)."""
+    return Path(__file__).resolve().parent.parent
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Reading manifests from files and validating slaq's kinds against the API models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from slaq.api.common import API_VERSION, ObjectMeta
+from slaq.api.pool import InferencePool
+from slaq.api.tenant import TenantSLA
+
+MODELS: dict[str, type[BaseModel]] = {"InferencePool": InferencePool, "TenantSLA": TenantSLA}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    source: str
+    index: int
+    body: Any
+
+    @property
+    def label(self) -> str:
+        if isinstance(self.body, dict):
+            name = (self.body.get("metadata") or {}).get("name", "?") if isinstance(self.body.get("metadata"), dict) else "?"
+            return f"{self.source}[{self.index}] {self.body.get('kind', '?')}/{name}"
+        return f"{self.source}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class FieldError:
+    manifest: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.manifest}: {self.field}: {self.message}"
+
+
+def load_manifests(paths: Iterable[str | Path]) -> Iterator[Manifest]:
+    """Every YAML document in the given files (directories: their *.yaml and *.yml files)."""
+    for path in paths:
+        path = Path(path)
+        files = sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) if path.is_dir() else [path]
+        for file in files:
+            with file.open(encoding="utf-8") as handle:
+                for index, doc in enumerate(yaml.safe_load_all(handle)):
+                    if doc is not None:
+                        yield Manifest(str(file), index, doc)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc if part not in ("function-after",)) or "(document)"
+
+
+def validate_manifest(manifest: Manifest) -> list[FieldError]:
+    """Field-level errors of one document; kinds slaq does not own are checked only for shape."""
+    body, label = manifest.body, manifest.label
+    if not isinstance(body, dict):
+        return [FieldError(label, "(document)", "a manifest must be a mapping")]
+    kind = body.get("kind")
+    if kind in MODELS:
+        if body.get("apiVersion") != API_VERSION:
+            return [FieldError(label, "apiVersion", f"must be {API_VERSION!r} for kind {kind}, got {body.get('apiVersion')!r}")]
+        try:
+            model = MODELS[kind].model_validate(body)
+        except ValidationError as exc:
+            return [FieldError(label, _field(e["loc"]), e["msg"]) for e in exc.errors()]
+        if kind == "TenantSLA" and model.metadata.namespace:
+            return [FieldError(label, "metadata.namespace", "TenantSLA is cluster-scoped; remove the namespace")]
+        return []
+    if kind == "Secret":
+        return _validate_secret(label, body)
+    return []
+
+
+def _validate_secret(label: str, body: dict[str, Any]) -> list[FieldError]:
+    errors: list[FieldError] = []
+    try:
+        ObjectMeta.model_validate(body.get("metadata") or {})
+    except ValidationError as exc:
+        errors += [FieldError(label, "metadata." + _field(e["loc"]), e["msg"]) for e in exc.errors()]
+    for section in ("data", "stringData"):
+        entries = body.get(section)
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            errors.append(FieldError(label, section, "must be a mapping of key to string"))
+            continue
+        errors += [FieldError(label, f"{section}.{k}", "must be a string") for k, v in entries.items() if not isinstance(v, str)]
+    return errors
+
+
+def validate_paths(paths: Iterable[str | Path]) -> tuple[int, list[FieldError]]:
+    """(documents read, errors) over every document in the given files."""
+    count, errors = 0, []
+    for manifest in load_manifests(paths):
+        count += 1
+        errors += validate_manifest(manifest)
+    return count, errors
+
