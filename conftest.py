@@ -1,0 +1,3 @@
+"""Repository-wide pytest setup: shared fixtures are plugins under tests/support/."""
+
+pytest_plugins: list[str] = []

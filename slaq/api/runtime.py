@@ -1,0 +1,46 @@
+"""The pod contract: how the operator wires a pool pod and what the sidecar and engine expect.
+
+The operator renders containers from these names; `slaq sidecar` and `slaq engine` accept them.
+Changing one side without the other breaks pods, so both import them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from slaq.api.common import ApiModel
+
+ENGINE_HOST = "127.0.0.1"  # the engine is reachable only from its sidecar, inside the pod
+ENGINE_PORT = 8001
+SIDECAR_PORT_NAME = "http"
+
+TENANT_TABLE_DIR = "/etc/slaq/tenants"  # the pool's tenant-table Secret is mounted here
+TENANT_TABLE_KEY = "tenants.json"  # the Secret's data key, and the file name under the mount
+
+# Environment variable carrying the pool's SchedulerSpec (wire JSON) into the engine core process.
+SCHEDULER_CONFIG_ENV = "SLAQ_SCHEDULER_CONFIG"
+
+HEALTH_PATH = "/health"  # liveness: the sidecar process answers
+READY_PATH = "/ready"  # readiness: the engine behind it answers and the tenant table is loaded
+METRICS_PATH = "/metrics"  # Prometheus text format
+USAGE_PATH = "/slaq/usage"  # per-tenant usage the operator reads to split quotas
+
+
+class TenantUsage(ApiModel):
+    """One tenant's demand on one replica over the last minute."""
+
+    requests_per_minute: Annotated[float, Field(ge=0.0)] = 0.0
+    tokens_per_minute: Annotated[float, Field(ge=0.0)] = 0.0
+    concurrency: Annotated[int, Field(ge=0)] = 0
+    refused_per_minute: Annotated[float, Field(ge=0.0, description="Requests refused for quota in the last minute: demand beyond the share.")] = 0.0
+
+
+class UsageReport(ApiModel):
+    """What `GET /slaq/usage` on a sidecar answers."""
+
+    pool: str
+    table_revision: str = ""
+    window_seconds: float = 60.0
+    tenants: dict[str, TenantUsage] = Field(default_factory=dict)
