@@ -1,0 +1,122 @@
+"""KV-cache block erase and copy: Triton kernels for GPUs, each with a torch reference path.
+
+vLLM 0.32 allocates each layer's KV cache with the block (page) as the outermost dimension, so
+every layer tensor can be viewed as `[num_blocks, page_elements]`. The block manager erases the
+blocks a tenant releases before another tenant can be handed them (KV data may be sensitive:
+design report 1.6, "KV Cache 可能包含敏感信息，需要安全擦除") and copies blocks when it moves a
+prefix. The kernels work on that 2-D view, one program per (block, chunk of the page).
+
+`erase_blocks` and `copy_blocks` pick the Triton kernel when the tensor is on a CUDA device (or
+when TRITON_INTERPRET=1 asks for the interpreter, which is how the tests run the real kernel code
+on CPU) and the torch reference otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without triton use the reference path
+    triton = None
+
+CHUNK = 1024
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _use_triton(cache: torch.Tensor) -> bool:
+    return triton is not None and (cache.is_cuda or _interpreting())
+
+
+def _pages(cache: torch.Tensor) -> torch.Tensor:
+    """The `[num_blocks, page_elements]` view of one layer's cache (no copy)."""
+    if not cache.is_contiguous():
+        raise ValueError("KV cache tensor must be contiguous with the block dimension outermost")
+    return cache.view(cache.shape[0], -1)
+
+
+def _ids(block_ids: Sequence[int] | torch.Tensor, num_blocks: int, device: torch.device) -> torch.Tensor:
+    ids = torch.as_tensor(block_ids, dtype=torch.int64, device=device).flatten()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+        raise IndexError(f"block id out of range 0..{num_blocks - 1}")
+    return ids
+
+
+def erase_blocks_reference(cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> None:
+    pages = _pages(cache)
+    pages[_ids(block_ids, pages.shape[0], pages.device)] = 0
+
+
+def copy_blocks_reference(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:
+    pages = _pages(cache)
+    src_ids, dst_ids = _ids(src, pages.shape[0], pages.device), _ids(dst, pages.shape[0], pages.device)
+    if src_ids.numel() != dst_ids.numel():
+        raise ValueError(f"{src_ids.numel()} source blocks but {dst_ids.numel()} destination blocks")
+    pages[dst_ids] = pages[src_ids].clone()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _erase_kernel(pages_ptr, ids_ptr, page_elems, CHUNK_SIZE: tl.constexpr):
+        block = tl.load(ids_ptr + tl.program_id(0))
+        offsets = tl.program_id(1) * CHUNK_SIZE + tl.arange(0, CHUNK_SIZE)
+        mask = offsets < page_elems
+        row = pages_ptr + block * page_elems
+        zeros = tl.zeros([CHUNK_SIZE], dtype=pages_ptr.dtype.element_ty)
+        tl.store(row + offsets, zeros, mask=mask)
+
+    @triton.jit
+    def _copy_kernel(pages_ptr, src_ptr, dst_ptr, page_elems, CHUNK_SIZE: tl.constexpr):
+        src = tl.load(src_ptr + tl.program_id(0))
+        dst = tl.load(dst_ptr + tl.program_id(0))
+        offsets = tl.program_id(1) * CHUNK_SIZE + tl.arange(0, CHUNK_SIZE)
+        mask = offsets < page_elems
+        values = tl.load(pages_ptr + src * page_elems + offsets, mask=mask)
+        tl.store(pages_ptr + dst * page_elems + offsets, values, mask=mask)
+
+
+def erase_blocks(cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> None:
+    """Zero the given blocks of one layer's KV cache, in place."""
+    if not _use_triton(cache):
+        erase_blocks_reference(cache, block_ids)
+        return
+    pages = _pages(cache)
+    ids = _ids(block_ids, pages.shape[0], pages.device)
+    if ids.numel():
+        grid = (ids.numel(), triton.cdiv(pages.shape[1], CHUNK))
+        _erase_kernel[grid](pages, ids, pages.shape[1], CHUNK_SIZE=CHUNK)
+
+
+def copy_blocks(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:
+    """Copy blocks `src[i]` to `dst[i]` of one layer's KV cache, in place.
+
+    Destinations must be distinct from each other and from every source (the block manager only
+    copies into freshly allocated blocks), so the programs never race.
+    """
+    pages = _pages(cache)
+    src_ids, dst_ids = _ids(src, pages.shape[0], pages.device), _ids(dst, pages.shape[0], pages.device)
+    if src_ids.numel() != dst_ids.numel():
+        raise ValueError(f"{src_ids.numel()} source blocks but {dst_ids.numel()} destination blocks")
+    dst_set = set(dst_ids.tolist())
+    if len(dst_set) != dst_ids.numel() or dst_set & set(src_ids.tolist()):
+        raise ValueError("destination blocks must be distinct and must not be sources")
+    if not _use_triton(cache):
+        copy_blocks_reference(cache, src_ids, dst_ids)
+        return
+    if src_ids.numel():
+        grid = (src_ids.numel(), triton.cdiv(pages.shape[1], CHUNK))
+        _copy_kernel[grid](pages, src_ids, dst_ids, pages.shape[1], CHUNK_SIZE=CHUNK)
+
+
+def erase_blocks_all_layers(caches: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
+    """Zero the given blocks in every layer (block ids are shared across layers of one KV group)."""
+    for cache in caches:
+        erase_blocks(cache, block_ids)
