@@ -1,0 +1,477 @@
+"""A Kubernetes API emulator for tests: kmock 0.8 plus the server-side behaviour kopf relies on.
+
+Fixture API (pytest plugin, registered in the root conftest.py):
+
+    async def test_something(kube: KubeEmulator) -> None:
+        kube.url                # http://127.0.0.1:<port> of the emulated API server
+        kube.kubeconfig         # path of a kubeconfig pointing at it (also made the kubernetes
+                                # client's default location for the duration of the test)
+        kube.objects            # kmock's object store: kube.objects['apps/v1/deployments', 'ns', 'n']
+        kube.live(resource, namespace=None) -> list[dict]     # live (not deleted) objects
+        kube.read(resource, namespace, name) -> dict | None   # one live object, or None
+                                # (kube.get/patch/post/delete stay kmock's HTTP client shortcuts)
+        kube.fail(method, resource, status, times=1, name=None, subresource=None)
+                                # the next `times` matching requests answer `status` with
+                                # no state change (method: GET, POST, PATCH, DELETE or '*')
+        kube.collect_garbage() -> list[key]   # what the garbage collector would delete now
+        kube.install_crds(paths)              # declare CRDs (done for crds/*.yaml by the fixture)
+
+What it adds to kmock 0.8's `KubernetesEmulator` (pinned: this subclass reaches into it):
+uid, resourceVersion, generation (bumped only when the object outside metadata/status changes)
+and creationTimestamp; metadata.namespace from the URL and `generateName`; 201 on create;
+`status` and `scale` subresources with their real semantics; server-side apply
+(`application/apply-patch+yaml`, create-or-replace by one field manager); JSON-patch `test`
+failures as 422; label selectors on list and watch; list `kind`; `/api/v1` groupVersion `v1`;
+`GET /api/v1/namespaces`; and ownerReference garbage collection on request (`collect_garbage`).
+Not emulated: admission, schema validation, field selectors, watch timeouts and bookmarks, PUT,
+strategic merge patch, managedFields. A real cluster remains the final word for those.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import re
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import jsonpatch
+import kmock
+import pytest_asyncio
+import yaml
+from kmock._internal import dicts as kmock_dicts
+from kmock._internal import rendering
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+NAMESPACES = kmock.resource("", "v1", "namespaces")
+CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+
+
+@dataclass
+class Fault:
+    method: str
+    resource: kmock.resource
+    status: int
+    times: int
+    name: str | None
+    subresource: str | None
+
+    def matches(self, request: rendering.Request) -> bool:
+        return (
+            self.times > 0
+            and (self.method == "*" or request.method.value == self.method)
+            and request.resource == self.resource
+            and (self.name is None or request.name == self.name)
+            and request.subresource == self.subresource
+        )
+
+
+@dataclass(frozen=True)
+class ScalePaths:
+    spec_replicas: str
+    status_replicas: str
+    label_selector: str | None
+
+
+class KubeApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+    def response(self) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(
+            {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+             "code": self.status, "reason": self.reason, "message": self.message},
+            status=self.status,
+        )
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spec_part(body: dict[str, Any]) -> dict[str, Any]:
+    """What `generation` tracks: everything except metadata and status."""
+    return {k: v for k, v in body.items() if k not in ("metadata", "status")}
+
+
+def _get_path(body: dict[str, Any], dotted: str) -> Any:
+    node: Any = body
+    for part in dotted.strip(".").split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _set_path(body: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.strip(".").split(".")
+    node = body
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+_REQUIREMENT = re.compile(r"^\s*(!?)([A-Za-z0-9_./-]+)\s*(?:(==|=|!=)\s*(\S*)|\s+(in|notin)\s+\(([^)]*)\))?\s*$")
+
+
+def label_selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector syntax: `a=b,c!=d,e,!f,g in (h,i),j notin (k)`."""
+    for requirement in re.split(r",(?![^(]*\))", selector):
+        if not requirement.strip():
+            continue
+        m = _REQUIREMENT.match(requirement)
+        if m is None:
+            raise KubeApiError(400, "BadRequest", f"unable to parse requirement: {requirement!r}")
+        negated, key, op, value, set_op, values = m.groups()
+        if set_op:
+            options = {v.strip() for v in values.split(",") if v.strip()}
+            ok = (labels.get(key) in options) if set_op == "in" else (labels.get(key) not in options)
+        elif op in ("=", "=="):
+            ok = labels.get(key) == value
+        elif op == "!=":
+            ok = labels.get(key) != value
+        else:
+            ok = (key in labels) != bool(negated)
+        if not ok:
+            return False
+    return True
+
+
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the server-assigned fields and answers kopf and kubectl expect."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._faults: list[Fault] = []
+        self._version = 0
+        self._scale_paths: dict[kmock.resource, ScalePaths] = {}
+        self.kubeconfig: Path | None = None
+
+    # ---------------------------------------------------------------- test-facing helpers
+
+    def fail(self, method: str, resource: str, status: int, *, times: int = 1, name: str | None = None,
+             subresource: str | None = None) -> Fault:
+        """Answer the next `times` matching requests with `status`, changing nothing."""
+        fault = Fault(method.upper(), kmock.resource(resource), status, times, name, subresource)
+        self._faults.append(fault)
+        return fault
+
+    def live(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        res = kmock.resource(resource)
+        return [copy.deepcopy(obj.raw) for (r, ns, _), obj in self.objects.items()
+                if r == res and not obj.deleted and (namespace is None or ns == namespace)]
+
+    def read(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        key = (kmock.resource(resource), namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def install_crds(self, paths: Iterable[Path]) -> None:
+        """Declare the CRDs in these files for discovery, store them, and learn their subresources."""
+        for path in paths:
+            for crd in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+                if not crd or crd.get("kind") != "CustomResourceDefinition":
+                    continue
+                spec, names = crd["spec"], crd["spec"]["names"]
+                for version in spec["versions"]:
+                    res = kmock.resource(spec["group"], version["name"], names["plural"])
+                    subresources = version.get("subresources") or {}
+                    self.resources[res] = kmock.ResourceInfo(
+                        kind=names["kind"], singular=names.get("singular"),
+                        namespaced=spec["scope"] == "Namespaced",
+                        verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                        shortnames=set(names.get("shortNames", [])),
+                        categories=set(names.get("categories", [])), subresources=set(subresources),
+                    )
+                    if "scale" in subresources:
+                        scale = subresources["scale"]
+                        self._scale_paths[res] = ScalePaths(
+                            scale["specReplicasPath"], scale["statusReplicasPath"], scale.get("labelSelectorPath"))
+                self._store_new(CRDS, None, self._stamp_new(copy.deepcopy(crd), None))
+
+    def collect_garbage(self) -> list[tuple[kmock.resource, str | None, str]]:
+        """Delete every object whose owners are all gone (repeating until nothing changes)."""
+        collected: list[tuple[kmock.resource, str | None, str]] = []
+        while True:
+            uids = {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+            orphans = [key for key, obj in self.objects.items() if not obj.deleted
+                       and (refs := obj.raw.get("metadata", {}).get("ownerReferences"))
+                       and not any(ref.get("uid") in uids for ref in refs)]
+            if not orphans:
+                return collected
+            for key in orphans:
+                self.objects[key].delete()
+                collected.append(key)
+
+    # ---------------------------------------------------------------- request handling
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock 0.8 fails to parse `/api/v1/namespaces` (a cluster-scoped core list) into a request.
+        if raw_request.method == "GET" and raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            return await self._serve_namespace_list(raw_request)
+        return await super().__call__(raw_request)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        try:
+            for fault in self._faults:
+                if fault.matches(request):
+                    fault.times -= 1
+                    raise KubeApiError(fault.status, "InjectedFault", f"injected {fault.status} for {request.method.value} {request.url.path}")
+            if request.url.path.rstrip("/") == "/api/v1":
+                return aiohttp.web.json_response(await self._serve_core_discovery(request))
+            if request.resource is not None and request.resource.plural is not None:
+                if request.subresource == "scale" and request.resource in self._scale_paths:
+                    return await self._serve_scale(request)
+                if request.action == kmock.action.CREATE:
+                    return await self._create(request)
+                if request.action == kmock.action.UPDATE:
+                    return await self._patch(request)
+                if request.action == kmock.action.DELETE:
+                    return await self._delete(request)
+        except KubeApiError as exc:
+            return exc.response()
+        return await super()._handle(request)
+
+    async def _serve_core_discovery(self, request: rendering.Request) -> dict[str, Any]:
+        answer = await self._serve_version(request)
+        answer["groupVersion"] = "v1"  # kmock says "/v1", which kubectl rejects
+        return answer
+
+    async def _serve_namespace_list(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        names = {ns for (_, ns, _), obj in self.objects.items() if ns and not obj.deleted}
+        stored = {name: obj.raw for (res, _, name), obj in self.objects.items() if res == NAMESPACES and not obj.deleted}
+        items = [stored.get(name) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in sorted(names | set(stored))]
+        selector = raw_request.query.get("labelSelector")
+        if selector:
+            items = [i for i in items if label_selector_matches(selector, i.get("metadata", {}).get("labels") or {})]
+        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {"resourceVersion": str(self._version)}, "items": items})
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        answer = dict(await super()._serve_list(request))
+        selector = request.params.get("labelSelector")
+        if selector:
+            answer["items"] = [i for i in answer["items"] if label_selector_matches(selector, i.get("metadata", {}).get("labels") or {})]
+        assert request.resource is not None
+        info = self.resources[request.resource] if request.resource in self.resources else None
+        kind = info.kind if info is not None and info.kind else request.resource.plural.capitalize()
+        answer["kind"] = f"{kind}List"
+        answer["apiVersion"] = f"{request.resource.group}/{request.resource.version}".lstrip("/")
+        answer["metadata"] = {"resourceVersion": str(self._version)}
+        return answer
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        selector = request.params.get("labelSelector")
+        async for event in super()._serve_watch(request):
+            if selector and isinstance(event, dict):
+                labels = event.get("object", {}).get("metadata", {}).get("labels") or {}
+                if not label_selector_matches(selector, labels):
+                    continue
+            yield event
+
+    # ---------------------------------------------------------------- mutations
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def _stamp_new(self, body: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+        meta = body.setdefault("metadata", {})
+        if namespace:
+            meta["namespace"] = namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if not meta.get("name"):
+            raise KubeApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = self._next_version()
+        meta["generation"] = 1
+        meta["creationTimestamp"] = _now()
+        meta.pop("deletionTimestamp", None)
+        return body
+
+    def _key(self, request: rendering.Request, name: str | None = None) -> tuple[kmock.resource, str | None, str]:
+        assert request.resource is not None
+        return (request.resource, request.namespace, name or request.name or "")
+
+    def _live(self, key: tuple[kmock.resource, str | None, str]) -> dict[str, Any] | None:
+        if key in self.objects and not self.objects[key].deleted:
+            return copy.deepcopy(self.objects[key].raw)
+        return None
+
+    def _store_new(self, resource: kmock.resource, namespace: str | None, body: dict[str, Any]) -> None:
+        key = (resource, namespace, body["metadata"]["name"])
+        if key in self.objects:
+            self.objects[key].create(body)
+        else:
+            self.objects[key] = body
+
+    async def _emit(self, resource: kmock.resource, kind: str, body: dict[str, Any]) -> None:
+        await self._buses[resource].put({"type": kind, "object": copy.deepcopy(body)})
+
+    async def _create(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if not isinstance(request.data, dict):
+            raise KubeApiError(400, "BadRequest", "the body of a create must be an object")
+        body = self._stamp_new(copy.deepcopy(request.data), request.namespace)
+        assert request.resource is not None
+        async with self._lock:
+            if self._live(self._key(request, body["metadata"]["name"])) is not None:
+                raise KubeApiError(409, "AlreadyExists", f'{request.resource.plural} "{body["metadata"]["name"]}" already exists')
+            self._store_new(request.resource, request.namespace, body)
+            await self._emit(request.resource, "ADDED", body)
+        return aiohttp.web.json_response(body, status=201)
+
+    def _has_status_subresource(self, request: rendering.Request) -> bool:
+        assert request.resource is not None
+        return request.resource in self.resources and "status" in self.resources[request.resource].subresources
+
+    async def _patch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        key = self._key(request)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        content_type = headers.get("content-type", "").split(";")[0].strip()
+        async with self._lock:
+            old = self._live(key)
+            if content_type == APPLY_CONTENT_TYPE:
+                return await self._apply(request, key, old)
+            if old is None:
+                raise KubeApiError(404, "NotFound", f"{key[0].plural} {key[2]!r} not found")
+            try:
+                new = dict(kmock_dicts.patch_dict(copy.deepcopy(old), request.data or {}))
+            except jsonpatch.JsonPatchTestFailed as exc:
+                raise KubeApiError(422, "Invalid", f"the JSON patch test failed: {exc}") from exc
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError, TypeError) as exc:
+                raise KubeApiError(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
+            new = self._restrict_to_endpoint(request, old, new)
+            return await self._replace(key, old, new)
+
+    def _restrict_to_endpoint(self, request: rendering.Request, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        """The status endpoint writes only status; the main endpoint never writes status."""
+        if request.subresource == "status":
+            return {**old, "status": new.get("status")} if new.get("status") is not None else {k: v for k, v in old.items() if k != "status"}
+        if self._has_status_subresource(request):
+            restricted = {k: v for k, v in new.items() if k != "status"}
+            if "status" in old:
+                restricted["status"] = old["status"]
+            return restricted
+        return new
+
+    async def _replace(self, key: tuple[kmock.resource, str | None, str], old: dict[str, Any], new: dict[str, Any]) -> aiohttp.web.StreamResponse:
+        meta, old_meta = new.setdefault("metadata", {}), old.get("metadata", {})
+        for field in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp"):
+            if field in old_meta:
+                meta[field] = old_meta[field]
+        meta["generation"] = old_meta.get("generation", 1) + (1 if _spec_part(new) != _spec_part(old) else 0)
+        if new == old:
+            return aiohttp.web.json_response(new)  # a no-op write does not bump resourceVersion
+        meta["resourceVersion"] = self._next_version()
+        self.objects[key].create(new)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self.objects[key].delete()
+            await self._emit(key[0], "DELETED", new)
+        else:
+            await self._emit(key[0], "MODIFIED", new)
+        return aiohttp.web.json_response(new)
+
+    async def _apply(self, request: rendering.Request, key: tuple[kmock.resource, str | None, str], old: dict[str, Any] | None) -> aiohttp.web.StreamResponse:
+        applied = request.data
+        if not isinstance(applied, dict):
+            raise KubeApiError(400, "BadRequest", "an apply patch must be an object (JSON or YAML)")
+        if request.params.get("fieldManager") in (None, ""):
+            raise KubeApiError(422, "Invalid", "fieldManager is required for apply patches")
+        applied = copy.deepcopy(applied)
+        if old is None:
+            applied.setdefault("metadata", {})["name"] = key[2]
+            body = self._stamp_new(applied, key[1])
+            self._store_new(key[0], key[1], body)
+            await self._emit(key[0], "ADDED", body)
+            return aiohttp.web.json_response(body, status=201)
+        # One field manager owns the whole object here: the applied config replaces everything it
+        # may own; server-owned metadata and (behind a status subresource) status are kept.
+        new = {k: v for k, v in applied.items() if k != "status"}
+        new["metadata"] = {**{k: v for k, v in old.get("metadata", {}).items() if k in ("finalizers",)}, **applied.get("metadata", {})}
+        if "status" in old:
+            new["status"] = old["status"]
+        return await self._replace(key, old, new)
+
+    async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        key = self._key(request)
+        async with self._lock:
+            old = self._live(key)
+            if old is None:
+                raise KubeApiError(404, "NotFound", f"{key[0].plural} {key[2]!r} not found")
+            meta = old.setdefault("metadata", {})
+            if meta.get("finalizers"):
+                if not meta.get("deletionTimestamp"):
+                    meta["deletionTimestamp"] = _now()
+                    meta["resourceVersion"] = self._next_version()
+                    self.objects[key].create(old)
+                    await self._emit(key[0], "MODIFIED", old)
+                return aiohttp.web.json_response(old, status=202)
+            self.objects[key].delete()
+            await self._emit(key[0], "DELETED", old)
+        return aiohttp.web.json_response(old)
+
+    async def _serve_scale(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        assert request.resource is not None
+        paths = self._scale_paths[request.resource]
+        key = self._key(request)
+        async with self._lock:
+            body = self._live(key)
+            if body is None:
+                raise KubeApiError(404, "NotFound", f"{key[0].plural} {key[2]!r} not found")
+            if request.method.value == "PATCH":
+                replicas = ((request.data or {}).get("spec") or {}).get("replicas")
+                if not isinstance(replicas, int) or replicas < 0:
+                    raise KubeApiError(422, "Invalid", "spec.replicas: must be a non-negative integer")
+                new = copy.deepcopy(body)
+                _set_path(new, paths.spec_replicas, replicas)
+                await self._replace(key, body, new)
+                body = self._live(key) or new
+            elif request.method.value != "GET":
+                raise KubeApiError(405, "MethodNotAllowed", "the scale subresource supports GET and PATCH here")
+        meta = body["metadata"]
+        scale = {
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta["uid"],
+                         "resourceVersion": meta["resourceVersion"], "creationTimestamp": meta.get("creationTimestamp")},
+            "spec": {"replicas": _get_path(body, paths.spec_replicas) or 0},
+            "status": {"replicas": _get_path(body, paths.status_replicas) or 0},
+        }
+        if paths.label_selector and (selector := _get_path(body, paths.label_selector)):
+            scale["status"]["selector"] = selector
+        return aiohttp.web.json_response(scale)
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "kmock", "user": {"token": "kmock"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": "default"}}],
+    }
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+@pytest_asyncio.fixture()
+async def kube(tmp_path: Path, monkeypatch: Any) -> AsyncIterator[KubeEmulator]:
+    """A running emulator with the built-in resources and slaq's CRDs, and a kubeconfig for it."""
+    async with KubeEmulator() as emulator, kmock.Server(emulator):
+        emulator.resources.load_bundled()
+        emulator.install_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
+        emulator.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(emulator.url).rstrip("/"))
+        monkeypatch.setenv("KUBECONFIG", str(emulator.kubeconfig))
+        try:  # the kubernetes client reads $KUBECONFIG once, at import
+            from kubernetes.config import kube_config
+            monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(emulator.kubeconfig))
+        except ImportError:
+            pass
+        yield emulator
