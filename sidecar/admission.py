@@ -1,0 +1,207 @@
+"""Admission: per-tenant quotas (token buckets, concurrency) and pod-level guards (shedding, deadlines).
+
+Tenant quotas come from the tenant table's per-replica share. Tokens are charged up front as
+prompt tokens plus the output reserved (max_tokens, or the predicted output when the client set
+none) and settled when the request ends: the unused reservation flows back, an overrun is
+charged. A bucket holds one minute's worth (the burst a per-minute quota allows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from slaq.api.common import Tier
+from slaq.sidecar.errors import (
+    ConcurrencyExceeded,
+    DeadlineUnreachable,
+    QueueFull,
+    RequestRateExceeded,
+    Shedding,
+    TokenRateExceeded,
+)
+from slaq.sidecar.tenants import Tenant
+
+
+class TokenBucket:
+    """Refills at `per_minute / 60` per second up to `per_minute`; may go into debt when settled."""
+
+    __slots__ = ("per_minute", "level", "stamp")
+
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.per_minute = per_minute
+        self.level = per_minute
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.level = min(self.per_minute, self.level + (now - self.stamp) * self.per_minute / 60.0)
+            self.stamp = now
+
+    def retry_after(self, cost: float, now: float) -> float | None:
+        """Seconds until `cost` fits, 0 when it fits now, None when it never can (a zero quota).
+
+        A request larger than the whole bucket needs a full bucket, so large requests are slowed
+        down, never locked out.
+        """
+        if self.per_minute <= 0:
+            return None
+        self._refill(now)
+        need = min(cost, self.per_minute)
+        if self.level >= need:
+            return 0.0
+        return (need - self.level) * 60.0 / self.per_minute
+
+    def take(self, cost: float, now: float) -> None:
+        self._refill(now)
+        self.level -= cost
+
+    def give(self, amount: float, now: float) -> None:
+        self._refill(now)
+        self.level = min(self.per_minute, self.level + amount)
+
+    def reconfigure(self, per_minute: float, now: float) -> None:
+        self._refill(now)
+        self.per_minute = per_minute
+        self.level = min(self.level, per_minute)
+
+
+@dataclass(slots=True)
+class TenantQuotaState:
+    requests: TokenBucket | None
+    tokens: TokenBucket | None
+    in_flight: int = 0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What an admitted request holds until it is settled."""
+
+    tenant: Tenant
+    reserved_tokens: int
+    settled: bool = False
+
+
+def _bucket(state_bucket: TokenBucket | None, per_minute: float | None, now: float) -> TokenBucket | None:
+    if per_minute is None:
+        return None
+    if state_bucket is None:
+        return TokenBucket(per_minute, now)
+    if state_bucket.per_minute != per_minute:
+        state_bucket.reconfigure(per_minute, now)
+    return state_bucket
+
+
+class QuotaGate:
+    """Per-tenant request-rate, token-rate and concurrency limits on this replica."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, TenantQuotaState] = {}
+
+    def _state(self, tenant: Tenant, now: float) -> TenantQuotaState:
+        state = self._states.get(tenant.name)
+        if state is None:
+            state = TenantQuotaState(_bucket(None, tenant.requests_per_minute, now), _bucket(None, tenant.tokens_per_minute, now))
+            self._states[tenant.name] = state
+        else:
+            # The table may have changed this tenant's share since its last request.
+            state.requests = _bucket(state.requests, tenant.requests_per_minute, now)
+            state.tokens = _bucket(state.tokens, tenant.tokens_per_minute, now)
+        return state
+
+    def admit(self, tenant: Tenant, tokens: int, now: float) -> Ticket:
+        """Charge one request and `tokens` to the tenant, or raise a QuotaExceeded naming the limit."""
+        state = self._state(tenant, now)
+        if tenant.max_concurrency is not None and state.in_flight >= tenant.max_concurrency:
+            raise ConcurrencyExceeded(
+                f"tenant {tenant.name} already has {state.in_flight} requests in flight (limit {tenant.max_concurrency})",
+                retry_after_s=1.0,
+            )
+        if state.requests is not None:
+            wait = state.requests.retry_after(1, now)
+            if wait != 0.0:
+                raise RequestRateExceeded(
+                    f"tenant {tenant.name} exceeded {state.requests.per_minute:g} requests/min on this replica",
+                    retry_after_s=60.0 if wait is None else wait,
+                )
+        if state.tokens is not None:
+            wait = state.tokens.retry_after(tokens, now)
+            if wait != 0.0:
+                raise TokenRateExceeded(
+                    f"tenant {tenant.name} exceeded {state.tokens.per_minute:g} tokens/min on this replica "
+                    f"(this request reserves {tokens})",
+                    retry_after_s=60.0 if wait is None else wait,
+                )
+            state.tokens.take(tokens, now)
+        if state.requests is not None:
+            state.requests.take(1, now)
+        state.in_flight += 1
+        return Ticket(tenant=tenant, reserved_tokens=tokens)
+
+    def settle(self, ticket: Ticket, used_tokens: int | None, now: float) -> None:
+        """End of a request: release its concurrency slot and true up its token charge.
+
+        `used_tokens` None means unknown (e.g. the client went away before usage was seen): the
+        reservation stands, which errs against the tenant rather than the pod.
+        """
+        if ticket.settled:
+            return
+        ticket.settled = True
+        state = self._states.get(ticket.tenant.name)
+        if state is None:
+            return
+        state.in_flight = max(0, state.in_flight - 1)
+        if state.tokens is not None and used_tokens is not None:
+            delta = ticket.reserved_tokens - used_tokens
+            if delta >= 0:
+                state.tokens.give(delta, now)
+            else:
+                state.tokens.take(-delta, now)
+
+    def in_flight(self, tenant_name: str) -> int:
+        state = self._states.get(tenant_name)
+        return state.in_flight if state else 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodPressure:
+    """What the pod-level guard needs to know about the pod right now."""
+
+    queue_depth: int
+    max_queue_depth: int
+    sla_risk: float
+
+
+@dataclass
+class PodGuard:
+    """Pod-level refusals, decided before any tenant quota is charged.
+
+    - Shedding: the batch tier is refused while the pod is saturated (queue filled beyond
+      `shed_queue_fraction`, or SLA risk at or above `shed_risk`), so the capacity goes to tiers
+      with promises.
+    - Queue full: nobody is queued beyond `max_queue_depth`.
+    - Deadline: a request whose TTFT objective is shorter than the wait predicted for it is
+      refused now rather than served late (a gateway can retry it elsewhere).
+    """
+
+    shed_queue_fraction: float = 0.5
+    shed_risk: float = 1.0
+    shed_tiers: frozenset[Tier] = field(default_factory=lambda: frozenset({Tier.BATCH}))
+
+    def saturated(self, pressure: PodPressure) -> bool:
+        return pressure.queue_depth >= self.shed_queue_fraction * pressure.max_queue_depth or pressure.sla_risk >= self.shed_risk
+
+    def check(self, tier: Tier, ttft_ms: float | None, predicted_ttft_s: float, pressure: PodPressure) -> None:
+        if tier in self.shed_tiers and self.saturated(pressure):
+            raise Shedding(
+                f"pod saturated (queue {pressure.queue_depth}/{pressure.max_queue_depth}, SLA risk {pressure.sla_risk:.2f}); "
+                f"{tier.value} tier is shed",
+                retry_after_s=max(1.0, predicted_ttft_s),
+            )
+        if pressure.queue_depth >= pressure.max_queue_depth:
+            raise QueueFull(f"queue full ({pressure.max_queue_depth} requests)", retry_after_s=max(1.0, predicted_ttft_s))
+        if ttft_ms is not None and math.isfinite(predicted_ttft_s) and predicted_ttft_s * 1000.0 > ttft_ms:
+            raise DeadlineUnreachable(
+                f"predicted time to first token {predicted_ttft_s * 1000:.0f} ms exceeds the {ttft_ms:g} ms objective",
+                retry_after_s=max(1.0, predicted_ttft_s),
+            )

@@ -1,0 +1,252 @@
+"""The HTTP layer: a pure ASGI application over `SidecarCore` (no framework middleware).
+
+It reads bodies (bounded), routes, turns `SidecarError`s into responses through
+`errors.refusal` (the one mapping), and streams engine responses through byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+from slaq.api.runtime import HEALTH_PATH, METRICS_PATH, READY_PATH, USAGE_PATH
+from slaq.sidecar.errors import (
+    BodyTooLarge,
+    EngineUnavailable,
+    MethodNotAllowed,
+    NotFound,
+    SidecarError,
+    UnsupportedMediaType,
+    refusal,
+)
+from slaq.sidecar.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from slaq.sidecar.monitor import EngineMonitor, watch_table
+from slaq.sidecar.proxy import EngineClient, ResponseObserver, forward_request_headers, forward_response_headers
+from slaq.sidecar.service import Flight, SidecarCore
+from slaq.sidecar.tenants import Identity
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+ENGINE_ERROR_BODY_LIMIT = 1024 * 1024
+
+
+async def _send_bytes(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    await _send_bytes(send, status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body)
+
+
+async def _send_refusal(send: Send, error: SidecarError) -> None:
+    status, headers, body = refusal(error)
+    await _send_bytes(send, status, headers, body)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError("client disconnected while sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class SidecarApp:
+    def __init__(self, core: SidecarCore, engine: EngineClient, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, monitor_interval_s: float = 0.25) -> None:
+        self.core = core
+        self.engine = engine
+        self.max_body_bytes = max_body_bytes
+        self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s)
+        self._tasks: list[asyncio.Task] = []
+
+    # ASGI entry ----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            try:
+                await self._route(scope, receive, send)
+            except SidecarError as error:
+                await _send_refusal(send, error)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        self.core.directory.refresh()
+        await self.monitor.poll_once()
+        self._tasks = [asyncio.create_task(self.monitor.run()), asyncio.create_task(watch_table(self.core))]
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.engine.aclose()
+
+    def ready(self) -> bool:
+        return self.monitor.ready and self.core.directory.loaded and not self.core.draining
+
+    # routing -------------------------------------------------------------------------------
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == HEALTH_PATH:
+            await _send_json(send, 200, {"status": "ok"})
+        elif path == READY_PATH:
+            ready = self.ready()
+            await _send_json(send, 200 if ready else 503, {
+                "ready": ready, "engine": self.monitor.ready, "tenant_table": self.core.directory.loaded,
+                "draining": self.core.draining, "table_error": self.core.directory.last_error,
+            })
+        elif path == METRICS_PATH:
+            body = self.core.metrics.render()
+            await _send_bytes(send, 200, [(b"content-type", METRICS_CONTENT_TYPE.encode())], body)
+        elif path == USAGE_PATH:
+            await _send_json(send, 200, self.core.usage_report())
+        elif path in INFERENCE_ROUTES:
+            if method != "POST":
+                raise MethodNotAllowed(f"{path} accepts POST")
+            await self._inference(scope, receive, send, INFERENCE_ROUTES[path])
+        elif path == "/v1/models":
+            if method != "GET":
+                raise MethodNotAllowed(f"{path} accepts GET")
+            self.core.identify(_headers(scope))
+            await self._passthrough(scope, send)
+        else:
+            raise NotFound(f"no route {method} {path}")
+
+    async def _passthrough(self, scope: Scope, send: Send) -> None:
+        response = await self.engine.open("GET", scope["path"], body=None, headers={})
+        try:
+            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+    # inference -----------------------------------------------------------------------------
+
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+        headers = _headers(scope)
+        identity = self.core.identify(headers)
+        try:
+            content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+            if content_type not in ("application/json", ""):
+                raise UnsupportedMediaType(f"content-type must be application/json, got {content_type!r}")
+            raw = await _read_body(receive, self.max_body_bytes)
+        except SidecarError as error:
+            self.core.refused(error, identity)
+            raise
+        # The client may go away while queued or streaming: stop the work (which frees the queue
+        # slot, or closes the engine connection so vLLM aborts the request) instead of finishing it.
+        work = asyncio.ensure_future(self._serve(scope, send, identity, kind, headers, raw))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            gone.cancel()
+            work.result()
+            return
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+
+    async def _serve(self, scope: Scope, send: Send, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
+        flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
+        observer = ResponseObserver(flight.payload.stream)
+        status = 499  # client closed request, unless the response completes
+        try:
+            status = await self._stream(scope, send, flight, headers, observer)
+        except EngineUnavailable as error:
+            self.core.refused(error, identity)
+            status = 503
+            raise
+        finally:
+            self.core.finish(
+                flight,
+                output_tokens=observer.output_tokens() if status < 400 else None,
+                engine_prompt_tokens=observer.prompt_tokens(),
+                status=status,
+            )
+
+    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver) -> int:
+        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight), headers=forward_request_headers(headers))
+        try:
+            if response.status_code >= 400:
+                await self._engine_error(send, response)
+                if not observer.first_token:
+                    observer.first_token = True
+                    self.core.first_token(flight)
+                return response.status_code
+            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
+            try:
+                async for chunk in response.aiter_raw():
+                    if observer.feed(chunk):
+                        self.core.first_token(flight)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:
+                # Headers are gone already: all we can do is end the stream; the client sees it cut.
+                log.warning("engine stream broke for tenant %s: %s", flight.identity.tenant.name, exc)
+                await send({"type": "http.response.body", "body": b""})
+                return 502
+            await send({"type": "http.response.body", "body": b""})
+            return response.status_code
+        finally:
+            await response.aclose()
+
+    async def _engine_error(self, send: Send, response: httpx.Response) -> None:
+        """Engine refusals get the sidecar's `reason` too (`engine_<status>`), keeping the engine's message."""
+        raw = b""
+        async for chunk in response.aiter_raw():
+            raw += chunk
+            if len(raw) > ENGINE_ERROR_BODY_LIMIT:
+                break
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = {"error": {"message": raw[:2000].decode("utf-8", "replace")}}
+        if not isinstance(payload, dict):
+            payload = {"error": payload}
+        payload.setdefault("reason", f"engine_{response.status_code}")
+        await _send_json(send, response.status_code, payload)

@@ -1,0 +1,76 @@
+"""`slaq sidecar`: the pod's front door (flags rendered by the operator; see docs/sidecar.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """Seconds as a number, or a duration such as 30s / 1m30s (the pool's drainTimeout format)."""
+    from slaq.api.common import duration_seconds
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = duration_seconds(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
+    parser.add_argument("--port", type=_positive_int, default=8000, help="Port to listen on (default 8000).")
+    parser.add_argument("--engine-url", default=f"http://{ENGINE_HOST}:{ENGINE_PORT}", help="The engine's OpenAI server.")
+    parser.add_argument("--tenant-table", type=Path, default=Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY, help="Tenant table JSON file; reloaded when it changes.")
+    parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
+    parser.add_argument("--drain-timeout", type=_seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
+    parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
+    parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
+    parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
+    parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_scheduler_config, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        scheduler = parse_scheduler_config(args.scheduler_config)
+    except ConfigError as exc:
+        print(f"slaq sidecar: {exc}", file=sys.stderr)
+        return 2
+    serve(SidecarOptions(
+        host=args.host,
+        port=args.port,
+        engine_url=args.engine_url,
+        tenant_table=args.tenant_table,
+        max_queue_depth=args.max_queue_depth,
+        drain_timeout_s=args.drain_timeout,
+        trust_gateway_headers=args.trust_gateway_headers,
+        served_model_name=args.served_model_name,
+        scheduler=scheduler,
+        tokenizer=args.tokenizer,
+    ))
+    return 0

@@ -1,0 +1,98 @@
+"""The engine side: an httpx streaming client, and an observer that reads the bytes going past.
+
+Bytes are forwarded as they arrive; the observer only notes when the first token went by, counts
+streamed token events, and keeps a bounded tail of the body to read the `usage` object vLLM puts
+at the end of a response. Nothing is buffered beyond that tail.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import httpx
+
+from slaq.sidecar.errors import EngineUnavailable
+
+_TOKEN_EVENT = re.compile(rb'"(?:text|content)":\s?"(?!")')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s?(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s?(\d+)')
+TAIL_BYTES = 4096
+
+# Hop-by-hop and recomputed headers are not forwarded in either direction.
+_DROP_REQUEST_HEADERS = frozenset({"host", "content-length", "authorization", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-authorization", "expect"})
+_DROP_RESPONSE_HEADERS = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "server", "date"})
+
+
+class ResponseObserver:
+    """Watches response bytes: first token time, streamed token count, usage from the tail."""
+
+    __slots__ = ("streaming", "first_token", "token_events", "_carry", "_tail")
+
+    def __init__(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.first_token = False
+        self.token_events = 0
+        self._carry = b""
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Note a chunk; True when this chunk carried the response's first token."""
+        was_first = self.first_token
+        self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+        if not self.streaming:
+            self.first_token = True
+            return not was_first
+        data = self._carry + chunk
+        events = data.split(b"\n\n")
+        self._carry = events.pop()[-TAIL_BYTES:]
+        for event in events:
+            if _TOKEN_EVENT.search(event):
+                self.token_events += 1
+                self.first_token = True
+        return self.first_token and not was_first
+
+    def output_tokens(self) -> int | None:
+        """vLLM's own count when the body carried usage, else the streamed token events (None if neither)."""
+        found = _COMPLETION_TOKENS.findall(self._tail)
+        if found:
+            return int(found[-1])
+        return self.token_events if self.streaming else None
+
+    def prompt_tokens(self) -> int | None:
+        found = _PROMPT_TOKENS.findall(self._tail)
+        return int(found[-1]) if found else None
+
+
+def forward_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS and not k.startswith("x-llm-d-")}
+
+
+def forward_response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers.raw if k.lower().decode("latin-1") not in _DROP_RESPONSE_HEADERS]
+
+
+class EngineClient:
+    """One pooled HTTP/1.1 client to the engine inside the pod."""
+
+    def __init__(self, base_url: str, *, max_connections: int = 4096, connect_timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def open(self, method: str, path: str, *, body: bytes | None, headers: Mapping[str, str]) -> httpx.Response:
+        """Send a request and return the response with its body still streaming."""
+        request = self.client.build_request(method, path, content=body, headers=headers)
+        try:
+            return await self.client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise EngineUnavailable(f"engine at {self.base_url} unreachable: {type(exc).__name__}", retry_after_s=1.0) from exc
+
+    async def get(self, path: str, timeout_s: float) -> httpx.Response:
+        return await self.client.get(path, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,77 @@
+"""`slaq_sla_risk`: one number per pod, 1.0 at the SLO boundary, rising before violations happen.
+
+    risk = max(observed, projected)
+
+    observed  = the q-quantile (q = 0.9) of  max(ttft / ttft_objective, tpot / tpot_objective)
+                over requests with objectives that finished in the last `window_s` (60 s);
+    projected = max over requests still waiting for their first token (queued here, or released
+                to the engine without a first byte yet) of
+                    (now - arrival + engine_ttft) / ttft_objective,
+                where engine_ttft is an EWMA of the release-to-first-byte time.
+
+`observed` says how the pod has been doing; `projected` says a waiting request will miss its
+objective unless it starts within its remaining slack, and crosses 1.0 `engine_ttft` seconds
+*before* the deadline passes, so an HPA scales out while requests can still be saved. Requests
+without objectives (the batch tier) never contribute. An idle pod reports 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Waiting:
+    arrival: float
+    ttft_s: float
+
+
+class SlaRisk:
+    def __init__(self, *, window_s: float = 60.0, quantile: float = 0.9, engine_ttft_alpha: float = 0.2, max_samples: int = 10_000) -> None:
+        self.window_s = window_s
+        self.quantile = quantile
+        self.engine_ttft_alpha = engine_ttft_alpha
+        self.engine_ttft_s = 0.0
+        self._finished: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (finish time, ratio)
+        self._waiting: dict[int, _Waiting] = {}
+
+    def waiting(self, key: int, arrival: float, ttft_ms: float | None) -> None:
+        if ttft_ms is not None:
+            self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0)
+
+    def started(self, key: int, engine_ttft_s: float | None) -> None:
+        self._waiting.pop(key, None)
+        if engine_ttft_s is not None and engine_ttft_s >= 0.0:
+            self.engine_ttft_s += self.engine_ttft_alpha * (engine_ttft_s - self.engine_ttft_s)
+
+    def gone(self, key: int) -> None:
+        self._waiting.pop(key, None)
+
+    def finished(self, now: float, ttft_s: float | None, tpot_s: float | None, ttft_ms: float | None, tpot_ms: float | None) -> None:
+        ratios = []
+        if ttft_ms is not None and ttft_s is not None:
+            ratios.append(ttft_s * 1000.0 / ttft_ms)
+        if tpot_ms is not None and tpot_s is not None:
+            ratios.append(tpot_s * 1000.0 / tpot_ms)
+        if ratios:
+            self._finished.append((now, max(ratios)))
+
+    def observed(self, now: float) -> float:
+        while self._finished and self._finished[0][0] < now - self.window_s:
+            self._finished.popleft()
+        if not self._finished:
+            return 0.0
+        ratios = sorted(r for _, r in self._finished)
+        index = min(len(ratios) - 1, max(0, math.ceil(self.quantile * len(ratios)) - 1))
+        return ratios[index]
+
+    def projected(self, now: float) -> float:
+        worst = 0.0
+        for w in self._waiting.values():
+            worst = max(worst, (now - w.arrival + self.engine_ttft_s) / w.ttft_s)
+        return worst
+
+    def value(self, now: float) -> float:
+        return max(self.observed(now), self.projected(now))

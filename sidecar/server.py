@@ -1,0 +1,108 @@
+"""Building and running the sidecar: options → core + app → uvicorn, with a graceful drain on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+from pydantic import ValidationError
+
+from slaq.api.pool import SchedulerSpec
+from slaq.sidecar.app import SidecarApp
+from slaq.sidecar.proxy import EngineClient
+from slaq.sidecar.service import CoreConfig, SidecarCore
+from slaq.sidecar.tenants import TenantDirectory
+from slaq.sidecar.tokens import EstimatingCounter, PromptCounter, TokenizerCounter
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(Exception):
+    """A sidecar option is unusable; the message names the option."""
+
+
+@dataclass(frozen=True)
+class SidecarOptions:
+    host: str
+    port: int
+    engine_url: str
+    tenant_table: Path
+    max_queue_depth: int = 1024
+    drain_timeout_s: float = 30.0
+    trust_gateway_headers: bool = False
+    served_model_name: str | None = None
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    tokenizer: str | None = None
+
+
+def parse_scheduler_config(value: str | None) -> SchedulerSpec:
+    """`--scheduler-config`: inline JSON (starts with '{') or a JSON/YAML file holding a SchedulerSpec."""
+    if not value:
+        return SchedulerSpec()
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--scheduler-config: cannot read {value}: {exc.strerror or exc}") from exc
+    try:
+        data: Any = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--scheduler-config: not JSON or YAML: {exc}") from exc
+    try:
+        return SchedulerSpec.model_validate(data or {})
+    except ValidationError as exc:
+        raise ConfigError(f"--scheduler-config: {exc}") from exc
+
+
+def build_counter(tokenizer: str | None) -> PromptCounter:
+    if not tokenizer:
+        return EstimatingCounter()
+    try:
+        return TokenizerCounter.load(tokenizer)
+    except Exception as exc:  # a missing tokenizer degrades counting, it does not stop the pod
+        log.warning("--tokenizer %s could not be loaded (%s); prompt tokens are estimated", tokenizer, exc)
+        return EstimatingCounter()
+
+
+def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) -> SidecarApp:
+    config = CoreConfig(
+        served_model_name=options.served_model_name,
+        max_queue_depth=options.max_queue_depth,
+        scheduler=options.scheduler,
+        trust_gateway_headers=options.trust_gateway_headers,
+    )
+    core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
+    return SidecarApp(core, EngineClient(options.engine_url))
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: refuse new requests and report not ready at once, then let uvicorn stop
+    accepting and wait up to the drain timeout for in-flight requests (queued ones included)."""
+
+    def __init__(self, config: uvicorn.Config, app: SidecarApp) -> None:
+        super().__init__(config)
+        self.sidecar = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.sidecar.core.draining = True
+        super().handle_exit(sig, frame)
+
+
+def serve(options: SidecarOptions) -> None:
+    app = build_app(options)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        lifespan="on",
+        timeout_graceful_shutdown=int(max(1, round(options.drain_timeout_s))),
+        access_log=False,
+        log_level="info",
+    )
+    DrainingServer(config, app).run()

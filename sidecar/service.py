@@ -1,0 +1,257 @@
+"""The request lifecycle without HTTP: identify → check → pod guard → quota → queue → enrich → settle.
+
+The HTTP layer (`app.py`) hands bytes and headers in and gets an admitted `Flight` (or a
+`SidecarError`) back; it reports the first token and the end of the response. Everything here
+runs on one event loop and is tested without sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from slaq.api.common import Tier
+from slaq.api.contract import RequestSLA, enrich_body
+from slaq.api.pool import SchedulerSpec
+from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
+from slaq.sidecar.errors import Draining, QuotaExceeded, SidecarError
+from slaq.sidecar.fairness import ServiceLedger
+from slaq.sidecar.metrics import SidecarMetrics
+from slaq.sidecar.payload import InferencePayload, Kind, parse_payload
+from slaq.sidecar.prediction import OutputLengthPredictor
+from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
+from slaq.sidecar.release import ReleaseGate
+from slaq.sidecar.risk import SlaRisk
+from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
+from slaq.sidecar.tokens import EstimatingCounter, PromptCounter
+from slaq.sidecar.usage import UsageLog
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    served_model_name: str | None = None
+    max_queue_depth: int = 1024
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    trust_gateway_headers: bool = False
+    engine_queue_target: int = 16
+    max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    """One admitted request, from admission to settlement."""
+
+    key: int
+    identity: Identity
+    payload: InferencePayload
+    ticket: Ticket
+    entry: QueuedRequest
+    prompt_tokens: int
+    predicted_output: int
+    arrival: float
+    first_token_time: float | None = None
+    done: bool = False
+
+    @property
+    def tier(self) -> Tier:
+        return self.identity.tenant.tier
+
+
+def engine_priority(tier: Tier) -> int:
+    """vLLM polarity (lower runs earlier): the tier rank. The slaq engine scheduler re-ranks from
+    `vllm_xargs`; a stock vLLM with `--scheduling-policy priority` still runs tiers in order, FCFS
+    (by arrival) within a tier."""
+    return tier.rank
+
+
+class SidecarCore:
+    def __init__(
+        self,
+        config: CoreConfig,
+        directory: TenantDirectory,
+        *,
+        counter: PromptCounter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.auth = Authenticator(directory, trust_gateway_headers=config.trust_gateway_headers)
+        self.counter = counter or EstimatingCounter()
+        self.clock = clock
+        self.quotas = QuotaGate()
+        self.guard = PodGuard()
+        self.predictor = OutputLengthPredictor()
+        self.ledger = ServiceLedger()
+        self.risk = SlaRisk()
+        self.usage = UsageLog()
+        self.profile = ScoreProfile(config.scheduler.weights)
+        self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
+        self.queue = RequestQueue()
+        self.dispatcher = Dispatcher(self.queue, self.gate, self.profile, self.pool_view, clock)
+        self.engine_kv_usage: float | None = None
+        self.draining = False
+        self._keys = itertools.count()
+        self._risk_cache: tuple[float, float] = (-1.0, 0.0)
+        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight)
+
+    # pod state -----------------------------------------------------------------------------
+
+    def load(self) -> float:
+        """0 idle .. 1 saturated: the fuller of the engine's KV cache and the queue (one release
+        window of queued requests counts as saturated)."""
+        queued = min(1.0, len(self.queue) / self.gate.engine_queue_target)
+        return max(queued, self.engine_kv_usage or 0.0)
+
+    def pool_view(self) -> PoolView:
+        return PoolView(load=self.load(), max_length_tokens=self.config.max_length_tokens, aging_bound_s=self.config.scheduler.aging_bound_seconds)
+
+    def sla_risk(self) -> float:
+        """Cached for 100 ms: admission reads it per request and it scans the waiting requests."""
+        now = self.clock()
+        stamp, value = self._risk_cache
+        if now - stamp > 0.1 or now < stamp:
+            value = self.risk.value(now)
+            self._risk_cache = (now, value)
+        return value
+
+    def pressure(self) -> PodPressure:
+        return PodPressure(queue_depth=len(self.queue), max_queue_depth=self.config.max_queue_depth, sla_risk=self.sla_risk())
+
+    # lifecycle -----------------------------------------------------------------------------
+
+    def identify(self, headers: Mapping[str, str]) -> Identity:
+        try:
+            return self.auth.identify(headers)
+        except SidecarError as error:
+            self.refused(error, None)
+            raise
+
+    def refused(self, error: SidecarError, identity: Identity | None) -> None:
+        tier = identity.tenant.tier.value if identity else "none"
+        self.metrics.rejections.labels(error.reason, tier).inc()
+        if identity is not None and isinstance(error, QuotaExceeded):
+            self.usage.refused(identity.tenant.name, self.clock())
+
+    async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
+        """Check, charge and queue one request; returns once it is released to the engine."""
+        try:
+            if self.draining:
+                raise Draining("sidecar is draining; retry on another replica")
+            payload = parse_payload(raw, kind, self.config.served_model_name)
+            tenant = identity.tenant
+            now = self.clock()
+            prompt_tokens = self.counter.count(kind, payload.body)
+            predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
+            view = RequestView(
+                tier=tenant.tier,
+                arrival=now,
+                ttft_ms=identity.ttft_ms,
+                prompt_tokens=prompt_tokens,
+                predicted_output=predicted,
+                tenant_service_share=self.ledger.share(tenant.name, tenant.tier, now),
+            )
+            wait_s = self.dispatcher.predicted_wait_s(view)
+            predicted_ttft = wait_s + self.risk.engine_ttft_s if wait_s > 0 else 0.0
+            self.guard.check(tenant.tier, identity.ttft_ms, predicted_ttft, self.pressure())
+            reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
+            ticket = self.quotas.admit(tenant, reserved, now)
+        except SidecarError as error:
+            self.refused(error, identity)
+            raise
+        self.usage.admitted(tenant.name, now)
+        flight = Flight(
+            key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
+            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
+        )
+        self.risk.waiting(flight.key, now, identity.ttft_ms)
+        try:
+            await self.dispatcher.wait_turn(flight.entry)
+        except asyncio.CancelledError:
+            self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499)
+            raise
+        self.metrics.queue_wait.labels(tenant.tier.value).observe(max(0.0, (flight.entry.release_time or now) - now))
+        return flight
+
+    def enriched_body(self, flight: Flight) -> bytes:
+        identity = flight.identity
+        sla = RequestSLA(
+            tenant=identity.tenant.name,
+            tier=identity.tenant.tier,
+            ttft_ms=identity.ttft_ms,
+            tpot_ms=identity.tpot_ms,
+            arrival=flight.arrival,
+            predicted_output=flight.predicted_output,
+        )
+        body = enrich_body(flight.payload.body, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def first_token(self, flight: Flight) -> None:
+        now = self.clock()
+        flight.first_token_time = now
+        release = flight.entry.release_time
+        self.risk.started(flight.key, None if release is None else now - release)
+        self.dispatcher.first_byte(flight.entry)
+
+    def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int) -> None:
+        """Settle quotas, learn the output length, record latency and SLO outcome. Idempotent."""
+        if flight.done:
+            return
+        flight.done = True
+        now = self.clock()
+        tenant = flight.identity.tenant
+        tier = tenant.tier.value
+        started = flight.first_token_time is not None
+        self.risk.gone(flight.key)
+        self.dispatcher.finished(flight.entry, started)
+        prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
+        used = None if output_tokens is None else prompt + output_tokens
+        self.quotas.settle(flight.ticket, used, now)
+        if status >= 400 or output_tokens is None:
+            if status != 499:
+                self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
+            return
+        self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
+        self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
+        self.ledger.record(tenant.name, tenant.tier, prompt + output_tokens, now)
+        self.usage.tokens(tenant.name, prompt + output_tokens, now)
+        self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
+        self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
+        e2e = now - flight.arrival
+        self.metrics.e2e.labels(tenant.name, tier).observe(e2e)
+        ttft = tpot = None
+        if flight.payload.stream and flight.first_token_time is not None:
+            ttft = flight.first_token_time - flight.arrival
+            self.metrics.ttft.labels(tenant.name, tier).observe(ttft)
+            if output_tokens > 1:
+                tpot = (now - flight.first_token_time) / (output_tokens - 1)
+                self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
+        self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
+
+    def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> None:
+        identity = flight.identity
+        if identity.ttft_ms is None and identity.tpot_ms is None:
+            return
+        tenant, tier = identity.tenant.name, identity.tenant.tier.value
+        if ttft is None:
+            # Non-streaming: the whole answer meets both objectives if it arrives by the time a
+            # stream meeting them would have delivered its last token.
+            budget_ms = (identity.ttft_ms or 0.0) + (identity.tpot_ms or 0.0) * max(0, output_tokens - 1)
+            outcome = "met" if e2e * 1000.0 <= budget_ms else "e2e_missed"
+            if budget_ms > 0:
+                self.risk.finished(now, e2e, None, budget_ms, None)
+        else:
+            ttft_missed = identity.ttft_ms is not None and ttft * 1000.0 > identity.ttft_ms
+            tpot_missed = identity.tpot_ms is not None and tpot is not None and tpot * 1000.0 > identity.tpot_ms
+            outcome = "ttft_missed" if ttft_missed else "tpot_missed" if tpot_missed else "met"
+            self.risk.finished(now, ttft, tpot, identity.ttft_ms, identity.tpot_ms)
+        self.metrics.slo.labels(tenant, tier, outcome).inc()
+
+    def usage_report(self) -> dict:
+        index = self.directory.index
+        concurrency = {name: self.quotas.in_flight(name) for name in index.by_name if self.quotas.in_flight(name)}
+        return self.usage.report(index.pool, index.revision, concurrency, self.clock()).to_wire()

@@ -1,0 +1,197 @@
+"""Tenants as the sidecar knows them: the operator's tenant table, indexed by key hash, reloaded on change.
+
+The table file is a mounted Secret; Kubernetes updates such mounts by swapping a symlink, so a
+change shows up as a new (inode, mtime, size) of the resolved path. Reloading builds a new
+immutable index and swaps one reference: requests already admitted keep the `Tenant` they were
+admitted with, so a reload never drops or alters in-flight work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from pydantic import ValidationError
+
+from slaq.api.common import Tier
+from slaq.api.table import TenantEntry, TenantTable, hash_api_key
+from slaq.sidecar.errors import Unauthorized
+
+log = logging.getLogger(__name__)
+
+FAIRNESS_ID_HEADER = "x-llm-d-inference-fairness-id"
+SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-llm-d-slo-tpot-ms"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """One tenant's identity, objectives and this replica's quota share (hot path: a plain dataclass)."""
+
+    name: str
+    tier: Tier
+    ttft_ms: float | None
+    tpot_ms: float | None
+    cache_salt: str
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    max_concurrency: int | None = None
+    attainment_target: float = 0.99
+
+    @classmethod
+    def from_entry(cls, entry: TenantEntry) -> "Tenant":
+        return cls(
+            name=entry.name,
+            tier=entry.tier,
+            ttft_ms=entry.ttft_ms,
+            tpot_ms=entry.tpot_ms,
+            cache_salt=entry.cache_salt,
+            requests_per_minute=entry.share.requests_per_minute,
+            tokens_per_minute=entry.share.tokens_per_minute,
+            max_concurrency=entry.share.max_concurrency,
+            attainment_target=entry.attainment_target,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantIndex:
+    """An immutable snapshot of one table revision."""
+
+    pool: str
+    revision: str
+    by_key_hash: Mapping[str, Tenant]
+    by_name: Mapping[str, Tenant]
+
+    @classmethod
+    def from_table(cls, table: TenantTable) -> "TenantIndex":
+        by_name = {entry.name: Tenant.from_entry(entry) for entry in table.tenants}
+        by_hash = {h: by_name[entry.name] for entry in table.tenants for h in entry.key_hashes}
+        return cls(pool=table.pool, revision=table.revision, by_key_hash=by_hash, by_name=by_name)
+
+    @classmethod
+    def empty(cls) -> "TenantIndex":
+        return cls(pool="", revision="", by_key_hash={}, by_name={})
+
+
+class TableLoadError(Exception):
+    """The tenant table file is missing or invalid; the message names the file and the problem."""
+
+
+def load_table(path: Path) -> TenantTable:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TableLoadError(f"cannot read tenant table {path}: {exc.strerror or exc}") from exc
+    try:
+        return TenantTable.model_validate_json(text)
+    except ValidationError as exc:
+        raise TableLoadError(f"invalid tenant table {path}: {exc}") from exc
+
+
+class TenantDirectory:
+    """The current tenant index plus the file it came from; `refresh()` reloads it when the file changed.
+
+    A table that fails to load keeps the last good index serving (a typo in a new revision must
+    not lock every tenant out) and is reported through `last_error`.
+    """
+
+    def __init__(self, path: Path | None = None, index: TenantIndex | None = None) -> None:
+        self.path = path
+        self.index = index or TenantIndex.empty()
+        self.loaded = index is not None
+        self.last_error: str | None = None
+        self._stamp: tuple[int, int, int] | None = None
+
+    @classmethod
+    def from_table(cls, table: TenantTable) -> "TenantDirectory":
+        return cls(index=TenantIndex.from_table(table))
+
+    def refresh(self) -> bool:
+        """Reload if the file changed; True when a new index was installed."""
+        if self.path is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            self.last_error = f"cannot stat tenant table {self.path}: {exc.strerror}"
+            return False
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return False
+        try:
+            table = load_table(self.path)
+        except TableLoadError as exc:
+            self.last_error = str(exc)
+            self._stamp = stamp
+            log.error("%s; keeping revision %r", exc, self.index.revision)
+            return False
+        self.index = TenantIndex.from_table(table)
+        self._stamp = stamp
+        self.loaded = True
+        self.last_error = None
+        log.info("tenant table %s loaded: revision %r, %d tenants", self.path, table.revision, len(table.tenants))
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who sent a request and which objectives apply to it."""
+
+    tenant: Tenant
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+
+class Authenticator:
+    """Bearer key → tenant; optionally trusts a gateway's fairness id and SLO headers."""
+
+    def __init__(self, directory: TenantDirectory, *, trust_gateway_headers: bool = False) -> None:
+        self.directory = directory
+        self.trust_gateway_headers = trust_gateway_headers
+
+    def identify(self, headers: Mapping[str, str]) -> Identity:
+        """`headers` has lower-case names. Raises Unauthorized for a missing or unknown key."""
+        index = self.directory.index
+        tenant: Tenant | None = None
+        authorization = headers.get("authorization")
+        if authorization is not None:
+            scheme, _, key = authorization.partition(" ")
+            key = key.strip()
+            if scheme.lower() != "bearer" or not key:
+                raise Unauthorized("Authorization must be 'Bearer <api key>'")
+            tenant = index.by_key_hash.get(hash_api_key(key))
+            if tenant is None:
+                raise Unauthorized("unknown API key")
+        elif self.trust_gateway_headers and FAIRNESS_ID_HEADER in headers:
+            # Behind a trusted gateway the gateway authenticated the caller and names the tenant.
+            tenant = index.by_name.get(headers[FAIRNESS_ID_HEADER])
+            if tenant is None:
+                raise Unauthorized(f"{FAIRNESS_ID_HEADER} names no tenant of this pool")
+        else:
+            raise Unauthorized("missing Authorization: Bearer <api key>")
+        ttft_ms, tpot_ms = tenant.ttft_ms, tenant.tpot_ms
+        if self.trust_gateway_headers:
+            ttft_ms = _header_ms(headers, SLO_TTFT_HEADER, ttft_ms)
+            tpot_ms = _header_ms(headers, SLO_TPOT_HEADER, tpot_ms)
+        return Identity(tenant=tenant, ttft_ms=ttft_ms, tpot_ms=tpot_ms)
+
+
+def _header_ms(headers: Mapping[str, str], name: str, default: float | None) -> float | None:
+    """A trusted gateway's per-request SLO replaces the tenant's default; a malformed value is ignored.
+
+    Trust means the gateway sets (and strips client copies of) these headers; never enable it
+    where clients reach the sidecar directly, or a client could promote its own requests.
+    """
+    raw = headers.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    if not (value > 0.0) or value == float("inf"):
+        return default
+    return value

@@ -1,0 +1,64 @@
+"""Per-tenant demand over the last minute, for `GET /slaq/usage` (the operator splits quotas with it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slaq.api.runtime import TenantUsage, UsageReport
+
+WINDOW_S = 60
+
+
+@dataclass(slots=True)
+class _Window:
+    """Per-second slots of a one-minute ring; a slot is cleared when its second comes round again."""
+
+    seconds: list[int] = field(default_factory=lambda: [-1] * WINDOW_S)
+    requests: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
+    tokens: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
+    refused: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
+
+    def slot(self, now: float) -> int:
+        second = int(now)
+        i = second % WINDOW_S
+        if self.seconds[i] != second:
+            self.seconds[i] = second
+            self.requests[i] = self.tokens[i] = self.refused[i] = 0.0
+        return i
+
+    def totals(self, now: float) -> tuple[float, float, float]:
+        oldest = int(now) - WINDOW_S + 1
+        live = [i for i, s in enumerate(self.seconds) if s >= oldest]
+        return sum(self.requests[i] for i in live), sum(self.tokens[i] for i in live), sum(self.refused[i] for i in live)
+
+
+class UsageLog:
+    def __init__(self) -> None:
+        self._windows: dict[str, _Window] = {}
+
+    def _window(self, tenant: str) -> _Window:
+        window = self._windows.get(tenant)
+        if window is None:
+            window = self._windows[tenant] = _Window()
+        return window
+
+    def admitted(self, tenant: str, now: float) -> None:
+        w = self._window(tenant)
+        w.requests[w.slot(now)] += 1
+
+    def refused(self, tenant: str, now: float) -> None:
+        w = self._window(tenant)
+        w.refused[w.slot(now)] += 1
+
+    def tokens(self, tenant: str, count: int, now: float) -> None:
+        w = self._window(tenant)
+        w.tokens[w.slot(now)] += count
+
+    def report(self, pool: str, revision: str, concurrency: dict[str, int], now: float) -> UsageReport:
+        tenants = {}
+        for name, window in self._windows.items():
+            requests, tokens, refused = window.totals(now)
+            tenants[name] = TenantUsage(requests_per_minute=requests, tokens_per_minute=tokens, refused_per_minute=refused, concurrency=concurrency.get(name, 0))
+        for name, count in concurrency.items():
+            tenants.setdefault(name, TenantUsage(concurrency=count))
+        return UsageReport(pool=pool, table_revision=revision, window_seconds=float(WINDOW_S), tenants=tenants)

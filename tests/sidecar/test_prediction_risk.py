@@ -1,0 +1,89 @@
+"""Output-length prediction, service ledger and the SLA risk formula, without sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from slaq.api.common import Tier
+from slaq.sidecar.fairness import ServiceLedger
+from slaq.sidecar.prediction import OutputLengthPredictor, prompt_bucket
+from slaq.sidecar.risk import SlaRisk
+
+
+def test_prompt_buckets_are_powers_of_two() -> None:
+    assert [prompt_bucket(n) for n in (0, 63, 64, 127, 128, 1000, 10**9)] == [0, 0, 1, 1, 2, 4, 15]
+
+
+def test_prior_until_enough_observations_then_learned_mean() -> None:
+    p = OutputLengthPredictor(prior_tokens=256, min_observations=3)
+    assert p.predict("a", 100, None) == 256
+    for _ in range(3):
+        p.observe("a", 100, 40)
+    assert p.predict("a", 100, None) == 40
+    assert p.predict("a", 100, 10) == 10  # max_tokens bounds the prediction
+
+
+def test_cells_separate_tenants_and_prompt_lengths_and_fall_back() -> None:
+    p = OutputLengthPredictor(min_observations=2, alpha=0.5)
+    for _ in range(4):
+        p.observe("a", 10, 20)
+        p.observe("a", 5000, 400)
+        p.observe("b", 10, 900)
+    assert p.predict("a", 10, None) == 20
+    assert p.predict("a", 5000, None) == 400
+    assert p.predict("b", 10, None) == 900
+    assert 20 < p.predict("a", 600, None) < 400  # unseen bucket: the tenant's mean of both cells
+    assert 20 < p.predict("new", 10, None) < 900  # unseen tenant: the pod's mean
+
+
+def test_prediction_follows_a_shift() -> None:
+    p = OutputLengthPredictor(alpha=0.2, min_observations=1)
+    for _ in range(50):
+        p.observe("a", 10, 100)
+    for _ in range(50):
+        p.observe("a", 10, 10)
+    assert p.predict("a", 10, None) <= 12
+
+
+def test_ledger_share_within_tier_and_decay() -> None:
+    ledger = ServiceLedger(half_life_s=10.0)
+    assert ledger.share("a", Tier.STANDARD, 0.0) == 0.0
+    ledger.record("a", Tier.STANDARD, 300, 0.0)
+    ledger.record("b", Tier.STANDARD, 100, 0.0)
+    ledger.record("c", Tier.BATCH, 10_000, 0.0)
+    assert ledger.share("a", Tier.STANDARD, 0.0) == pytest.approx(0.75)
+    ledger.record("b", Tier.STANDARD, 300, 10.0)  # a's 300 decayed to 150
+    assert ledger.share("a", Tier.STANDARD, 10.0) == pytest.approx(150 / (150 + 50 + 300))
+
+
+def test_idle_pod_has_zero_risk() -> None:
+    assert SlaRisk().value(100.0) == 0.0
+
+
+def test_projected_risk_crosses_one_before_the_deadline() -> None:
+    risk = SlaRisk()
+    risk.engine_ttft_s = 0.1
+    risk.waiting(1, arrival=0.0, ttft_ms=500.0)
+    assert risk.value(0.0) == pytest.approx(0.2)
+    assert risk.value(0.4) == pytest.approx(1.0)  # 100 ms before the deadline
+    assert risk.value(0.45) > 1.0
+    risk.started(1, engine_ttft_s=0.1)
+    assert risk.projected(0.45) == 0.0
+
+
+def test_batch_requests_never_contribute() -> None:
+    risk = SlaRisk()
+    risk.waiting(1, arrival=0.0, ttft_ms=None)
+    risk.finished(1.0, ttft_s=99.0, tpot_s=None, ttft_ms=None, tpot_ms=None)
+    assert risk.value(100.0) == 0.0
+
+
+def test_observed_risk_is_the_quantile_of_recent_ratios() -> None:
+    risk = SlaRisk(window_s=60.0, quantile=0.9)
+    for i in range(10):
+        risk.finished(0.0, ttft_s=0.05 * (i + 1), tpot_s=None, ttft_ms=500.0, tpot_ms=None)  # ratios 0.1 .. 1.0
+    assert risk.observed(1.0) == pytest.approx(0.9)
+    risk.finished(1.0, ttft_s=0.1, tpot_s=0.2, ttft_ms=500.0, tpot_ms=100.0)  # TPOT twice its objective
+    assert risk.observed(1.0) == pytest.approx(1.0)
+    assert risk.observed(60.5) == pytest.approx(2.0)  # the older ten fell out of the window
+    assert risk.observed(200.0) == 0.0

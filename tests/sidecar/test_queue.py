@@ -1,0 +1,153 @@
+"""Queue order (through slaq.scoring), the release gate and the dispatcher, without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from slaq.api.common import Tier
+from slaq.api.pool import ScoreWeights
+from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
+from slaq.sidecar.release import ReleaseGate
+
+PROFILE = ScoreProfile(ScoreWeights())
+POOL = PoolView(load=0.95, max_length_tokens=8192, aging_bound_s=60.0)
+
+
+def view(tier: Tier, prompt: int = 100, arrival: float = 0.0, ttft_ms: float | None = None, output: int = 100) -> RequestView:
+    return RequestView(tier=tier, arrival=arrival, ttft_ms=ttft_ms, prompt_tokens=prompt, predicted_output=output)
+
+
+def test_report_scenario_a_before_c_before_b() -> None:
+    """Report 4.5 at 95 % load: A (VIP, 1000 tokens, 50 ms) first; B (5000 tokens) after the short C."""
+    queue = RequestQueue()
+    a, b, c = (QueuedRequest(view(Tier.CRITICAL, 1000, ttft_ms=50.0)), QueuedRequest(view(Tier.STANDARD, 5000, ttft_ms=200.0)),
+               QueuedRequest(view(Tier.BATCH, 100)))
+    for entry in (b, c, a):
+        queue.push(entry)
+    order = [queue.pop_best(PROFILE, 0.01, POOL) for _ in range(3)]
+    assert order[0] is a
+    assert order[-1] is b or order[1] is b  # B's length term is low under load; C's tier is lowest
+    assert len(queue) == 0
+
+
+def test_aging_bound_lets_a_starving_batch_request_overtake_fresh_critical_ones() -> None:
+    queue = RequestQueue()
+    old = QueuedRequest(view(Tier.BATCH, 5000, arrival=0.0))
+    queue.push(old)
+    for i in range(5):
+        queue.push(QueuedRequest(view(Tier.CRITICAL, 10, arrival=100.0, ttft_ms=50.0)))
+    assert queue.pop_best(PROFILE, 100.0, POOL) is old
+
+
+def test_equal_scores_keep_arrival_order() -> None:
+    queue = RequestQueue()
+    entries = [QueuedRequest(view(Tier.STANDARD)) for _ in range(5)]
+    for e in entries:
+        queue.push(e)
+    assert [queue.pop_best(PROFILE, 1.0, POOL) for _ in entries] == entries
+
+
+def test_ahead_of_counts_only_better_ranked_requests() -> None:
+    queue = RequestQueue()
+    for _ in range(3):
+        queue.push(QueuedRequest(view(Tier.BATCH)))
+    queue.push(QueuedRequest(view(Tier.CRITICAL, ttft_ms=50.0)))
+    assert queue.ahead_of(view(Tier.CRITICAL, ttft_ms=50.0), PROFILE, 0.0, POOL) == 1
+    assert queue.ahead_of(view(Tier.BATCH), PROFILE, 0.0, POOL) == 4
+    assert queue.depth_by_tier[Tier.BATCH] == 3
+
+
+def test_gate_keeps_engine_queue_at_target() -> None:
+    gate = ReleaseGate(engine_queue_target=2)
+    gate.on_release()
+    gate.on_release()
+    assert not gate.can_release()
+    gate.on_first_byte()  # one request started decoding: the engine can take another
+    assert gate.can_release()
+
+
+def test_gate_uses_engine_gauge_to_correct_non_streaming_overcount() -> None:
+    gate = ReleaseGate(engine_queue_target=2)
+    for _ in range(5):
+        gate.on_release()  # non-streaming: no first byte until the end
+    assert not gate.can_release()
+    gate.observe_engine(0, released_total_at_request=gate.released_total)
+    assert gate.can_release()  # the engine says nothing waits: all five are running
+    gate.on_release()
+    gate.on_release()
+    assert not gate.can_release()
+
+
+def test_gate_counts_releases_made_while_the_scrape_was_in_flight() -> None:
+    gate = ReleaseGate(engine_queue_target=2)
+    before = gate.released_total
+    gate.on_release()
+    gate.on_release()
+    gate.observe_engine(0, released_total_at_request=before)
+    assert not gate.can_release()
+
+
+def test_gate_max_in_flight() -> None:
+    gate = ReleaseGate(engine_queue_target=100, max_in_flight=1)
+    gate.on_release()
+    gate.on_first_byte()
+    assert not gate.can_release()
+    gate.on_finish(started=True)
+    assert gate.can_release()
+
+
+def make_dispatcher(target: int = 1) -> tuple[Dispatcher, list[float]]:
+    clock = [10.0]
+    dispatcher = Dispatcher(RequestQueue(), ReleaseGate(engine_queue_target=target), PROFILE, lambda: POOL, lambda: clock[0])
+    return dispatcher, clock
+
+
+async def test_dispatcher_fast_path_when_idle() -> None:
+    dispatcher, _ = make_dispatcher()
+    entry = QueuedRequest(view(Tier.BATCH))
+    await dispatcher.wait_turn(entry)
+    assert entry.released and len(dispatcher.queue) == 0
+
+
+async def test_dispatcher_releases_best_ranked_when_a_slot_frees() -> None:
+    dispatcher, _ = make_dispatcher()
+    first = QueuedRequest(view(Tier.BATCH))
+    await dispatcher.wait_turn(first)
+    released: list[str] = []
+
+    async def wait(name: str, entry: QueuedRequest) -> None:
+        await dispatcher.wait_turn(entry)
+        released.append(name)
+
+    batch = asyncio.create_task(wait("batch", QueuedRequest(view(Tier.BATCH, arrival=10.0))))
+    await asyncio.sleep(0)
+    critical = asyncio.create_task(wait("critical", QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=50.0))))
+    await asyncio.sleep(0)
+    assert released == [] and len(dispatcher.queue) == 2
+    dispatcher.first_byte(first)
+    await asyncio.sleep(0)
+    assert released == ["critical"]
+    assert dispatcher.predicted_wait_s(view(Tier.BATCH)) > 0
+    dispatcher.finished(first, started=True)
+    await critical
+    assert released == ["critical"]  # critical has not started: the gate is still closed
+    dispatcher.gate.on_first_byte()
+    dispatcher.pump()
+    await batch
+    assert released == ["critical", "batch"]
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    dispatcher, _ = make_dispatcher()
+    await dispatcher.wait_turn(QueuedRequest(view(Tier.BATCH)))
+    entry = QueuedRequest(view(Tier.CRITICAL, ttft_ms=50.0))
+    task = asyncio.create_task(dispatcher.wait_turn(entry))
+    await asyncio.sleep(0)
+    assert len(dispatcher.queue) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(dispatcher.queue) == 0 and not entry.released

@@ -1,0 +1,123 @@
+"""The request lifecycle in SidecarCore, driven directly (no sockets, simulated clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from slaq.api.contract import XARG_KEYS
+from slaq.sidecar.errors import DeadlineUnreachable, Draining, QueueFull, RequestRateExceeded, Shedding, Unauthorized
+from slaq.sidecar.service import CoreConfig, SidecarCore
+from slaq.sidecar.tenants import TenantDirectory
+from tests.sidecar.tables import abc_table, bearer
+
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20,
+                   "priority": -100, "cache_salt": "client-salt", "vllm_xargs": {"slaq_tier": "critical"}, "stream": True}).encode()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def core(table=None, **config) -> tuple[SidecarCore, Clock]:
+    clock = Clock()
+    return SidecarCore(CoreConfig(served_model_name="m", **config), TenantDirectory.from_table(table or abc_table()), clock=clock), clock
+
+
+async def test_client_scheduling_fields_are_replaced_by_the_tenants() -> None:
+    c, _ = core()
+    flight = await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    body = json.loads(c.enriched_body(flight))
+    table = abc_table()
+    assert body["priority"] == 2  # batch tier rank, whatever the client asked for
+    assert body["cache_salt"] == next(t.cache_salt for t in table.tenants if t.name == "free")
+    assert set(body["vllm_xargs"]) == set(XARG_KEYS) - {"slaq_ttft_ms", "slaq_tpot_ms"}  # batch: no objectives, keys left out
+    assert body["vllm_xargs"]["slaq_tier"] == "batch" and body["vllm_xargs"]["slaq_tenant"] == "free"
+    assert body["vllm_xargs"]["slaq_predicted_output"] == 20  # bounded by max_tokens
+    assert body["messages"] == [{"role": "user", "content": "hello there"}]
+
+
+async def test_unknown_key_is_counted_as_a_rejection() -> None:
+    c, _ = core()
+    with pytest.raises(Unauthorized):
+        c.identify({"authorization": "Bearer nope"})
+    assert b'slaq_rejections_total{reason="unauthorized",tier="none"} 1.0' in c.metrics.render()
+
+
+async def test_finish_settles_quota_and_records_latency_and_outcome() -> None:
+    c, clock = core(abc_table(vip={"tokens_per_minute": 100.0}))
+    flight = await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+    clock.now += 0.03
+    c.first_token(flight)
+    clock.now += 0.19  # 19 more tokens at 10 ms
+    c.finish(flight, output_tokens=20, engine_prompt_tokens=12, status=200)
+    metrics = c.metrics.render().decode()
+    assert 'slaq_slo_outcomes_total{outcome="met",tenant="vip",tier="critical"} 1.0' in metrics
+    assert 'slaq_tokens_total{direction="out",tenant="vip",tier="critical"} 20.0' in metrics
+    assert 'slaq_tokens_total{direction="in",tenant="vip",tier="critical"} 12.0' in metrics
+    assert "slaq_ttft_seconds_bucket" in metrics and "slaq_sla_risk" in metrics
+    assert c.quotas.in_flight("vip") == 0
+    report = c.usage_report()
+    assert report["tenants"]["vip"]["requestsPerMinute"] == 1 and report["tenants"]["vip"]["tokensPerMinute"] == 32
+    # 12 + 20 used of the 100/min bucket, reservation refunded: another 32-token request fits twice more
+    for _ in range(2):
+        f = await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+        c.finish(f, output_tokens=20, engine_prompt_tokens=12, status=200)
+
+
+async def test_ttft_miss_is_recorded_and_raises_risk() -> None:
+    c, clock = core()
+    flight = await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+    clock.now += 0.2  # 200 ms against a 50 ms objective
+    c.first_token(flight)
+    c.finish(flight, output_tokens=1, engine_prompt_tokens=None, status=200)
+    assert 'outcome="ttft_missed"' in c.metrics.render().decode()
+    assert c.sla_risk() == pytest.approx(4.0)
+
+
+async def test_quota_refusal_feeds_usage_refused() -> None:
+    c, _ = core(abc_table(std={"requests_per_minute": 1.0}))
+    await c.admit(c.identify(bearer("std")), "chat", CHAT)
+    with pytest.raises(RequestRateExceeded):
+        await c.admit(c.identify(bearer("std")), "chat", CHAT)
+    assert c.usage_report()["tenants"]["std"]["refusedPerMinute"] == 1
+
+
+async def test_saturation_sheds_batch_fills_queue_and_refuses_unreachable_deadlines() -> None:
+    c, clock = core(max_queue_depth=4, engine_queue_target=1)
+    first = await c.admit(c.identify(bearer("std")), "chat", CHAT)  # occupies the engine window
+    waiters = [asyncio.create_task(c.admit(c.identify(bearer("std")), "chat", CHAT)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert len(c.queue) == 2
+    with pytest.raises(Shedding):  # queue at half its depth: the batch tier is shed
+        await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    c.dispatcher.pace.interval_s = 1.0  # the queue drains one request a second
+    with pytest.raises(DeadlineUnreachable):  # the 200 ms objective cannot be met behind two
+        await c.admit(c.identify(bearer("std")), "chat", CHAT)
+    more = [asyncio.create_task(c.admit(c.identify(bearer("vip")), "chat", CHAT)) for _ in range(2)]
+    c.dispatcher.pace.interval_s = 0.001
+    await asyncio.sleep(0)
+    assert len(c.queue) == 4
+    with pytest.raises(QueueFull):
+        await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+    assert c.metrics.render().decode().count("slaq_rejections_total{") == 3
+    c.first_token(first)  # the engine started the first: the best queued (a vip) goes next
+    await asyncio.sleep(0)
+    assert sum(t.done() for t in more) == 1 and not any(t.done() for t in waiters)
+    for task in waiters + more:
+        task.cancel()
+    await asyncio.gather(*waiters, *more, return_exceptions=True)
+    assert len(c.queue) == 0
+
+
+async def test_draining_refuses_new_work() -> None:
+    c, _ = core()
+    c.draining = True
+    with pytest.raises(Draining):
+        await c.admit(c.identify(bearer("vip")), "chat", CHAT)

@@ -1,0 +1,239 @@
+"""A fast fake of vLLM's OpenAI server for sidecar tests and benchmarks, and a recording passthrough.
+
+The fake answers /v1/completions and /v1/chat/completions in vLLM's wire format (SSE chunks,
+`data: [DONE]`, `usage` at the end of non-streaming bodies), /v1/models, /health and a /metrics
+with the `vllm:num_requests_waiting` gauge. It records every body it receives, so tests can see
+exactly what the sidecar forwarded. Per-request behaviour comes from `x-fake-*` headers (which the
+sidecar forwards like any other header):
+
+    x-fake-tokens: N         completion tokens to produce (default: max_tokens, capped at 16)
+    x-fake-delay-ms: D       delay before the first token and between tokens
+    x-fake-status: S         answer S with an OpenAI error body instead
+    x-fake-break: 1          cut the stream after the first token
+
+`ServerThread` runs any ASGI app with uvicorn on 127.0.0.1 in a thread of its own and stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on 127.0.0.1:<free port> in a background thread."""
+
+    def __init__(self, app: Any, *, port: int = 0, **config: Any) -> None:
+        self.app = app
+        self.port = port or _free_port()
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False, **config)
+        self.server = uvicorn.Server(self.config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.server.run, name=f"asgi-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _json_response(status: int, payload: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps(payload).encode()
+    return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+
+
+class FakeEngine:
+    """The fake vLLM server (an ASGI app)."""
+
+    def __init__(self, model: str = "fake-model") -> None:
+        self.model = model
+        self.received: list[dict[str, Any]] = []
+        self.received_headers: list[dict[str, str]] = []
+        self.healthy = True
+        self.waiting_gauge = 0
+        self.active = 0
+        self.max_active = 0
+
+    def reset(self) -> None:
+        self.received.clear()
+        self.received_headers.clear()
+        self.healthy = True
+        self.waiting_gauge = 0
+        self.max_active = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        path = scope["path"]
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        if path == "/health":
+            await self._reply(send, *_json_response(200 if self.healthy else 503, {}))
+        elif path == "/metrics":
+            text = f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="{self.model}"}} {self.waiting_gauge}\n'
+            await self._reply(send, 200, [(b"content-type", b"text/plain")], text.encode())
+        elif path == "/v1/models":
+            await self._reply(send, *_json_response(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}))
+        elif path in ("/v1/completions", "/v1/chat/completions"):
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            body = json.loads(raw)
+            self.received.append(body)
+            self.received_headers.append(headers)
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            try:
+                await self._generate(send, path, body, headers)
+            finally:
+                self.active -= 1
+        else:
+            await self._reply(send, *_json_response(404, {"error": {"message": "not found"}}))
+
+    @staticmethod
+    async def _reply(send: Any, status: int, headers: list, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _generate(self, send: Any, path: str, body: dict, headers: dict[str, str]) -> None:
+        if "x-fake-status" in headers:
+            status = int(headers["x-fake-status"])
+            await self._reply(send, *_json_response(status, {"error": {"message": "fake engine refused", "type": "BadRequestError", "code": status}}))
+            return
+        chat = path.endswith("chat/completions")
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        tokens = int(headers.get("x-fake-tokens", min(16, limit)))
+        delay = float(headers.get("x-fake-delay-ms", "0")) / 1000.0
+        prompt_tokens = 7
+        created = int(time.time())
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens, "completion_tokens": tokens}
+        if not body.get("stream"):
+            if delay:
+                await asyncio.sleep(delay * (tokens + 1))
+            if chat:
+                payload = {"id": "chatcmpl-fake", "object": "chat.completion", "created": created, "model": self.model,
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok " * tokens}, "finish_reason": "length"}], "usage": usage}
+            else:
+                payload = {"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
+                           "choices": [{"index": 0, "text": "tok " * tokens, "finish_reason": "length"}], "usage": usage}
+            await self._reply(send, *_json_response(200, payload))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        for i in range(tokens):
+            if delay:
+                await asyncio.sleep(delay)
+            if chat:
+                delta = {"content": "tok "}
+                chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": self.model,
+                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+                if i == 0:
+                    role = dict(chunk, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+                    await send({"type": "http.response.body", "body": b"data: " + json.dumps(role).encode() + b"\n\n", "more_body": True})
+            else:
+                chunk = {"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
+                         "choices": [{"index": 0, "text": "tok ", "logprobs": None, "finish_reason": None}]}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
+            if headers.get("x-fake-break") == "1":
+                raise RuntimeError("fake engine cut the stream")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            final = {"id": "fake", "object": "chat.completion.chunk" if chat else "text_completion", "created": created, "model": self.model, "choices": [], "usage": usage}
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(final).encode() + b"\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+class RecordingPassthrough:
+    """Forwards every request to `target` and records the JSON bodies it forwarded (a wiretap
+    between the sidecar and a real engine)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.received: list[dict[str, Any]] = []
+        self.client: httpx.AsyncClient | None = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self.client = httpx.AsyncClient(base_url=self.target, timeout=None)
+                else:
+                    await self.client.aclose()  # type: ignore[union-attr]
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if raw:
+            try:
+                self.received.append(json.loads(raw))
+            except ValueError:
+                pass
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"host", b"content-length")]
+        assert self.client is not None
+        request = self.client.build_request(scope["method"], scope["path"], content=raw or None, headers=headers)
+        response = await self.client.send(request, stream=True)
+        try:
+            out = [(k, v) for k, v in response.headers.raw if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+
+@pytest.fixture(scope="session")
+def _fake_upstream_server() -> Iterator[tuple[FakeEngine, ServerThread]]:
+    engine = FakeEngine()
+    with ServerThread(engine) as server:
+        yield engine, server
+
+
+@pytest.fixture
+def fake_upstream(_fake_upstream_server: tuple[FakeEngine, ServerThread]) -> tuple[FakeEngine, str]:
+    """(the fake engine, its base URL); its records are cleared for each test."""
+    engine, server = _fake_upstream_server
+    engine.reset()
+    return engine, server.url
