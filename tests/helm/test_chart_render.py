@@ -20,6 +20,7 @@ from tests.helm.chart import (
 )
 
 OPERATOR = "slaq-operator"
+POOL_POD_LABELS = {"app.kubernetes.io/component": "inference", "app.kubernetes.io/managed-by": "slaq-operator"}
 
 
 def test_helm_lint_strict_passes() -> None:
@@ -118,7 +119,7 @@ def test_network_policy_admits_only_the_sidecar_port_in_each_pool_namespace() ->
     for policy in policies:
         spec = policy["spec"]
         assert spec["policyTypes"] == ["Ingress"]
-        assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "slaq-pool", "app.kubernetes.io/managed-by": "slaq-operator"}
+        assert spec["podSelector"]["matchLabels"] == POOL_POD_LABELS
         (rule,) = spec["ingress"]
         assert rule["ports"] == [{"protocol": "TCP", "port": "http"}]
         assert "from" not in rule  # no peers listed: any peer, on that port only
@@ -142,7 +143,7 @@ def test_pod_monitor_needs_the_prometheus_operator_api() -> None:
     (monitor,) = of_kind(render(api_versions=[PROMETHEUS_OPERATOR_API]), "PodMonitor")
     spec = monitor["spec"]
     assert spec["namespaceSelector"] == {"any": True}
-    assert spec["selector"]["matchLabels"] == {"app.kubernetes.io/name": "slaq-pool", "app.kubernetes.io/managed-by": "slaq-operator"}
+    assert spec["selector"]["matchLabels"] == POOL_POD_LABELS
     (endpoint,) = spec["podMetricsEndpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
     assert endpoint["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_slaq_dev_pool"], "targetLabel": "pool"}]

@@ -129,3 +129,9 @@ def test_schema_refuses_typos_and_wrong_types(values: dict[str, Any], complaint:
     error = render_failure(values)
     assert "values don't meet the specifications of the schema" in error
     assert complaint in error, error
+
+
+def test_readme_lists_every_value() -> None:
+    readme = (CHART / "README.md").read_text(encoding="utf-8")
+    missing = [path for path in SCHEMA_VALUES if path != "global" and f"| `{path}` |" not in readme]
+    assert not missing, f"helm/slaq/README.md has no row for {missing}"
