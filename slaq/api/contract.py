@@ -39,7 +39,8 @@ class RequestSLA:
     predicted_output: int | None = None
 
     def to_xargs(self) -> dict[str, Any]:
-        return {
+        """Absent facts are left out: vLLM 0.32's server answers 400 to a null value in `vllm_xargs`."""
+        xargs = {
             XARG_TENANT: self.tenant,
             XARG_TIER: self.tier.value,
             XARG_TTFT_MS: self.ttft_ms,
@@ -47,6 +48,7 @@ class RequestSLA:
             XARG_ARRIVAL: self.arrival,
             XARG_PREDICTED_OUTPUT: self.predicted_output,
         }
+        return {key: value for key, value in xargs.items() if value is not None}
 
     @classmethod
     def from_extra_args(cls, extra: Mapping[str, Any] | None) -> "RequestSLA":

@@ -1,0 +1,159 @@
+"""KV block budget: headroom for the critical tier, per-tenant caps, lower tiers' prefixes evicted first.
+
+`SLABlockManager` is vLLM's `KVCacheManager` with its block pool and coordinator (adopted in
+place, see `vllm_compat.adopt_block_manager`), plus a `BlockBudgetRule` consulted before every
+allocation:
+
+- Headroom: a request below the critical tier may not take blocks that would leave fewer than
+  `critical_kv_headroom` of all blocks free, whether it is being admitted or is growing; when a
+  running request's growth is refused, vLLM's running loop preempts as it does when the cache is
+  full, so lower tiers make room among themselves.
+- Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
+  its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
+  growth can never exceed the cap and no other tenant is preempted to make it fit. A single
+  request larger than the cap runs when the tenant holds nothing else.
+- Eviction: cached prefix blocks freed by batch-tier requests go to the front of the free queue,
+  so they are reused (evicted) before any other tier's cached prefixes.
+- Prefix reuse is counted per tenant and tier when a request is admitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from slaq.api.common import Tier
+from slaq.engine.sla import RequestInfo
+from slaq.engine import vllm_compat as vc
+from slaq.engine.vllm_compat import KVCacheManager, Request
+
+TIERS = tuple(Tier)
+EVICT_FIRST_RANK = Tier.BATCH.rank
+
+
+@dataclass(frozen=True)
+class BlockBudgetRule:
+    usable_blocks: int
+    headroom_blocks: int
+    tenant_cap_blocks: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_shares(cls, usable_blocks: int, critical_headroom: float, tenant_kv_share: Mapping[str, float]) -> "BlockBudgetRule":
+        caps = {tenant: max(1, math.floor(share * usable_blocks)) for tenant, share in tenant_kv_share.items() if share < 1.0}
+        return cls(usable_blocks, math.ceil(critical_headroom * usable_blocks), caps)
+
+    def leaves_headroom(self, tier_rank: int, free_blocks: int, new_blocks: int) -> bool:
+        return tier_rank == 0 or free_blocks - new_blocks >= self.headroom_blocks
+
+    def within_tenant_cap(self, tenant: str, reserved: int, footprint: int) -> bool:
+        cap = self.tenant_cap_blocks.get(tenant)
+        return cap is None or reserved == 0 or reserved + footprint <= cap
+
+
+@dataclass(slots=True)
+class _Holding:
+    tier_rank: int
+    tenant: str
+    blocks: int  # blocks the request holds (tokens allocated / block size)
+    reserved: int  # blocks reserved against its tenant's cap
+
+
+@dataclass
+class BlockLedger:
+    """Who holds what, by tier and tenant; O(1) per allocation."""
+
+    holdings: dict[str, _Holding] = field(default_factory=dict)
+    blocks_by_tier: list[int] = field(default_factory=lambda: [0] * len(TIERS))
+    reserved_by_tenant: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prefix_hit_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def blocks_in_use_by_tier(self) -> dict[Tier, int]:
+        return {tier: self.blocks_by_tier[index] for index, tier in enumerate(TIERS)}
+
+
+class SLABlockManager(KVCacheManager):
+    """Never constructed directly: `SLABlockManager.adopt` converts the scheduler's manager."""
+
+    _slaq_rule: BlockBudgetRule
+    _slaq_ledger: BlockLedger
+    _slaq_info_of: Callable[[Request], RequestInfo]
+    _slaq_block_size: int
+    _slaq_max_model_len: int
+
+    @classmethod
+    def adopt(cls, scheduler: vc.AsyncScheduler, rule: BlockBudgetRule, info_of: Callable[[Request], RequestInfo]) -> "SLABlockManager":
+        manager = vc.adopt_block_manager(scheduler, cls)
+        assert isinstance(manager, SLABlockManager)
+        manager._slaq_rule = rule
+        manager._slaq_ledger = BlockLedger()
+        manager._slaq_info_of = info_of
+        manager._slaq_block_size = vc.block_size(scheduler)
+        manager._slaq_max_model_len = vc.max_model_len(scheduler)
+        return manager
+
+    @property
+    def rule(self) -> BlockBudgetRule:
+        return self._slaq_rule
+
+    @property
+    def ledger(self) -> BlockLedger:
+        return self._slaq_ledger
+
+    def free_block_count(self) -> int:
+        return vc.free_blocks(self)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0, *args, **kwargs):  # type: ignore[override]
+        info = self._slaq_info_of(request)
+        ledger = self._slaq_ledger
+        holding = ledger.holdings.get(request.request_id)
+        lookahead = kwargs.get("num_lookahead_tokens", args[1] if len(args) > 1 else 0)
+        held = holding.blocks if holding is not None else 0
+        wanted = math.ceil((request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + lookahead) / self._slaq_block_size)
+        new_blocks = max(0, wanted - held - math.ceil(num_new_computed_tokens / self._slaq_block_size))
+        if not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks):
+            return None
+        admitting = holding is None
+        footprint = 0
+        if admitting:
+            footprint = math.ceil(min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) / self._slaq_block_size)
+            if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
+                return None
+        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+        if result is None:
+            return None
+        if admitting:
+            holding = _Holding(info.tier_rank, info.tenant, 0, footprint)
+            ledger.holdings[request.request_id] = holding
+            ledger.reserved_by_tenant[info.tenant] += footprint
+            key = (info.tier.value, info.tenant)
+            ledger.prefix_query_tokens[key] += request.num_tokens
+            ledger.prefix_hit_tokens[key] += num_new_computed_tokens
+        assert holding is not None
+        ledger.blocks_by_tier[holding.tier_rank] += wanted - holding.blocks
+        holding.blocks = wanted
+        return result
+
+    def free(self, request: Request) -> None:
+        evict_first = self._release(request) and vc.attached_info(request) is not None
+        blocks = vc.request_blocks(self, request.request_id) if evict_first and self._slaq_info_of(request).tier_rank >= EVICT_FIRST_RANK else None
+        super().free(request)
+        if blocks:
+            vc.evict_first(self, blocks)
+
+    def pop_blocks_for_free(self, request: Request):  # type: ignore[override]
+        self._release(request)
+        return super().pop_blocks_for_free(request)
+
+    def _release(self, request: Request) -> bool:
+        holding = self._slaq_ledger.holdings.pop(request.request_id, None)
+        if holding is None:
+            return False
+        ledger = self._slaq_ledger
+        ledger.blocks_by_tier[holding.tier_rank] -= holding.blocks
+        ledger.reserved_by_tenant[holding.tenant] -= holding.reserved
+        if ledger.reserved_by_tenant[holding.tenant] <= 0:
+            del ledger.reserved_by_tenant[holding.tenant]
+        return True

@@ -1,0 +1,66 @@
+"""`slaq engine`: run vLLM's OpenAI server with the slaq scheduler (see slaq.engine.launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "engine",
+        help="run vLLM's OpenAI server with the slaq SLA-aware scheduler",
+        description="Run vLLM's OpenAI server in-process with scheduler_cls=SLAScheduler and scheduling_policy=priority. "
+        "Without --model, a tiny built-in model (random weights) runs on CPU. Arguments after -- go to vLLM unchanged.",
+    )
+    parser.add_argument("--host", default=ENGINE_HOST, help=f"address to bind (default {ENGINE_HOST})")
+    parser.add_argument("--port", type=int, default=ENGINE_PORT, help=f"port (default {ENGINE_PORT})")
+    parser.add_argument("--model", default=None, help="any vLLM model (default: the tiny built-in model)")
+    parser.add_argument("--device", choices=("gpu", "cpu"), default=None, help="default: cpu for the tiny model, gpu otherwise")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--load-format", default=None, help="default: dummy for the tiny model, auto otherwise")
+    parser.add_argument("--served-model-name", default=None, help="default: slaq-tiny for the tiny model, else the model")
+    parser.add_argument("--revision", default=None)
+    parser.add_argument("--scheduler-config", default=None, metavar="JSON|FILE", help="the pool's spec.scheduler (wire JSON, or a file holding it)")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
+    parser.set_defaults(handler=_engine)
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from slaq.engine.config import read_scheduler_config_argument
+    from slaq.engine.errors import EngineError
+    from slaq.engine.launcher import EngineOptions, run
+
+    extra = list(args.vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    try:
+        options = EngineOptions(
+            host=args.host,
+            port=args.port,
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            load_format=args.load_format,
+            served_model_name=args.served_model_name,
+            revision=args.revision,
+            scheduler_config=read_scheduler_config_argument(args.scheduler_config) if args.scheduler_config else None,
+            extra=tuple(extra),
+        )
+        run(options)
+    except EngineError as exc:
+        print(f"slaq engine: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,37 @@
+"""Tenant fairness within a tier: virtual token counters (VTC, Sheng et al. 2024).
+
+Each tenant's counter grows by the tokens the engine computed for it. A tenant whose counter
+is small relative to the others of its tier has received less service and scores higher on
+the fairness term. A tenant that (re)appears after being idle starts at the tier's current
+minimum, so idleness does not bank credit.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+class VirtualTokenCounters:
+    def __init__(self) -> None:
+        self._counters: dict[str, dict[str, float]] = defaultdict(dict)  # tier -> tenant -> tokens
+        self._totals: dict[str, float] = defaultdict(float)
+
+    def charge(self, tier: str, tenant: str, tokens: float) -> None:
+        counters = self._counters[tier]
+        if tenant not in counters:
+            counters[tenant] = min(counters.values(), default=0.0)
+            self._totals[tier] += counters[tenant]
+        counters[tenant] += tokens
+        self._totals[tier] += tokens
+
+    def service_share(self, tier: str, tenant: str) -> float:
+        """This tenant's share of its tier's counted service, in [0, 1]; 0 for an unseen tenant."""
+        total = self._totals.get(tier, 0.0)
+        if total <= 0.0:
+            return 0.0
+        return self._counters[tier].get(tenant, 0.0) / total
+
+    def forget(self, tier: str, tenant: str) -> None:
+        counters = self._counters.get(tier)
+        if counters and tenant in counters:
+            self._totals[tier] -= counters.pop(tenant)

@@ -1,0 +1,115 @@
+"""`slaq engine`: vLLM's OpenAI server, in this process, with the slaq scheduler.
+
+The launcher turns slaq's flags into vLLM server arguments (`server_argv`, a pure function),
+prepares the process environment (scheduler knobs for the engine core process, a Prometheus
+multiprocess directory so the engine core's metrics reach the server's /metrics, a small CPU KV
+cache), and runs vLLM's server as `python -m vllm.entrypoints.openai.api_server` would.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Mapping, MutableMapping, Sequence
+
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV
+from slaq.engine.errors import LaunchError
+
+SCHEDULER_CLS = "slaq.engine.scheduler.SLAScheduler"
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_KV_CACHE_GIB_DEFAULT = "1"
+TINY_MAX_MODEL_LEN = 1024
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    host: str = ENGINE_HOST
+    port: int = ENGINE_PORT
+    model: str | None = None  # None: the tiny built-in model
+    device: str | None = None  # None: cpu for the tiny model, gpu otherwise
+    dtype: str | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    load_format: str | None = None
+    served_model_name: str | None = None
+    revision: str | None = None
+    scheduler_config: str | None = None  # validated wire JSON
+    extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    environ: dict[str, str]
+
+
+def plan_launch(options: EngineOptions, model_path: str | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """vLLM server arguments and environment for `options` (pure; `model_path` is the tiny model's directory)."""
+    environ = dict(os.environ if environ is None else environ)
+    tiny = options.model is None
+    if tiny and model_path is None:
+        raise LaunchError("the tiny built-in model needs its directory (ensure_tiny_model())")
+    device = options.device or ("cpu" if tiny else "gpu")
+    if device not in ("cpu", "gpu"):
+        raise LaunchError(f"--device must be cpu or gpu, not {device!r}")
+    for flag in ("--scheduler-cls", "--scheduling-policy", "--host", "--port"):
+        if any(arg == flag or arg.startswith(flag + "=") for arg in options.extra):
+            raise LaunchError(f"{flag} is set by slaq engine; remove it from the arguments after --")
+    from slaq.engine.tiny_model import SERVED_NAME
+
+    argv = [
+        "--model", model_path if tiny else str(options.model),
+        "--host", options.host,
+        "--port", str(options.port),
+        "--scheduler-cls", SCHEDULER_CLS,
+        "--scheduling-policy", "priority",
+        "--served-model-name", options.served_model_name or (SERVED_NAME if tiny else str(options.model)),
+        "--load-format", options.load_format or ("dummy" if tiny else "auto"),
+        "--dtype", options.dtype or ("float32" if tiny else "auto"),
+    ]
+    if tiny or options.max_model_len is not None:
+        argv += ["--max-model-len", str(options.max_model_len or TINY_MAX_MODEL_LEN)]
+    optional = {
+        "--tensor-parallel-size": options.tensor_parallel_size,
+        "--gpu-memory-utilization": options.gpu_memory_utilization,
+        "--max-num-seqs": options.max_num_seqs,
+        "--max-num-batched-tokens": options.max_num_batched_tokens,
+        "--revision": options.revision,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if tiny:
+        argv += ["--tokenizer", model_path, "--enforce-eager"]
+    argv += list(options.extra)
+    if options.scheduler_config is not None:
+        environ[SCHEDULER_CONFIG_ENV] = options.scheduler_config
+    if device == "cpu":
+        environ.setdefault(CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB_DEFAULT)
+    return LaunchPlan(argv=argv, environ=environ)
+
+
+def prepare_environment(plan: LaunchPlan, target: MutableMapping[str, str] | None = None) -> None:
+    """Apply the plan's environment, and a fresh Prometheus multiprocess directory.
+
+    Must run before vLLM (and prometheus_client) is imported: the client picks its value store
+    at import, and the engine core process inherits this environment."""
+    target = os.environ if target is None else target
+    target.update(plan.environ)
+    if "PROMETHEUS_MULTIPROC_DIR" not in target:
+        target["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="slaq-engine-metrics-")
+
+
+def run(options: EngineOptions) -> None:
+    from slaq.engine.tiny_model import ensure_tiny_model
+
+    model_path = str(ensure_tiny_model()) if options.model is None else None
+    plan = plan_launch(options, model_path)
+    prepare_environment(plan)
+    from slaq.engine import vllm_compat
+
+    vllm_compat.run_server(vllm_compat.parse_server_args(plan.argv))

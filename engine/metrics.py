@@ -1,0 +1,62 @@
+"""The engine's Prometheus metrics.
+
+The scheduler runs in vLLM's EngineCore process, not in the API server process that answers
+`/metrics`. `slaq engine` points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory before vLLM
+starts; vLLM's `/metrics` then serves a multiprocess registry, so the series written here (and
+vLLM's own `vllm:*` series) appear together on the server's `/metrics`. Without that variable
+(unit tests) they live in the default in-process registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from slaq.api.common import Tier
+
+PREFIX = "slaq_engine_"
+STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    preemptions: Counter
+    kv_blocks_in_use: Gauge
+    queue_depth: Gauge
+    step_seconds: Histogram
+    prefix_hit_tokens: Counter
+    prefix_query_tokens: Counter
+    info: Gauge
+
+    def observe_step(self, seconds: float, queue_depth: Mapping[Tier, int], kv_blocks: Mapping[Tier, int]) -> None:
+        self.step_seconds.observe(seconds)
+        for tier, depth in queue_depth.items():
+            self.queue_depth.labels(tier=tier.value).set(depth)
+        for tier, blocks in kv_blocks.items():
+            self.kv_blocks_in_use.labels(tier=tier.value).set(blocks)
+
+    def count_preemption(self, tier: Tier, reason: str) -> None:
+        self.preemptions.labels(tier=tier.value, reason=reason).inc()
+
+    def count_prefix(self, tier: str, tenant: str, queried: int, hit: int) -> None:
+        if queried:
+            self.prefix_query_tokens.labels(tier=tier, tenant=tenant).inc(queried)
+        if hit:
+            self.prefix_hit_tokens.labels(tier=tier, tenant=tenant).inc(hit)
+
+
+@lru_cache(maxsize=1)
+def engine_metrics() -> EngineMetrics:
+    """Process-wide metrics (a registry accepts each name once)."""
+    return EngineMetrics(
+        preemptions=Counter(PREFIX + "preemptions", "Requests preempted by the slaq scheduler, by tier of the victim and reason.", ["tier", "reason"]),
+        kv_blocks_in_use=Gauge(PREFIX + "kv_blocks_in_use", "KV cache blocks held by running requests, by tier.", ["tier"], multiprocess_mode="mostrecent"),
+        queue_depth=Gauge(PREFIX + "queue_depth", "Requests waiting in the engine, by tier.", ["tier"], multiprocess_mode="mostrecent"),
+        step_seconds=Histogram(PREFIX + "schedule_step_seconds", "Wall time of one schedule() call of the slaq scheduler.", buckets=STEP_BUCKETS),
+        prefix_hit_tokens=Counter(PREFIX + "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache at admission, by tier and tenant.", ["tier", "tenant"]),
+        prefix_query_tokens=Counter(PREFIX + "prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache at admission, by tier and tenant.", ["tier", "tenant"]),
+        info=Gauge(PREFIX + "scheduler_info", "The scheduler class serving this engine (value 1).", ["scheduler", "vllm"], multiprocess_mode="mostrecent"),
+    )

@@ -1,0 +1,66 @@
+"""Waiting-queue ordering: which waiting request the engine admits next.
+
+The order is the report's formula 1 (`slaq.scoring`), computed so that a step costs the same at
+100 and at 10,000 waiting requests:
+
+- Within a tier, requests wait in a heap whose key is static: the request's deadline (arrival +
+  TTFT objective, or arrival + aging bound when it has none) minus a bounded fairness credit.
+  Urgency (slack = deadline - now) and aging (now - arrival) are linear in time with the same
+  slope for every request, so between two requests of a tier their difference is a constant:
+  folding them into the key keeps the heap order correct as time passes, without re-keying.
+  Only the tenant fairness credit changes the order over time; it is recomputed each step for
+  a bounded head of each tier's heap (`REKEY_HEAD`), and it is bounded (a fraction of the
+  request's own objective), so it can delay a request by at most that much: no starvation
+  inside a tier.
+- Across tiers there are only three candidates, the head of each tier's heap, and they are
+  ranked with the full formula 1 of `slaq.scoring` at the current time and load (nonlinear
+  urgency, load-adaptive weights), with its starvation rule: a request that has waited longer
+  than the aging bound outranks every request that has not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slaq.api.pool import SchedulerSpec
+from slaq.engine.fairness import VirtualTokenCounters
+from slaq.engine.sla import RequestInfo
+from slaq.scoring import PoolView, RequestView, ScoreProfile
+
+REKEY_HEAD = 8  # requests per tier whose fairness credit is refreshed each step
+
+
+@dataclass
+class WaitingOrder:
+    spec: SchedulerSpec
+    fairness: VirtualTokenCounters
+    max_length_tokens: int
+
+    def __post_init__(self) -> None:
+        self._profile = ScoreProfile(self.spec.weights)
+        self._pool = PoolView(load=0.0, max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
+
+    def set_load(self, load: float) -> None:
+        self._pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
+
+    @property
+    def load(self) -> float:
+        return self._pool.load
+
+    def tier_key(self, info: RequestInfo) -> float:
+        """Static heap key within a tier (smaller runs earlier): deadline minus a bounded fairness credit."""
+        horizon = info.ttft_s if info.ttft_s is not None else self.spec.aging_bound_seconds
+        credit = self.spec.weights.fairness * (1.0 - self.fairness.service_share(info.tier.value, info.tenant))
+        return info.deadline - credit * horizon
+
+    def rank(self, info: RequestInfo, now: float) -> tuple[int, float]:
+        """Cross-tier rank (smaller runs earlier): starving first, then by descending formula-1 score."""
+        view = RequestView(
+            tier=info.tier,
+            arrival=info.arrival,
+            ttft_ms=info.ttft_s * 1000.0 if info.ttft_s is not None else None,
+            prompt_tokens=info.prompt_tokens,
+            predicted_output=info.predicted_output,
+            tenant_service_share=self.fairness.service_share(info.tier.value, info.tenant),
+        )
+        return self._profile.rank_key(view, now, self._pool)

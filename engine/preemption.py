@@ -1,0 +1,110 @@
+"""Preemption for SLA-urgent arrivals, decided before vLLM's `schedule()` runs.
+
+Stock vLLM preempts only when a *running* request cannot get KV blocks; an urgent arrival waits
+behind a full batch of low-priority decodes. Here, when the batch (`max_num_seqs`) or the KV
+cache cannot take the waiting requests that have a TTFT objective, running decodes of a strictly
+lower tier are preempted for them:
+
+- `ThrashGuard`: a request preempted once may not be preempted again before it has produced
+  `min_progress_tokens` new output tokens, and victims are always of a strictly lower tier than
+  the request they make room for, so two requests can never preempt each other back and forth.
+- `VictimChooser`: lowest effective priority first: lowest tier, then the one with the least
+  computed tokens (cheapest to recompute), then the latest arrival.
+- `UrgentPreemption.plan` bounds preemptions per step (`max_preemptions_per_step`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from slaq.engine import vllm_compat as vc
+from slaq.engine.sla import RequestInfo
+from slaq.engine.vllm_compat import Request
+
+REASON_BATCH_FULL = "batch_full"
+REASON_KV_FULL = "kv_full"
+REASON_KV_EXHAUSTED = "kv_exhausted"  # vLLM's own running-loop preemption
+
+
+@dataclass(frozen=True)
+class ThrashGuard:
+    min_progress_tokens: int = 4
+
+    def protect(self, request: Request, info: RequestInfo) -> None:
+        """Called when `request` is preempted."""
+        info.preemptions += 1
+        info.protected_until_output = request.num_output_tokens + self.min_progress_tokens
+
+    def may_preempt(self, request: Request, info: RequestInfo) -> bool:
+        return request.num_output_tokens >= info.protected_until_output
+
+
+@dataclass(frozen=True)
+class VictimChooser:
+    def order(self, candidates: Sequence[Request], info_of: Callable[[Request], RequestInfo]) -> list[Request]:
+        return sorted(candidates, key=lambda r: (-info_of(r).tier_rank, r.num_computed_tokens, -info_of(r).arrival))
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: Request
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResourceView:
+    """What the planner needs to know about free capacity right now."""
+
+    free_slots: int
+    free_blocks: int
+    headroom_blocks: int
+    block_size: int
+    step_tokens: int
+
+
+@dataclass(frozen=True)
+class UrgentPreemption:
+    max_per_step: int
+    guard: ThrashGuard = ThrashGuard()
+    chooser: VictimChooser = VictimChooser()
+
+    def plan(
+        self,
+        urgent: Sequence[Request],
+        running: Sequence[Request],
+        resources: ResourceView,
+        info_of: Callable[[Request], RequestInfo],
+    ) -> list[Preemption]:
+        """Victims to preempt so that the urgent waiting requests (best first) can be admitted this step."""
+        if not urgent or self.max_per_step <= 0:
+            return []
+        eligible = [
+            r for r in running
+            if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))
+        ]
+        victims = self.chooser.order(eligible, info_of)
+        plan: list[Preemption] = []
+        taken: set[str] = set()
+        slots, blocks = resources.free_slots, resources.free_blocks
+        for request in urgent:
+            info = info_of(request)
+            chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
+            need_blocks = chunk_blocks + (0 if info.tier_rank == 0 else resources.headroom_blocks)
+            chosen: list[Preemption] = []
+            free_slots, free_blocks = slots, blocks
+            for victim in victims:
+                if free_slots >= 1 and free_blocks >= need_blocks:
+                    break
+                if victim.request_id in taken or info_of(victim).tier_rank <= info.tier_rank:
+                    continue
+                chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
+                free_slots += 1
+                free_blocks += math.ceil(victim.num_computed_tokens / resources.block_size)
+            if free_slots < 1 or free_blocks < need_blocks or len(plan) + len(chosen) > self.max_per_step:
+                break  # no room for this one within the bound; the rest are less urgent
+            plan.extend(chosen)
+            taken.update(p.victim.request_id for p in chosen)
+            slots, blocks = free_slots - 1, free_blocks - chunk_blocks
+        return plan

@@ -1,0 +1,164 @@
+"""The waiting queue the SLA scheduler installs in place of vLLM's priority heap.
+
+vLLM's `PriorityRequestQueue` orders by `Request.__lt__` (priority, arrival, id) and is corrupted
+when a queued request's priority changes. This queue never reads or writes `Request.priority`:
+it keeps one heap per tier of `(band, key, seq, request)` entries whose keys are computed by
+`WaitingOrder` when the entry is pushed and never mutated. Band 0 holds preempted requests, which
+go back ahead of their tier; band 1 everything else. Removal is lazy (an entry is live while the
+`_live` map points at it), so aborts cost O(1).
+
+It implements vLLM's `RequestQueue` interface, so `Scheduler.schedule()` uses it unchanged:
+`peek_request`/`pop_request` give the cross-tier choice of `WaitingOrder.rank` among the three
+tier heads at the time set by `begin_step`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from typing import Callable, Iterable, Iterator
+
+from slaq.api.common import Tier
+from slaq.engine.ordering import REKEY_HEAD, WaitingOrder
+from slaq.engine.sla import RequestInfo
+from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
+
+Entry = tuple[int, float, int, Request]
+BAND_PREEMPTED, BAND_WAITING = 0, 1
+TIERS = tuple(Tier)
+
+
+class SLARequestQueue(RequestQueue):
+    def __init__(self, order: WaitingOrder, info_of: Callable[[Request], RequestInfo]) -> None:
+        self._order = order
+        self._info_of = info_of
+        self._heaps: list[list[Entry]] = [[] for _ in TIERS]
+        self._live: dict[str, Entry] = {}
+        self._depth = [0] * len(TIERS)
+        self._seq = itertools.count()
+        self._now = time.time()
+        self._choice: tuple[int, Entry] | None = None
+
+    # -- the scheduler's per-step hook ------------------------------------------------------
+    def begin_step(self, now: float) -> None:
+        """Fix the clock for this step's choices and refresh the fairness credit of each tier's head."""
+        self._now = now
+        self._choice = None
+        for heap in self._heaps:
+            self._rekey_head(heap)
+
+    def depth_by_tier(self) -> dict[Tier, int]:
+        return {tier: self._depth[index] for index, tier in enumerate(TIERS)}
+
+    def urgent_heads(self, limit: int) -> list[Request]:
+        """Up to `limit` waiting requests with a TTFT objective, best first within each tier, tiers in order.
+
+        Costs O(limit log n): entries are popped and pushed back unchanged.
+        """
+        found: list[Request] = []
+        for heap in self._heaps:
+            taken: list[Entry] = []
+            while heap and len(found) < limit:
+                entry = heapq.heappop(heap)
+                if self._live.get(entry[3].request_id) is not entry:
+                    continue
+                taken.append(entry)
+                if self._info_of(entry[3]).ttft_s is not None:
+                    found.append(entry[3])
+            for entry in taken:
+                heapq.heappush(heap, entry)
+            if len(found) >= limit:
+                break
+        return found
+
+    # -- vLLM's RequestQueue interface ------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        info = self._info_of(request)
+        band = BAND_PREEMPTED if is_preempted(request) else BAND_WAITING
+        entry: Entry = (band, self._order.tier_key(info), next(self._seq), request)
+        previous = self._live.get(request.request_id)
+        if previous is None:
+            self._depth[info.tier_rank] += 1
+        self._live[request.request_id] = entry
+        heapq.heappush(self._heaps[info.tier_rank], entry)
+        self._choice = None
+
+    def pop_request(self) -> Request:
+        tier_rank, entry = self._chosen()
+        heapq.heappop(self._heaps[tier_rank])
+        del self._live[entry[3].request_id]
+        self._depth[tier_rank] -= 1
+        self._choice = None
+        return entry[3]
+
+    def peek_request(self) -> Request:
+        return self._chosen()[1][3]
+
+    def prepend_request(self, request: Request) -> None:
+        self.add_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self.add_request(request)
+
+    def remove_request(self, request: Request) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            entry = self._live.get(request.request_id)
+            if entry is not None and entry[3] is request:
+                del self._live[request.request_id]
+                self._depth[self._info_of(request).tier_rank] -= 1
+                self._choice = None
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[Request]:
+        """Live requests, tier by tier in heap order (a snapshot; O(n log n), not for the hot path)."""
+        for heap in self._heaps:
+            for entry in sorted(heap):
+                if self._live.get(entry[3].request_id) is entry:
+                    yield entry[3]
+
+    # -- internals ----------------------------------------------------------------------------
+    def _head(self, heap: list[Entry]) -> Entry | None:
+        while heap:
+            entry = heap[0]
+            if self._live.get(entry[3].request_id) is entry:
+                return entry
+            heapq.heappop(heap)  # stale: removed or re-added since it was pushed
+        return None
+
+    def _chosen(self) -> tuple[int, Entry]:
+        if self._choice is not None:
+            return self._choice
+        best: tuple[tuple[int, float], int, Entry] | None = None
+        for tier_rank, heap in enumerate(self._heaps):
+            entry = self._head(heap)
+            if entry is None:
+                continue
+            rank = self._order.rank(self._info_of(entry[3]), self._now)
+            if best is None or rank < best[0]:
+                best = (rank, tier_rank, entry)
+        if best is None:
+            raise IndexError("peek from an empty queue")
+        self._choice = (best[1], best[2])
+        return self._choice
+
+    def _rekey_head(self, heap: list[Entry]) -> None:
+        taken: list[Entry] = []
+        while heap and len(taken) < REKEY_HEAD:
+            entry = heapq.heappop(heap)
+            if self._live.get(entry[3].request_id) is not entry:
+                continue
+            taken.append(entry)
+        for band, _, seq, request in taken:
+            fresh: Entry = (band, self._order.tier_key(self._info_of(request)), seq, request)
+            self._live[request.request_id] = fresh
+            heapq.heappush(heap, fresh)

@@ -1,0 +1,137 @@
+"""`SLAScheduler`: vLLM 0.32's `AsyncScheduler` with slaq's policies plugged in.
+
+`schedule()` is vLLM's own; around it, each step:
+1. fixes the clock and load for the waiting queue (`SLARequestQueue.begin_step`),
+2. preempts lower-tier running decodes for SLA-urgent waiting requests when the batch or the
+   KV cache is full (`UrgentPreemption`) — before vLLM's schedule(), whose waiting admission is
+   skipped in any step where its own running loop preempted,
+3. caps the step's token budget (`StepBudgetPolicy`; vLLM's budget unless a policy says less),
+4. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
+   block manager, then charges the scheduled tokens to the tenants' fairness counters and
+   records metrics.
+
+Use it through vLLM: `scheduler_cls="slaq.engine.scheduler.SLAScheduler"`,
+`scheduling_policy="priority"` (`slaq engine` sets both).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from slaq.api.contract import RequestSLA
+from slaq.engine import vllm_compat as vc
+from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
+from slaq.engine.config import EngineSchedulerConfig
+from slaq.engine.fairness import VirtualTokenCounters
+from slaq.engine.metrics import engine_metrics
+from slaq.engine.ordering import WaitingOrder
+from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption
+from slaq.engine.queue import SLARequestQueue
+from slaq.engine.sla import RequestInfo, request_info
+from slaq.engine.step_budget import RunningView, StepBudgetPolicy, StockStepBudget
+from slaq.engine.vllm_compat import Request, SchedulerOutput
+
+
+class SLAScheduler(vc.AsyncScheduler):
+    # Tests and embedders may set this before construction; vLLM constructs the class itself.
+    config_override: EngineSchedulerConfig | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.config_override or EngineSchedulerConfig.from_environment()
+        self.slaq_config = config
+        spec = config.spec
+        self.fairness = VirtualTokenCounters()
+        self.order = WaitingOrder(spec, self.fairness, max_length_tokens=vc.max_model_len(self))
+        vc.install_waiting_queues(self, lambda: SLARequestQueue(self.order, self.info_of))
+        self.block_manager = SLABlockManager.adopt(
+            self,
+            BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), spec.critical_kv_headroom, config.tenant_kv_share),
+            self.info_of,
+        )
+        self.guard = ThrashGuard(config.min_progress_tokens)
+        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard)
+        self.step_budget: StepBudgetPolicy = StockStepBudget()
+        self.metrics = engine_metrics()
+        self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
+
+    # -- request facts -----------------------------------------------------------------------
+    def info_of(self, request: Request) -> RequestInfo:
+        info = vc.attached_info(request)
+        if info is None:
+            info = request_info(
+                RequestSLA.from_extra_args(vc.extra_args(request)),
+                arrival=request.arrival_time,
+                prompt_tokens=request.num_prompt_tokens,
+                max_tokens=request.max_tokens,
+                aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
+            )
+            vc.attach_info(request, info)
+        return info
+
+    @property
+    def waiting_queue(self) -> SLARequestQueue:
+        return self.waiting  # type: ignore[return-value]
+
+    # -- the step ------------------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        started = time.perf_counter()
+        now = time.time()
+        running = vc.running_requests(self)
+        limit = vc.active_request_limit(self)
+        self.order.set_load(max(len(running) / max(1, limit), self.kv_cache_manager.usage))
+        for queue in (self.waiting, self.kv_holding_waiting):
+            queue.begin_step(now)  # type: ignore[attr-defined]
+        ours = self._preempt_for_urgent(now, running, limit)
+        views = [RunningView(self.info_of(r).tpot_s, vc.is_decoding(r)) for r in vc.running_requests(self)]
+        cap = self.step_budget.budget(views, vc.step_token_limit(self), now)
+        with vc.step_token_budget(self, cap):
+            output = super().schedule(*args, **kwargs)
+        self._after_step(output, ours)
+        self.metrics.observe_step(
+            time.perf_counter() - started, self.waiting_queue.depth_by_tier(), self.block_manager.ledger.blocks_in_use_by_tier()
+        )
+        return output
+
+    def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
+        if not self.waiting:
+            return set()
+        urgent = self.waiting_queue.urgent_heads(self.preemption.max_per_step or 1)
+        if not urgent:
+            return set()
+        resources = ResourceView(
+            free_slots=limit - len(running),
+            free_blocks=self.block_manager.free_block_count(),
+            headroom_blocks=self.block_manager.rule.headroom_blocks,
+            block_size=vc.block_size(self),
+            step_tokens=vc.step_token_limit(self),
+        )
+        plan = self.preemption.plan(urgent, running, resources, self.info_of)
+        for preemption in plan:
+            info = self.info_of(preemption.victim)
+            self.guard.protect(preemption.victim, info)
+            vc.preempt(self, preemption.victim, now)
+            self.metrics.count_preemption(info.tier, preemption.reason)
+        return {p.victim.request_id for p in plan}
+
+    def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:
+        for request_id in vc.preempted_ids(output) - ours:
+            request = self.requests.get(request_id)
+            if request is not None:
+                info = self.info_of(request)
+                self.guard.protect(request, info)
+                self.metrics.count_preemption(info.tier, REASON_KV_EXHAUSTED)
+        for request_id, tokens in vc.scheduled_tokens(output).items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                info = self.info_of(request)
+                self.fairness.charge(info.tier.value, info.tenant, tokens)
+        self._export_prefix_counts()
+
+    def _export_prefix_counts(self) -> None:
+        ledger = self.block_manager.ledger
+        for key, queried in ledger.prefix_query_tokens.items():
+            self.metrics.count_prefix(key[0], key[1], queried, ledger.prefix_hit_tokens.get(key, 0))
+        ledger.prefix_query_tokens.clear()
+        ledger.prefix_hit_tokens.clear()

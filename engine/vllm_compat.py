@@ -1,0 +1,198 @@
+"""Every place slaq touches vLLM internals, pinned to vLLM 0.32.0.
+
+vLLM's scheduler internals are not a public API. Nothing else in `slaq.engine` reaches into a
+vLLM object's private state: it goes through the functions here, and tests/engine/test_vllm_compat.py
+has one test per touch point, so an upgrade shows exactly what broke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+VLLM_VERSION = "0.32.0"
+
+__all__ = [
+    "AsyncScheduler", "KVCacheManager", "Request", "RequestQueue", "SchedulerOutput", "VLLM_VERSION",
+]
+
+_INFO_ATTR = "_slaq_info"
+
+
+# -- requests ------------------------------------------------------------------------------
+def extra_args(request: Request) -> dict[str, Any] | None:
+    """The `vllm_xargs` of the request, as vLLM hands them to the scheduler."""
+    params = request.sampling_params
+    return params.extra_args if params is not None else None
+
+
+def attach_info(request: Request, info: Any) -> None:
+    setattr(request, _INFO_ATTR, info)
+
+
+def attached_info(request: Request) -> Any | None:
+    return getattr(request, _INFO_ATTR, None)
+
+
+def is_preempted(request: Request) -> bool:
+    return request.status == RequestStatus.PREEMPTED
+
+
+def is_running(request: Request) -> bool:
+    return request.status == RequestStatus.RUNNING
+
+
+def is_decoding(request: Request) -> bool:
+    """Running and past its prompt. With async scheduling num_computed_tokens includes in-flight tokens."""
+    return (
+        request.status == RequestStatus.RUNNING
+        and not request.is_prefill_chunk
+        and request.num_computed_tokens >= request.num_prompt_tokens
+    )
+
+
+def remaining_prefill_tokens(request: Request) -> int:
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
+# -- the scheduler -------------------------------------------------------------------------
+def install_waiting_queues(scheduler: AsyncScheduler, make_queue: Callable[[], RequestQueue]) -> None:
+    """Replace both waiting queues (`kv_holding_waiting` is served before `waiting`); call before any request arrives."""
+    if scheduler.waiting or scheduler.kv_holding_waiting:
+        raise RuntimeError("waiting queues can only be replaced while empty")
+    scheduler.waiting = make_queue()
+    scheduler.kv_holding_waiting = make_queue()
+
+
+def running_requests(scheduler: AsyncScheduler) -> list[Request]:
+    """The live running list; `remove_all` rebinds `scheduler.running`, so never keep the result across steps."""
+    return scheduler.running
+
+
+def active_request_limit(scheduler: AsyncScheduler) -> int:
+    """How many requests may be running; paused streaming sessions hold slots too."""
+    return scheduler.max_num_active_reqs - scheduler.num_waiting_for_streaming_input
+
+
+def preempt(scheduler: AsyncScheduler, request: Request, now: float) -> None:
+    """Preempt a running request before `schedule()` runs (waiting admission is skipped in a step
+    whose own running loop preempted, so slaq preempts first). `_preempt_request` wants the request
+    already out of `running` and manages output placeholders itself."""
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, now)
+
+
+def max_model_len(scheduler: AsyncScheduler) -> int:
+    return scheduler.max_model_len
+
+
+def max_num_seqs(scheduler: AsyncScheduler) -> int:
+    return scheduler.max_num_running_reqs
+
+
+@contextlib.contextmanager
+def step_token_budget(scheduler: AsyncScheduler, tokens: int | None) -> Iterator[None]:
+    """Cap this step's token budget: `schedule()` copies `max_num_scheduled_tokens` into its local
+    budget and asserts against it at the end, so set it before the call and restore it after.
+    `scheduler_config.max_num_batched_tokens` (the input-buffer size) is left alone."""
+    if tokens is None:
+        yield
+        return
+    saved = scheduler.max_num_scheduled_tokens
+    scheduler.max_num_scheduled_tokens = max(1, min(saved, tokens))
+    try:
+        yield
+    finally:
+        scheduler.max_num_scheduled_tokens = saved
+
+
+def step_token_limit(scheduler: AsyncScheduler) -> int:
+    return scheduler.max_num_scheduled_tokens
+
+
+def scheduled_tokens(output: SchedulerOutput) -> dict[str, int]:
+    return output.num_scheduled_tokens
+
+
+def preempted_ids(output: SchedulerOutput) -> set[str]:
+    """Every request preempted in the step that produced `output` (slaq's and vLLM's own)."""
+    return output.preempted_req_ids or set()
+
+
+def adopt_block_manager(scheduler: AsyncScheduler, manager_cls: type[KVCacheManager]) -> KVCacheManager:
+    """Turn the scheduler's KVCacheManager into `manager_cls` in place, keeping its block pool and
+    coordinator (built by `Scheduler.__init__` from arguments slaq does not duplicate)."""
+    manager = scheduler.kv_cache_manager
+    if not issubclass(manager_cls, type(manager)):
+        raise TypeError(f"{manager_cls.__name__} must subclass {type(manager).__name__}")
+    manager.__class__ = manager_cls
+    return manager
+
+
+# -- the block pool ------------------------------------------------------------------------
+def block_size(scheduler: AsyncScheduler) -> int:
+    return scheduler.block_size
+
+
+def usable_blocks(manager: KVCacheManager) -> int:
+    """All blocks of the pool except vLLM's reserved null block."""
+    return manager.block_pool.num_gpu_blocks - 1
+
+
+def free_blocks(manager: KVCacheManager) -> int:
+    """Blocks that can be handed out now (includes cached blocks nobody references)."""
+    return manager.block_pool.get_num_free_blocks()
+
+
+def request_blocks(manager: KVCacheManager, request_id: str) -> list["KVCacheBlock"]:
+    """The blocks a request holds, all KV cache groups."""
+    return [block for group in manager.get_blocks(request_id).blocks for block in group]
+
+
+def evict_first(manager: KVCacheManager, blocks: Sequence["KVCacheBlock"]) -> int:
+    """Move those of `blocks` that sit unreferenced in the free queue (cached prefixes) to its
+    front, so they are reused (their prefix evicted) before any other cached block."""
+    queue = manager.block_pool.free_block_queue
+    movable = [b for b in blocks if b.ref_cnt == 0 and not b.is_null and b.prev_free_block is not None]
+    for block in movable:
+        queue.remove(block)
+    queue.prepend_n(movable)
+    return len(movable)
+
+
+def free_queue_order(manager: KVCacheManager) -> list[int]:
+    """Block ids in eviction order (for tests and debugging; O(blocks))."""
+    return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+# -- the OpenAI server -----------------------------------------------------------------------
+def parse_server_args(argv: Sequence[str]) -> Any:
+    """vLLM's own OpenAI-server argument parser (`python -m vllm.entrypoints.openai.api_server`)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="slaq engine (vLLM server)"))
+    args = parser.parse_args(list(argv))
+    validate_parsed_serve_args(args)
+    return args
+
+
+def run_server(args: Any) -> None:
+    """Run vLLM's OpenAI server in this process until it is stopped (as vLLM's own `main()` does)."""
+    import uvloop
+    from vllm.entrypoints.launchers.api_server.entry import run_server as vllm_run_server
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    configure_logging_from_args(args)
+    uvloop.run(vllm_run_server(args))

@@ -1,0 +1,94 @@
+"""Session fixture `slaq_engine`: one real `slaq engine` (tiny model, CPU, SLAScheduler) per test session.
+
+Tests that use it are marked `@pytest.mark.engine`. The process binds 127.0.0.1 on a free port,
+is waited for until /health answers, and is stopped by pid at the end of the session (SIGTERM,
+then SIGKILL). Its log goes to a file whose path is printed when the engine fails to come up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+START_TIMEOUT_S = 240.0  # about a minute on 2 idle cores; generous for busy ones
+STOP_TIMEOUT_S = 20.0
+ENGINE_MAX_NUM_SEQS = 8
+
+
+@dataclass(frozen=True)
+class EngineHandle:
+    base_url: str
+    port: int
+    pid: int
+    model: str
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)  # the engine core is a child of the server process
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _wait_healthy(process: subprocess.Popen, base_url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"slaq engine exited with {process.returncode} before answering /health; log: {log_path}")
+        try:
+            if httpx.get(base_url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"slaq engine did not answer /health within {START_TIMEOUT_S:.0f}s; log: {log_path}")
+
+
+@pytest.fixture(scope="session")
+def slaq_engine() -> Iterator[EngineHandle]:
+    port = _free_port()
+    log_dir = Path(tempfile.mkdtemp(prefix="slaq-engine-test-"))
+    log_path = log_dir / "engine.log"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PROMETHEUS_MULTIPROC_DIR=str(log_dir / "metrics"))
+    (log_dir / "metrics").mkdir()
+    command = [
+        sys.executable, "-m", "slaq", "engine", "--host", "127.0.0.1", "--port", str(port),
+        "--max-num-seqs", str(ENGINE_MAX_NUM_SEQS), "--max-model-len", "512",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(process, base_url, log_path)
+    except BaseException:
+        _stop(process)
+        print(f"slaq engine log: {log_path}", file=sys.stderr)
+        raise
+    try:
+        yield EngineHandle(base_url=base_url, port=port, pid=process.pid, model="slaq-tiny")
+    finally:
+        _stop(process)
