@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,4 +106,7 @@ def serve(options: SidecarOptions) -> None:
         access_log=False,
         log_level="info",
     )
+    # uvicorn re-raises the captured signal under the handler that was installed before it ran;
+    # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     DrainingServer(config, app).run()

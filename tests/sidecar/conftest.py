@@ -1,0 +1,67 @@
+"""A sidecar served on 127.0.0.1 in front of the fake upstream (or any engine URL)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+from slaq.api.table import TenantTable
+from slaq.sidecar.server import SidecarOptions, build_app
+from tests.sidecar.tables import abc_table
+from tests.support.fake_upstream import FakeEngine, ServerThread
+
+
+def write_table(path: Path, table: TenantTable) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(table.model_dump_json(by_alias=True))
+    os.replace(tmp, path)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class RunningSidecar:
+    def __init__(self, server: ServerThread, table_path: Path, app) -> None:
+        self.server, self.table_path, self.app = server, table_path, app
+        self.url = server.url
+        self.client = httpx.Client(base_url=self.url, timeout=30.0)
+
+    def stop(self) -> None:
+        self.client.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
+    started: list[RunningSidecar] = []
+
+    def start(engine_url: str, table: TenantTable | None = None, **options) -> RunningSidecar:
+        path = tmp_path / f"tenants-{len(started)}.json"
+        write_table(path, table or abc_table())
+        opts = SidecarOptions(host="127.0.0.1", port=0, engine_url=engine_url, tenant_table=path, **options)
+        app = build_app(opts)
+        server = ServerThread(app).start()
+        sidecar = RunningSidecar(server, path, app)
+        started.append(sidecar)
+        wait_until(lambda: sidecar.client.get("/ready").status_code == 200, what="sidecar ready")
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.stop()
+
+
+@pytest.fixture
+def sidecar(start_sidecar, fake_upstream: tuple[FakeEngine, str]) -> RunningSidecar:
+    """A sidecar for model `fake-model` in front of the fake upstream, A/B/C tenants."""
+    return start_sidecar(fake_upstream[1], served_model_name="fake-model")
