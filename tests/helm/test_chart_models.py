@@ -22,7 +22,8 @@ EVERYTHING_ON = {
         "prometheusAdapter": {"enabled": True},
         "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]},
     },
-    "operator": {"watchNamespaces": ["team-a", "team-b"], "extraEnv": [{"name": "KOPF_X", "value": "1"}],
+    "rbac": {"secretNamespaces": ["team-a", "team-b"]},
+    "operator": {"extraEnv": [{"name": "KOPF_X", "value": "1"}],
                  "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
     "imagePullSecrets": ["registry"],
 }
@@ -62,7 +63,7 @@ def test_object_round_trips_through_the_official_model(label: str, obj: dict[str
 
 def test_everything_on_renders_every_optional_kind() -> None:
     kinds = {obj["kind"] for _, obj in RENDERED}
-    assert {"NetworkPolicy", "ConfigMap", "RoleBinding", "PodMonitor", "ScaledObject", "CustomResourceDefinition"} <= kinds
+    assert {"NetworkPolicy", "ConfigMap", "Role", "RoleBinding", "PodMonitor", "ScaledObject", "CustomResourceDefinition"} <= kinds
 
 
 def test_the_round_trip_catches_a_misspelt_field() -> None:

@@ -34,7 +34,8 @@ def test_renders_by_default_the_operator_its_rbac_and_the_crds() -> None:
     assert {c["metadata"]["name"] for c in of_kind(objects, "CustomResourceDefinition")} == {"inferencepools.slaq.dev", "tenantslas.slaq.dev"}
     named(objects, "Deployment", OPERATOR)
     named(objects, "ServiceAccount", OPERATOR)
-    assert {r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")} == {OPERATOR, f"{OPERATOR}-pools"}
+    assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == [OPERATOR]
+    assert not {"Role", "RoleBinding"} & kinds(objects)
     for obj in objects:
         if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
@@ -96,16 +97,28 @@ def test_existing_service_account_needs_a_name() -> None:
     assert "serviceAccount.name is required" in render_failure({"serviceAccount": {"create": False}})
 
 
-def test_watch_namespaces_bind_pool_rights_per_namespace_only() -> None:
-    objects = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+def test_secret_namespaces_confine_secret_reads_to_roles() -> None:
+    objects = render({"rbac": {"secretNamespaces": ["tenants", NAMESPACE]}})
+    roles = of_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(["tenants", NAMESPACE])  # no duplicate
+    for role in roles:
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     bindings = of_kind(objects, "RoleBinding")
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    assert all(b["roleRef"]["name"] == f"{OPERATOR}-pools" for b in bindings)
-    assert [b["metadata"]["name"] for b in of_kind(objects, "ClusterRoleBinding")] == [OPERATOR]
-    args = named(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
-    default_args = named(render(), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--all-namespaces" in default_args and not any(a.startswith("--namespace=") for a in default_args)
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(["tenants", NAMESPACE])
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{OPERATOR}-secrets"} for b in bindings)
+    (cluster_role,) = of_kind(objects, "ClusterRole")
+    secret_verbs = {v for r in cluster_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
+    assert "get" not in secret_verbs
+    (default_role,) = of_kind(render(), "ClusterRole")
+    assert "get" in {v for r in default_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
+    assert "It may read API-key Secrets only in: tenants, slaq-system;" in notes({"rbac": {"secretNamespaces": ["tenants"]}})
+
+
+def test_operator_args() -> None:
+    args = named(render(), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "operator"
+    extra = named(render({"operator": {"extraArgs": ["--x=1"]}}), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert extra[-1] == "--x=1"
 
 
 def test_network_policy_absent_by_default() -> None:

@@ -1,51 +1,64 @@
 {{/*
-Rules for cluster-scoped work; see rbac.yaml for how they are bound.
+The operator's rights, one rule per kind of object, each verb one the operator (or kopf for it)
+sends. tests/helm/test_chart_rbac.py records the real operator's requests and fails on a
+request these rules refuse and on a rule no request uses.
 */}}
-{{- define "slaq.rbac.clusterRules" -}}
-# TenantSLAs: kopf lists and watches them, patches finalizers and its progress annotations.
-- apiGroups: ["slaq.dev"]
-  resources: ["tenantslas"]
-  verbs: ["get", "list", "watch", "patch"]
-- apiGroups: ["slaq.dev"]
-  resources: ["tenantslas/status"]
-  verbs: ["get", "patch"]
-# The API-key Secrets named by TenantSLAs (only their hashes leave them).
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "list", "watch"]
-# kopf reports handler outcomes as events (for cluster-scoped objects in "default").
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
-{{- end }}
-
-{{/*
-Rules for InferencePools and their children, bound cluster-wide or per watched namespace.
-*/}}
-{{- define "slaq.rbac.poolRules" -}}
+{{- define "slaq.rbac.operatorRules" -}}
+# kopf lists and watches both kinds and patches them (finalizers, progress annotations); the
+# reconciler reads a pool back before writing its status.
 - apiGroups: ["slaq.dev"]
   resources: ["inferencepools"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["slaq.dev"]
-  resources: ["inferencepools/status"]
-  verbs: ["get", "patch"]
+  resources: ["tenantslas"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["slaq.dev"]
+  resources: ["inferencepools/status", "tenantslas/status"]
+  verbs: ["patch"]
+# A pool's children are written by server-side apply, which needs `create` for the first write.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
-  resources: ["services", "secrets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  resources: ["services"]
+  verbs: ["create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch"]
+# The HPA is deleted when a pool turns autoscaling off; the other children go with the pool
+# through their owner references (garbage collection), not through the operator.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pool pods: the operator reads each sidecar's usage report at the pod's address.
+  verbs: ["create", "patch", "delete"]
+# Tenant-table Secrets beside each pool, and the cache-salt key Secret in the operator's namespace.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch"]
+{{- if not .Values.rbac.secretNamespaces }}
+# The API-key Secrets that TenantSLAs name, in any namespace (rbac.secretNamespaces confines this).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+# Each pool's running pods, whose sidecars report per-tenant usage and SLA risk.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
+# kopf reports handler outcomes as Events, and watches CRDs to notice new or removed resources.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end }}
+
+{{/*
+Secret reads confined to named namespaces (rbac.secretNamespaces) plus the release namespace,
+which holds the operator's cache-salt key.
+*/}}
+{{- define "slaq.rbac.secretReaderRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 {{- end }}
