@@ -247,3 +247,10 @@ def test_notes_tenant_example_is_a_valid_tenant_sla() -> None:
     assert manifest["kind"] == "TenantSLA" and manifest["apiVersion"] == "slaq.dev/v1alpha1"
     spec = TenantSLASpec.model_validate(manifest["spec"])
     assert spec.api_key_secret_ref.namespace == NAMESPACE
+
+
+def test_chart_refuses_clusters_without_cel_validation() -> None:
+    # The CRDs carry x-kubernetes-validations (CEL), which Kubernetes serves from 1.25 on.
+    refused = run_helm("template", "slaq", str(CHART), "--kube-version", "1.24.0", check=False)
+    assert refused.returncode != 0 and "requires kubeVersion" in refused.stderr
+    assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.25.0").stdout.count("kind: CustomResourceDefinition") == 2
