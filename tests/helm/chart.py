@@ -17,6 +17,20 @@ RELEASE = "slaq"
 NAMESPACE = "slaq-system"
 PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1/PodMonitor"
 
+# Every optional part of the chart switched on (used by the model and lint tests).
+EVERYTHING_ON = {
+    "networkPolicy": {"enabled": True, "namespaces": ["team-a"], "from": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]},
+    "monitoring": {"podMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    "autoscaling": {
+        "prometheusAdapter": {"enabled": True},
+        "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]},
+    },
+    "rbac": {"secretNamespaces": ["team-a", "team-b"]},
+    "operator": {"extraEnv": [{"name": "KOPF_X", "value": "1"}],
+                 "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
+    "imagePullSecrets": ["registry"],
+}
+
 # helm says so on stderr every time it follows files/crds to crds/; it is expected, not a problem.
 _SYMLINK_NOTICE = "found symbolic link in path"
 

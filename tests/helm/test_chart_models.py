@@ -13,20 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.helm.chart import PROMETHEUS_OPERATOR_API, render
-
-EVERYTHING_ON = {
-    "networkPolicy": {"enabled": True, "namespaces": ["team-a"], "from": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]},
-    "monitoring": {"podMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
-    "autoscaling": {
-        "prometheusAdapter": {"enabled": True},
-        "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]},
-    },
-    "rbac": {"secretNamespaces": ["team-a", "team-b"]},
-    "operator": {"extraEnv": [{"name": "KOPF_X", "value": "1"}],
-                 "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]},
-    "imagePullSecrets": ["registry"],
-}
+from tests.helm.chart import EVERYTHING_ON, PROMETHEUS_OPERATOR_API, render
 
 # Kinds from outside Kubernetes itself: no official model exists; they are checked in test_chart_render.py.
 NOT_BUILT_IN = {"PodMonitor", "ScaledObject"}

@@ -9,6 +9,7 @@ import yaml
 
 from tests.helm.chart import (
     CHART,
+    EVERYTHING_ON,
     NAMESPACE,
     PROMETHEUS_OPERATOR_API,
     kinds,
@@ -25,6 +26,13 @@ POOL_POD_LABELS = {"app.kubernetes.io/component": "inference", "app.kubernetes.i
 
 def test_helm_lint_strict_passes() -> None:
     result = run_helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_helm_lint_strict_passes_with_every_option_on(tmp_path) -> None:
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps(EVERYTHING_ON), encoding="utf-8")
+    result = run_helm("lint", "--strict", str(CHART), "--values", str(values))
     assert "0 chart(s) failed" in result.stdout
 
 
