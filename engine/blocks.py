@@ -66,6 +66,8 @@ class BlockLedger:
 
     holdings: dict[str, _Holding] = field(default_factory=dict)
     blocks_by_tier: list[int] = field(default_factory=lambda: [0] * len(TIERS))
+    requests_by_tier: list[int] = field(default_factory=lambda: [0] * len(TIERS))  # requests holding blocks
+    running_by_tenant: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))  # (tier rank, tenant)
     reserved_by_tenant: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     prefix_hit_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
@@ -80,16 +82,26 @@ class SLABlockManager(KVCacheManager):
     _slaq_rule: BlockBudgetRule
     _slaq_ledger: BlockLedger
     _slaq_info_of: Callable[[Request], RequestInfo]
+    _slaq_on_allocated: Callable[[int, str, int], None]
     _slaq_block_size: int
     _slaq_max_model_len: int
 
     @classmethod
-    def adopt(cls, scheduler: vc.AsyncScheduler, rule: BlockBudgetRule, info_of: Callable[[Request], RequestInfo]) -> "SLABlockManager":
+    def adopt(
+        cls,
+        scheduler: vc.AsyncScheduler,
+        rule: BlockBudgetRule,
+        info_of: Callable[[Request], RequestInfo],
+        on_allocated: Callable[[int, str, int], None] = lambda tier_rank, tenant, tokens: None,
+    ) -> "SLABlockManager":
+        """`on_allocated(tier_rank, tenant, tokens)` hears of successful allocations of more than one
+        token (admissions and prefill chunks): the tokens the request is scheduled for."""
         manager = vc.adopt_block_manager(scheduler, cls)
         assert isinstance(manager, SLABlockManager)
         manager._slaq_rule = rule
         manager._slaq_ledger = BlockLedger()
         manager._slaq_info_of = info_of
+        manager._slaq_on_allocated = on_allocated
         manager._slaq_block_size = vc.block_size(scheduler)
         manager._slaq_max_model_len = vc.max_model_len(scheduler)
         return manager
@@ -105,35 +117,58 @@ class SLABlockManager(KVCacheManager):
     def free_block_count(self) -> int:
         return vc.free_blocks(self)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0, *args, **kwargs):  # type: ignore[override]
-        info = self._slaq_info_of(request)
+    def allocate_slots(  # type: ignore[override]
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks=None,
+        num_lookahead_tokens: int = 0,
+        **kwargs,
+    ):
+        # Hot path: called for every scheduled request every step; running requests take the first branch.
         ledger = self._slaq_ledger
         holding = ledger.holdings.get(request.request_id)
-        lookahead = kwargs.get("num_lookahead_tokens", args[1] if len(args) > 1 else 0)
-        held = holding.blocks if holding is not None else 0
-        wanted = math.ceil((request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + lookahead) / self._slaq_block_size)
-        new_blocks = max(0, wanted - held - math.ceil(num_new_computed_tokens / self._slaq_block_size))
-        if not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks):
-            return None
-        admitting = holding is None
+        size = self._slaq_block_size
+        if holding is not None and not num_new_computed_tokens:
+            wanted = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
+            growth = wanted - holding.blocks
+            if growth > 0 and holding.tier_rank and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth):
+                return None
+            result = KVCacheManager.allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+            if result is not None:
+                if growth > 0:
+                    ledger.blocks_by_tier[holding.tier_rank] += growth
+                    holding.blocks = wanted
+                if num_new_tokens > 1:  # prefill chunks; decodes are charged per step in bulk
+                    self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
+            return result
+        info = self._slaq_info_of(request)
+        wanted = -(-(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
+        if info.tier_rank:
+            new_blocks = wanted - (holding.blocks if holding is not None else 0) - num_new_computed_tokens // size
+            if new_blocks > 0 and not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks):
+                return None
         footprint = 0
-        if admitting:
-            footprint = math.ceil(min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) / self._slaq_block_size)
+        if holding is None:
+            footprint = -(-min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) // size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return None
-        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, *args, **kwargs)
+        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, **kwargs)
         if result is None:
             return None
-        if admitting:
+        if holding is None:
             holding = _Holding(info.tier_rank, info.tenant, 0, footprint)
             ledger.holdings[request.request_id] = holding
+            ledger.requests_by_tier[info.tier_rank] += 1
+            ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
             key = (info.tier.value, info.tenant)
             ledger.prefix_query_tokens[key] += request.num_tokens
             ledger.prefix_hit_tokens[key] += num_new_computed_tokens
-        assert holding is not None
         ledger.blocks_by_tier[holding.tier_rank] += wanted - holding.blocks
         holding.blocks = wanted
+        self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
         return result
 
     def free(self, request: Request) -> None:
@@ -153,6 +188,11 @@ class SLABlockManager(KVCacheManager):
             return False
         ledger = self._slaq_ledger
         ledger.blocks_by_tier[holding.tier_rank] -= holding.blocks
+        ledger.requests_by_tier[holding.tier_rank] -= 1
+        key = (holding.tier_rank, holding.tenant)
+        ledger.running_by_tenant[key] -= 1
+        if ledger.running_by_tenant[key] <= 0:
+            del ledger.running_by_tenant[key]
         ledger.reserved_by_tenant[holding.tenant] -= holding.reserved
         if ledger.reserved_by_tenant[holding.tenant] <= 0:
             del ledger.reserved_by_tenant[holding.tenant]

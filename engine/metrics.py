@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -31,12 +31,15 @@ class EngineMetrics:
     prefix_query_tokens: Counter
     info: Gauge
 
-    def observe_step(self, seconds: float, queue_depth: Mapping[Tier, int], kv_blocks: Mapping[Tier, int]) -> None:
+    def observe_step(self, seconds: float, queue_depth: Sequence[int], kv_blocks: Sequence[int]) -> None:
+        """Per-tier values indexed by tier rank. Label children are looked up once (hot path)."""
         self.step_seconds.observe(seconds)
-        for tier, depth in queue_depth.items():
-            self.queue_depth.labels(tier=tier.value).set(depth)
-        for tier, blocks in kv_blocks.items():
-            self.kv_blocks_in_use.labels(tier=tier.value).set(blocks)
+        for gauge, value in zip(self._tier_children(), (*queue_depth, *kv_blocks)):
+            gauge.set(value)
+
+    @lru_cache(maxsize=1)
+    def _tier_children(self) -> tuple:
+        return tuple(self.queue_depth.labels(tier=t.value) for t in Tier) + tuple(self.kv_blocks_in_use.labels(tier=t.value) for t in Tier)
 
     def count_preemption(self, tier: Tier, reason: str) -> None:
         self.preemptions.labels(tier=tier.value, reason=reason).inc()

@@ -27,7 +27,7 @@ from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.sla import RequestInfo
 from slaq.scoring import PoolView, RequestView, ScoreProfile
 
-REKEY_HEAD = 8  # requests per tier whose fairness credit is refreshed each step
+REKEY_HEAD = 4  # requests per tier whose fairness credit is refreshed each step
 
 
 @dataclass

@@ -80,6 +80,10 @@ class UrgentPreemption:
         """Victims to preempt so that the urgent waiting requests (best first) can be admitted this step."""
         if not urgent or self.max_per_step <= 0:
             return []
+        if resources.free_slots >= len(urgent) and resources.free_blocks >= sum(
+            self._blocks_needed(r, info_of(r), resources) for r in urgent
+        ):
+            return []  # room for all of them: the common case costs no scan of the running batch
         eligible = [
             r for r in running
             if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))
@@ -91,7 +95,7 @@ class UrgentPreemption:
         for request in urgent:
             info = info_of(request)
             chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
-            need_blocks = chunk_blocks + (0 if info.tier_rank == 0 else resources.headroom_blocks)
+            need_blocks = self._blocks_needed(request, info, resources)
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks
             for victim in victims:
@@ -108,3 +112,9 @@ class UrgentPreemption:
             taken.update(p.victim.request_id for p in chosen)
             slots, blocks = free_slots - 1, free_blocks - chunk_blocks
         return plan
+
+    @staticmethod
+    def _blocks_needed(request: Request, info: RequestInfo, resources: ResourceView) -> int:
+        """Blocks the request's first chunk needs, plus the critical headroom it may not touch."""
+        chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
+        return chunk_blocks + (0 if info.tier_rank == 0 else resources.headroom_blocks)

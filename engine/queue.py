@@ -39,27 +39,34 @@ class SLARequestQueue(RequestQueue):
         self._seq = itertools.count()
         self._now = time.time()
         self._choice: tuple[int, Entry] | None = None
+        self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
 
     # -- the scheduler's per-step hook ------------------------------------------------------
     def begin_step(self, now: float) -> None:
         """Fix the clock for this step's choices and refresh the fairness credit of each tier's head."""
         self._now = now
         self._choice = None
+        self._ranks.clear()
         for heap in self._heaps:
             self._rekey_head(heap)
 
     def depth_by_tier(self) -> dict[Tier, int]:
         return {tier: self._depth[index] for index, tier in enumerate(TIERS)}
 
+    def depth_by_rank(self) -> list[int]:
+        """Waiting requests per tier, indexed by tier rank (the live list: read, do not keep)."""
+        return self._depth
+
     def urgent_heads(self, limit: int) -> list[Request]:
-        """Up to `limit` waiting requests with a TTFT objective, best first within each tier, tiers in order.
+        """Up to `limit` waiting requests with a TTFT objective, from the first `limit` of each tier
+        that has a lower tier to preempt, best first within each tier, tiers in order.
 
         Costs O(limit log n): entries are popped and pushed back unchanged.
         """
         found: list[Request] = []
-        for heap in self._heaps:
+        for heap in self._heaps[:-1]:
             taken: list[Entry] = []
-            while heap and len(found) < limit:
+            while heap and len(taken) < limit and len(found) < limit:
                 entry = heapq.heappop(heap)
                 if self._live.get(entry[3].request_id) is not entry:
                     continue
@@ -143,7 +150,9 @@ class SLARequestQueue(RequestQueue):
             entry = self._head(heap)
             if entry is None:
                 continue
-            rank = self._order.rank(self._info_of(entry[3]), self._now)
+            rank = self._ranks.get(entry[2])
+            if rank is None:  # a head is ranked once per step: clock and load are fixed within it
+                rank = self._ranks[entry[2]] = self._order.rank(self._info_of(entry[3]), self._now)
             if best is None or rank < best[0]:
                 best = (rank, tier_rank, entry)
         if best is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
@@ -31,6 +32,8 @@ from slaq.engine.queue import SLARequestQueue
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.step_budget import RunningView, StepBudgetPolicy, StockStepBudget
 from slaq.engine.vllm_compat import Request, SchedulerOutput
+
+TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 
 
 class SLAScheduler(vc.AsyncScheduler):
@@ -49,6 +52,7 @@ class SLAScheduler(vc.AsyncScheduler):
             self,
             BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), spec.critical_kv_headroom, config.tenant_kv_share),
             self.info_of,
+            on_allocated=self._charge_fairness,
         )
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard)
@@ -57,18 +61,32 @@ class SLAScheduler(vc.AsyncScheduler):
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
 
     # -- request facts -----------------------------------------------------------------------
-    def info_of(self, request: Request) -> RequestInfo:
-        info = vc.attached_info(request)
-        if info is None:
-            info = request_info(
-                RequestSLA.from_extra_args(vc.extra_args(request)),
-                arrival=request.arrival_time,
-                prompt_tokens=request.num_prompt_tokens,
-                max_tokens=request.max_tokens,
-                aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
+    def add_request(self, request: Request) -> None:
+        if vc.attached_info(request) is None:
+            vc.attach_info(
+                request,
+                request_info(
+                    RequestSLA.from_extra_args(vc.extra_args(request)),
+                    arrival=request.arrival_time,
+                    prompt_tokens=request.num_prompt_tokens,
+                    max_tokens=request.max_tokens,
+                    aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
+                ),
             )
-            vc.attach_info(request, info)
-        return info
+        super().add_request(request)
+
+    @staticmethod
+    def info_of(request: Request) -> RequestInfo:
+        """The SLA facts attached when the request arrived (`add_request`)."""
+        return vc.attached_info(request)  # type: ignore[return-value]
+
+    def _charge_fairness(self, tier_rank: int, tenant: str, tokens: int) -> None:
+        self.fairness.charge(TIER_NAMES[tier_rank], tenant, tokens)
+
+    def _charge_decodes(self) -> None:
+        """One token per running request and step, charged per tenant: O(tenants), not O(batch)."""
+        for (tier_rank, tenant), running in self.block_manager.ledger.running_by_tenant.items():
+            self.fairness.charge(TIER_NAMES[tier_rank], tenant, running)
 
     @property
     def waiting_queue(self) -> SLARequestQueue:
@@ -84,21 +102,22 @@ class SLAScheduler(vc.AsyncScheduler):
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         ours = self._preempt_for_urgent(now, running, limit)
-        views = [RunningView(self.info_of(r).tpot_s, vc.is_decoding(r)) for r in vc.running_requests(self)]
+        views = (RunningView(self.info_of(r).tpot_s, vc.is_decoding(r)) for r in vc.running_requests(self))
         cap = self.step_budget.budget(views, vc.step_token_limit(self), now)
         with vc.step_token_budget(self, cap):
             output = super().schedule(*args, **kwargs)
         self._after_step(output, ours)
-        self.metrics.observe_step(
-            time.perf_counter() - started, self.waiting_queue.depth_by_tier(), self.block_manager.ledger.blocks_in_use_by_tier()
-        )
+        self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not self.waiting:
             return set()
+        holders = self.block_manager.ledger.requests_by_tier
+        if not any(holders[1:]):
+            return set()  # nothing below the critical tier is running: there is no one to preempt
         urgent = self.waiting_queue.urgent_heads(self.preemption.max_per_step or 1)
-        if not urgent:
+        if not urgent or not any(holders[self.info_of(urgent[0]).tier_rank + 1:]):
             return set()
         resources = ResourceView(
             free_slots=limit - len(running),
@@ -116,17 +135,13 @@ class SLAScheduler(vc.AsyncScheduler):
         return {p.victim.request_id for p in plan}
 
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:
+        self._charge_decodes()
         for request_id in vc.preempted_ids(output) - ours:
             request = self.requests.get(request_id)
             if request is not None:
                 info = self.info_of(request)
                 self.guard.protect(request, info)
                 self.metrics.count_preemption(info.tier, REASON_KV_EXHAUSTED)
-        for request_id, tokens in vc.scheduled_tokens(output).items():
-            request = self.requests.get(request_id)
-            if request is not None:
-                info = self.info_of(request)
-                self.fairness.charge(info.tier.value, info.tenant, tokens)
         self._export_prefix_counts()
 
     def _export_prefix_counts(self) -> None:

@@ -1,6 +1,7 @@
 """Step token budget policies: how many tokens the next `schedule()` may hand out.
 
-A policy sees a read-only view of the running batch and returns a cap (or None: vLLM's own
+A policy sees read-only views of the running batch (a lazy iterable: a policy that does not
+look costs nothing) and returns a cap (or None: vLLM's own
 `max_num_scheduled_tokens`). The scheduler applies the cap through
 `vllm_compat.step_token_budget` and reports each step's measured duration back, so a policy
 can calibrate itself online.
@@ -9,7 +10,7 @@ can calibrate itself online.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +20,7 @@ class RunningView:
 
 
 class StepBudgetPolicy(Protocol):
-    def budget(self, running: Sequence[RunningView], limit: int, now: float) -> int | None:
+    def budget(self, running: Iterable[RunningView], limit: int, now: float) -> int | None:
         """Token cap for the next step (<= limit), or None for no cap."""
         ...
 
@@ -31,7 +32,7 @@ class StepBudgetPolicy(Protocol):
 class StockStepBudget:
     """vLLM's behaviour: every step may use `max_num_scheduled_tokens`."""
 
-    def budget(self, running: Sequence[RunningView], limit: int, now: float) -> int | None:
+    def budget(self, running: Iterable[RunningView], limit: int, now: float) -> int | None:
         return None
 
     def observe(self, tokens: int, seconds: float) -> None:

@@ -1,0 +1,106 @@
+"""Per-step cost of `schedule()`: slaq's SLAScheduler vs vLLM 0.32's stock AsyncScheduler.
+
+Both schedulers get the same requests (mixed tiers and tenants, SLA facts in extra_args) and
+the same engine shape (max_num_seqs 256, max_num_batched_tokens 8192), at 100, 1,000 and 10,000
+waiting requests. Only `schedule()` is timed; the synthetic model output is not.
+
+Scenarios:
+- full: the batch is full of critical-tier decodes (nothing to preempt), so every step the
+  slaq scheduler does its complete bookkeeping (queue refresh, urgent-arrival check over the
+  running batch) and nothing gets admitted: the steady state of a backlog.
+- churn: running requests finish every few steps and are replaced from the waiting queue, which
+  is topped up to its size after each step: admission and prefix-cache lookups every step.
+
+Usage: python bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+# Run as a script, this folder would head sys.path, and its modules (profile.py, trace.py) would
+# shadow the standard library's for everything imported after; the package is `slaq.bench`.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from slaq.api.common import Tier  # noqa: E402
+
+MAX_NUM_SEQS = 256
+MAX_BATCHED_TOKENS = 8192
+TIERS = (Tier.CRITICAL, Tier.STANDARD, Tier.STANDARD, Tier.BATCH, Tier.BATCH, Tier.BATCH)
+
+
+def _request(index: int, tier: Tier, max_tokens: int):
+    from slaq.engine.standalone import make_request
+
+    return make_request(tier, tenant=f"tenant{index % 7}", prompt_tokens=48 + index % 64, max_tokens=max_tokens, prompt_seed=index)
+
+
+def _measure(scheduler_cls: type, waiting: int, steps: int, scenario: str) -> list[float]:
+    from slaq.engine.standalone import Driver, build_scheduler
+
+    scheduler = build_scheduler(
+        scheduler_cls, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
+        num_blocks=200_000, max_model_len=2048,
+    )
+    driver = Driver(scheduler)
+    counter = 0
+
+    def arrive(count: int, tier: Tier | None = None, max_tokens: int = 12) -> None:
+        nonlocal counter
+        for _ in range(count):
+            driver.add(_request(counter, tier or TIERS[counter % len(TIERS)], max_tokens))
+            counter += 1
+
+    if scenario == "full":
+        arrive(MAX_NUM_SEQS, Tier.CRITICAL, max_tokens=100_000 // 100)
+        while len(scheduler.running) < MAX_NUM_SEQS or any(r.is_prefill_chunk for r in scheduler.running):
+            driver.step()
+        arrive(waiting)
+    else:
+        arrive(waiting + MAX_NUM_SEQS)
+        for _ in range(20):
+            driver.step()
+    timings: list[float] = []
+    gc.collect()
+    for _ in range(steps):
+        started = time.perf_counter()
+        output = scheduler.schedule()
+        timings.append(time.perf_counter() - started)
+        driver.answer(output)
+        if scenario == "churn":
+            arrive(max(0, waiting - len(scheduler.waiting)))
+    return timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--scenarios", default="full,churn")
+    args = parser.parse_args(argv)
+
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from slaq.engine.scheduler import SLAScheduler
+
+    print(f"schedule() per step, max_num_seqs={MAX_NUM_SEQS}, max_num_batched_tokens={MAX_BATCHED_TOKENS}, {args.steps} steps")
+    print(f"{'scenario':<8} {'waiting':>8} {'stock mean µs':>14} {'slaq mean µs':>13} {'stock p50':>10} {'slaq p50':>9} {'ratio mean':>11} {'ratio p50':>10}")
+    for scenario in args.scenarios.split(","):
+        for size in (int(s) for s in args.sizes.split(",")):
+            stock = _measure(AsyncScheduler, size, args.steps, scenario)
+            slaq = _measure(SLAScheduler, size, args.steps, scenario)
+            s_mean, q_mean = statistics.fmean(stock) * 1e6, statistics.fmean(slaq) * 1e6
+            s_p50, q_p50 = statistics.median(stock) * 1e6, statistics.median(slaq) * 1e6
+            print(f"{scenario:<8} {size:>8} {s_mean:>14.0f} {q_mean:>13.0f} {s_p50:>10.0f} {q_p50:>9.0f} {q_mean / s_mean:>11.2f} {q_p50 / s_p50:>10.2f}")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
