@@ -1,0 +1,128 @@
+"""The `slaq bench sim` pipeline: workload, capacity, one simulation per policy and load, report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from slaq.api.common import Tier
+from slaq.bench.capacity import CAPACITY_METHOD, Capacity, measure_capacity
+from slaq.bench.errors import WorkloadError
+from slaq.bench.metrics import policy_figures
+from slaq.bench.policies import PolicySpec
+from slaq.bench.profile import PoolProfile
+from slaq.bench.report import SCHEMA
+from slaq.bench.runner import run_policy
+from slaq.bench.simulator import ProgressCallback, RunResult
+from slaq.bench.trace import TRACE_ATTRIBUTION, TraceRow, densest_window, read_trace
+from slaq.bench.workload import (
+    DEFAULT_MIX,
+    DEFAULT_OBJECTIVES,
+    BenchRequest,
+    TierObjectives,
+    assign_tenants,
+    poisson_rows,
+    scale_to_rate,
+)
+
+
+@dataclass
+class WorkloadSpec:
+    trace: Path | None = None
+    requests: int = 1500
+    arrivals: str = "trace"  # or "poisson"
+    window_s: float | None = None
+    seed: int = 1
+    mix: dict[Tier, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    tenants_per_tier: int = 3
+    objectives: dict[Tier, TierObjectives] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
+
+    def rows(self) -> list[TraceRow]:
+        if self.requests < 2:
+            raise WorkloadError(f"--requests must be >= 2, got {self.requests}")
+        if self.trace is None:
+            if self.arrivals != "poisson":
+                raise WorkloadError("without --trace the arrivals are synthetic: use --arrivals poisson")
+            return poisson_rows(self.requests, seed=self.seed)
+        if self.window_s is not None:
+            rows = densest_window(read_trace(self.trace), self.window_s)[: self.requests]
+        else:
+            rows = read_trace(self.trace, limit=self.requests)
+        if self.arrivals == "poisson":
+            return poisson_rows(len(rows), seed=self.seed, lengths=rows)
+        if self.arrivals != "trace":
+            raise WorkloadError(f"--arrivals must be trace or poisson, got {self.arrivals!r}")
+        return rows
+
+    def build(self) -> list[BenchRequest]:
+        return assign_tenants(self.rows(), seed=self.seed, mix=self.mix, tenants_per_tier=self.tenants_per_tier)
+
+    def describe(self, requests: Sequence[BenchRequest]) -> dict[str, Any]:
+        return {
+            "trace": str(self.trace) if self.trace else None,
+            "trace_attribution": TRACE_ATTRIBUTION if self.trace else None,
+            "arrivals": self.arrivals,
+            "window_s": self.window_s,
+            "requests": len(requests),
+            "seed": self.seed,
+            "mix": {t.value: round(v, 6) for t, v in self.mix.items()},
+            "tenants_per_tier": self.tenants_per_tier,
+            "objectives": {t.value: {"ttft_s": o.ttft_s, "tpot_s": o.tpot_s} for t, o in self.objectives.items()},
+            "prompt_tokens_mean": round(sum(r.prompt_tokens for r in requests) / len(requests), 3),
+            "output_tokens_mean": round(sum(r.output_tokens for r in requests) / len(requests), 3),
+        }
+
+
+RunObserver = Callable[[PolicySpec, float], ProgressCallback | None]
+RunDone = Callable[[PolicySpec, float, dict[str, Any]], None]
+
+
+def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequence[PolicySpec], loads: Sequence[float], *,
+                  capacity_rps: float | None = None, max_drain_s: float = 1800.0,
+                  on_start: RunObserver | None = None, on_done: RunDone | None = None,
+                  keep_results: list[tuple[float, RunResult]] | None = None) -> dict[str, Any]:
+    """Every policy at every load; the report (single load: top-level `policies`; several: `sweep`)."""
+    if not loads or any(not (x > 0) for x in loads):
+        raise WorkloadError(f"loads must be positive numbers, got {list(loads)}")
+    requests = workload.build()
+    if capacity_rps is None:
+        capacity = measure_capacity(requests, profile, workload.objectives)
+    else:
+        if not capacity_rps > 0:
+            raise WorkloadError(f"--capacity-rps must be positive, got {capacity_rps}")
+        capacity = Capacity(capacity_rps, float("nan"), method="given on the command line")
+    entries = []
+    for load in loads:
+        rate = load * capacity.requests_per_s
+        scaled = scale_to_rate(requests, rate)
+        results: dict[str, Any] = {}
+        for spec in policies:
+            progress = on_start(spec, load) if on_start else None
+            result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress)
+            figures = policy_figures(result, workload.objectives)
+            figures["scheduler"] = spec.summary
+            results[spec.name] = figures
+            if keep_results is not None:
+                keep_results.append((load, result))
+            if on_done:
+                on_done(spec, load, figures)
+        entries.append({"load": load, "rate_rps": round(rate, 6), "policies": results})
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "workload": workload.describe(requests),
+        "profile": {"name": profile.name, **profile.model_dump(mode="json", exclude={"name"}), "num_gpu_blocks": profile.num_gpu_blocks},
+        "capacity": {
+            "requests_per_s": round(capacity.requests_per_s, 6),
+            "output_tokens_per_s": None if capacity.output_tokens_per_s != capacity.output_tokens_per_s else round(capacity.output_tokens_per_s, 3),
+            "method": capacity.method,
+        },
+    }
+    if len(entries) == 1:
+        report.update(entries[0])
+    else:
+        report["sweep"] = entries
+    return report
+
+
+__all__ = ["CAPACITY_METHOD", "WorkloadSpec", "run_benchmark"]

@@ -1,0 +1,167 @@
+"""`slaq bench sim` (trace-driven simulator over real vLLM schedulers) and `slaq bench live` (HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
+DEFAULT_POLICIES = "fcfs,priority,slaq,oracle"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"loads must be positive numbers, got {text!r}")
+    return values
+
+
+def _workload_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", type=Path, default=None,
+                        help=f"Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default {DEFAULT_TRACE} when present")
+    parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
+    parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
+                        help="take the trace's densest window of this many seconds (its bursts) instead of its start")
+    parser.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
+                        help="keep the trace's arrival pattern, or a Poisson process with the trace's lengths")
+    parser.add_argument("--seed", type=int, default=1, help="seed for tenant/tier assignment and Poisson arrivals")
+    parser.add_argument("--mix", default="10,30,60", help="tier shares critical,standard,batch (default 10,30,60)")
+    parser.add_argument("--tenants-per-tier", type=int, default=3, help="tenants per tier (for fairness figures)")
+    parser.add_argument("--objective", action="append", default=[], metavar="TIER=TTFT_S[:TPOT_S]",
+                        help="override a tier's objectives, e.g. critical=0.5:0.05 or batch=60")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmark schedulers: simulated GPU (sim) or a live endpoint (live)")
+    commands = bench.add_subparsers(dest="bench_command", metavar="MODE", required=True)
+
+    sim = commands.add_parser("sim", help="trace-driven simulation of real vLLM schedulers on a GPU step-time model",
+                              description="Drive stock vLLM (fcfs, priority), slaq's SLAScheduler and an oracle through "
+                                          "schedule()/update_from_output() in simulated time and compare SLO attainment.")
+    _workload_arguments(sim)
+    loads = sim.add_mutually_exclusive_group()
+    loads.add_argument("--load", type=_floats, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
+    loads.add_argument("--load-sweep", type=_floats, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
+    sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
+    sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
+    sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
+    sim.add_argument("--max-drain", type=float, default=1800.0, metavar="SECONDS",
+                     help="stop this long (simulated) after the last arrival; what has not finished is reported unfinished")
+    sim.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    sim.add_argument("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots here (needs matplotlib)")
+    sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.set_defaults(handler=_sim)
+
+    from slaq.bench.live_cli import add_live_parser
+
+    add_live_parser(commands, _workload_arguments)
+
+
+def _objectives(overrides: list[str]) -> dict:
+    from slaq.api.common import Tier
+    from slaq.bench.errors import WorkloadError
+    from slaq.bench.workload import DEFAULT_OBJECTIVES, TierObjectives
+
+    objectives = dict(DEFAULT_OBJECTIVES)
+    for text in overrides:
+        name, _, values = text.partition("=")
+        try:
+            tier = Tier(name.strip())
+            ttft, _, tpot = values.partition(":")
+            objectives[tier] = TierObjectives(float(ttft) if ttft else None, float(tpot) if tpot else None)
+        except ValueError as exc:
+            raise WorkloadError(f"bad --objective {text!r} (use TIER=TTFT_S[:TPOT_S], tiers critical|standard|batch): {exc}") from exc
+    return objectives
+
+
+def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
+    from slaq.bench.benchmark import WorkloadSpec
+    from slaq.bench.workload import parse_mix
+
+    trace = args.trace
+    if trace is None and DEFAULT_TRACE.is_file():
+        trace = DEFAULT_TRACE
+    if trace is None and args.arrivals == "trace":
+        args.arrivals = "poisson"  # no trace at all: synthetic lengths and Poisson arrivals
+    return WorkloadSpec(trace=trace, requests=args.requests, arrivals=args.arrivals, window_s=args.window, seed=args.seed,
+                        mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective))
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from slaq.bench.errors import BenchError
+
+    try:
+        return _run_sim(args)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from slaq.bench.benchmark import run_benchmark
+    from slaq.bench.policies import parse_policies
+    from slaq.bench.profile import load_profile
+    from slaq.bench.progress import ProgressBar
+    from slaq.bench.report import format_table, sweep_table, write_report
+
+    policies = parse_policies(args.policies)
+    for spec in policies:
+        spec.load()  # fail before any simulation when a policy is not available
+    loads = args.load_sweep or args.load or [1.0]
+    workload = workload_from_args(args)
+    profile = load_profile(args.profile)
+    bars: dict[tuple[str, float], ProgressBar] = {}
+
+    def on_start(spec, load):
+        if args.quiet:
+            return None
+        bars[(spec.name, load)] = bar = ProgressBar(f"{spec.name} @ load {load:g}")
+        return bar
+
+    def on_done(spec, load, figures):
+        bar = bars.pop((spec.name, load), None)
+        if bar is not None:
+            bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['throughput_tok_s']:,.0f} tok/s")
+
+    if not args.quiet:
+        print("measuring capacity..." if args.capacity_rps is None else "", file=sys.stderr, end="\n" if args.capacity_rps is None else "")
+    kept: list = [] if args.plots else None
+    report = run_benchmark(workload, profile, policies, loads, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain,
+                           on_start=on_start, on_done=on_done, keep_results=kept)
+    entries = report.get("sweep") or [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
+    capacity = report["capacity"]["requests_per_s"]
+    workload_info = report["workload"]
+    print(f"{workload_info['requests']} requests ({workload_info['trace'] or 'synthetic'}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
+          f"profile {profile.name}; capacity {capacity:.2f} req/s ({report['capacity']['method']})")
+    for entry in entries:
+        print()
+        print(format_table(entry["policies"], title=f"load {entry['load']:g} ({entry['rate_rps']:.2f} req/s)"))
+    if len(entries) > 1:
+        print()
+        print(sweep_table(entries))
+    if args.out:
+        write_report(report, args.out)
+        print(f"\nreport: {args.out}")
+    if args.plots:
+        from slaq.bench.plots import attainment_vs_load, ttft_cdf
+
+        args.plots.mkdir(parents=True, exist_ok=True)
+        written = []
+        objectives = {t: o["ttft_s"] for t, o in workload_info["objectives"].items()}
+        for entry in entries:
+            ttfts = {}
+            for load, result in kept:
+                if load == entry["load"]:
+                    by_tier: dict[str, list[float]] = {}
+                    for record in result.records:
+                        if record.ttft_s is not None:
+                            by_tier.setdefault(record.tier.value, []).append(record.ttft_s)
+                    ttfts[result.policy] = by_tier
+            written.append(ttft_cdf(ttfts, objectives, args.plots / f"ttft_cdf_load{entry['load']:g}.png", f"TTFT CDF at load {entry['load']:g}"))
+        written.append(attainment_vs_load(entries, args.plots / "attainment_vs_load.png", "SLO attainment vs load"))
+        print("plots: " + ", ".join(str(p) for p in written))
+    return 0

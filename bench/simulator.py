@@ -1,0 +1,225 @@
+"""The discrete-event simulator: a real vLLM scheduler driven in simulated time.
+
+The loop mirrors vLLM 0.32's `EngineCore.step_with_batch_queue` with async scheduling (a batch
+queue of two): the engine schedules step N+1 as soon as step N is launched, and only then waits
+for step N's result and calls `update_from_output`. A request that arrives while step N runs is
+therefore first seen when step N+2 is scheduled (at the end of step N), as on a real engine.
+
+Each step's GPU time comes from `StepCostModel`; tokens are stamped with the simulated time at
+which `update_from_output` delivers them. The scheduler reads simulated time through
+`time.time()`/`time.monotonic()` (see `slaq.bench.clock`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from slaq.api.common import Tier
+from slaq.bench import engine_harness as harness
+from slaq.bench.clock import SimClock
+from slaq.bench.errors import SimulationError
+from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
+from slaq.bench.workload import BenchRequest, TierObjectives
+
+BATCH_QUEUE_SIZE = 2  # vLLM's batch queue depth with async scheduling
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request (simulated seconds)."""
+
+    request_id: str
+    tenant: str
+    tier: Tier
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    tokens_out: int = 0
+    finished: bool = False
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.first_token_s is None or self.last_token_s is None:
+            return None
+        return (self.last_token_s - self.first_token_s) / (self.tokens_out - 1) if self.tokens_out > 1 else 0.0
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+
+
+@dataclass
+class RunResult:
+    policy: str
+    records: list[RequestRecord]
+    makespan_s: float
+    steps: int
+    busy_s: float
+    end_s: float
+    overhead_s: list[float] = field(default_factory=list)
+    stop_reason: str = "all requests finished"
+
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    end_s: float
+    output: Any
+    sampled: dict[str, int]
+
+
+class Simulator:
+    """Runs one workload through one scheduler instance; single use."""
+
+    def __init__(self, scheduler: Any, cost: StepCostModel, requests: Sequence[BenchRequest],
+                 objectives: dict[Tier, TierObjectives], *, policy_name: str, clock: SimClock | None = None,
+                 max_drain_s: float = 1800.0, progress: ProgressCallback | None = None) -> None:
+        self.scheduler = scheduler
+        self.cost = cost
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.objectives = objectives
+        self.policy_name = policy_name
+        self.clock = clock or SimClock()
+        self.max_drain_s = max_drain_s
+        self.progress = progress
+        self.max_model_len = cost.profile.model.max_model_len
+        self.records = {
+            r.request_id: RequestRecord(r.request_id, r.tenant, r.tier, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for r in self.requests
+        }
+        self._vllm_requests: dict[str, Any] = {}
+        self._overhead: list[float] = []
+        self._finished = 0
+
+    def _admit(self, request: BenchRequest) -> None:
+        sla = request.sla(self.objectives, self.clock.epoch)
+        vllm_request = harness.make_request(
+            request.request_id,
+            request.prompt_tokens,
+            # As an OpenAI server does without a client max_tokens: the rest of the context.
+            max_tokens=max(1, self.max_model_len - request.prompt_tokens),
+            arrival_time=self.clock.epoch + request.arrival_s,
+            priority=request.tier.rank,
+            extra_args=sla.to_xargs(),
+        )
+        self._vllm_requests[request.request_id] = vllm_request
+        self.scheduler.add_request(vllm_request)
+
+    def _step_work(self, output: Any) -> tuple[StepLoad, dict[str, int]]:
+        load, sampled = StepLoad(), {}
+        for req_id, new in output.num_scheduled_tokens.items():
+            request = self._vllm_requests[req_id]
+            samples = not request.is_prefill_chunk
+            if samples:
+                # Position of the token this step samples, counted in output tokens.
+                index = request.num_computed_tokens - request.num_prompt_tokens
+                truth = self.records[req_id].output_tokens
+                sampled[req_id] = harness.STOP_TOKEN if index >= truth - 1 else harness.FILLER_TOKEN
+            load.add(ScheduledWork(new, request.num_computed_tokens - new, samples))
+            record = self.records[req_id]
+            if record.first_scheduled_s is None:
+                record.first_scheduled_s = self.clock.now
+        return load, sampled
+
+    def _deliver(self, engine_outputs: dict[int, Any]) -> None:
+        now = self.clock.now
+        for outputs in engine_outputs.values():
+            for out in outputs.outputs:
+                record = self.records[out.request_id]
+                if out.new_token_ids:
+                    if record.first_token_s is None:
+                        record.first_token_s = now
+                    record.last_token_s = now
+                    record.tokens_out += len(out.new_token_ids)
+                if out.finish_reason is not None and not record.finished:
+                    record.finished = True
+                    self._finished += 1
+
+    def run(self) -> RunResult:
+        if not self.requests:
+            raise SimulationError("no requests to simulate")
+        pending = deque(self.requests)
+        inflight: deque[_InFlight] = deque()
+        gpu_free_at, busy, steps, empty_spins = 0.0, 0.0, 0, 0
+        deadline = self.requests[-1].arrival_s + self.max_drain_s
+        stop_reason = "all requests finished"
+        clock, scheduler, total = self.clock, self.scheduler, len(self.requests)
+        while True:
+            while pending and pending[0].arrival_s <= clock.now:
+                with clock.installed():
+                    self._admit(pending.popleft())
+            if clock.now > deadline:
+                stop_reason = f"stopped {self.max_drain_s:.0f} s of simulated time after the last arrival"
+                break
+            if scheduler.has_requests():
+                started = time.perf_counter()
+                with clock.installed():
+                    output = scheduler.schedule()
+                self._overhead.append(time.perf_counter() - started)
+                load, sampled = self._step_work(output)
+                seconds = self.cost.seconds(load)
+                start = max(clock.now, gpu_free_at)
+                gpu_free_at = start + seconds
+                busy += seconds
+                steps += seconds > 0
+                inflight.appendleft(_InFlight(gpu_free_at, output, sampled))
+                executed = output.total_num_scheduled_tokens > 0
+                if len(inflight) < BATCH_QUEUE_SIZE and (executed or scheduler.has_requests()):
+                    continue
+            elif not inflight:
+                if not pending:
+                    break
+                clock.advance_to(pending[0].arrival_s)
+                continue
+            step = inflight.pop()
+            clock.advance_to(max(clock.now, step.end_s))
+            req_ids = list(step.output.num_scheduled_tokens)
+            started = time.perf_counter()
+            with clock.installed():
+                engine_outputs = scheduler.update_from_output(step.output, harness.model_runner_output(req_ids, step.sampled))
+            if self._overhead:
+                self._overhead[-1] += time.perf_counter() - started
+            self._deliver(engine_outputs)
+            if self.progress is not None and steps % 50 == 0:
+                self.progress(self._finished, total)
+            # A scheduler holding requests that schedules nothing while nothing runs would spin
+            # forever in simulated time: wait for the next arrival, or give up.
+            if not req_ids and not any(s.output.total_num_scheduled_tokens for s in inflight):
+                empty_spins += 1
+                if empty_spins > 2 * BATCH_QUEUE_SIZE:
+                    if not pending:
+                        stop_reason = "the scheduler holds requests but schedules nothing"
+                        break
+                    clock.advance_to(max(clock.now, pending[0].arrival_s))
+                    empty_spins = 0
+            else:
+                empty_spins = 0
+        if self.progress is not None:
+            self.progress(self._finished, total)
+        for req_id, request in self._vllm_requests.items():
+            self.records[req_id].preemptions = request.num_preemptions
+        last_token = max((r.last_token_s for r in self.records.values() if r.last_token_s is not None), default=0.0)
+        return RunResult(
+            policy=self.policy_name,
+            records=list(self.records.values()),
+            makespan_s=max(last_token, self.requests[-1].arrival_s) - self.requests[0].arrival_s,
+            steps=steps,
+            busy_s=busy,
+            end_s=clock.now,
+            overhead_s=self._overhead,
+            stop_reason=stop_reason,
+        )

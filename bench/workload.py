@@ -1,0 +1,152 @@
+"""The benchmark's workload: requests with arrival times, token counts, tenants, tiers and objectives.
+
+A workload is built in three steps, each a pure function of its inputs and a seed:
+lengths and relative arrivals come from a trace (or a Poisson process), tenants and tiers are
+assigned by a mix, and arrivals are rescaled to a target request rate (the load factor times
+the pool's measured capacity, see `slaq.bench.capacity`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from slaq.api.common import Tier
+from slaq.api.contract import RequestSLA
+from slaq.bench.errors import WorkloadError
+from slaq.bench.trace import TraceRow
+
+
+@dataclass(frozen=True, slots=True)
+class TierObjectives:
+    """A tier's latency objectives in seconds; None means the tier has no such objective."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+
+    def met(self, ttft_s: float, tpot_s: float) -> bool:
+        """Attainment counts a request only when it meets both its TTFT and its mean-TPOT objective."""
+        return (self.ttft_s is None or ttft_s <= self.ttft_s) and (self.tpot_s is None or tpot_s <= self.tpot_s)
+
+
+# Issue 9's benchmark defaults: critical 0.5 s + 50 ms, standard 2 s + 100 ms, batch 60 s TTFT.
+DEFAULT_OBJECTIVES: dict[Tier, TierObjectives] = {
+    Tier.CRITICAL: TierObjectives(ttft_s=0.5, tpot_s=0.050),
+    Tier.STANDARD: TierObjectives(ttft_s=2.0, tpot_s=0.100),
+    Tier.BATCH: TierObjectives(ttft_s=60.0, tpot_s=None),
+}
+DEFAULT_MIX: dict[Tier, float] = {Tier.CRITICAL: 0.10, Tier.STANDARD: 0.30, Tier.BATCH: 0.60}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    """One request of the workload (hot path: a plain dataclass)."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    tenant: str
+    tier: Tier
+
+    def sla(self, objectives: dict[Tier, TierObjectives], epoch: float) -> RequestSLA:
+        """The enrichment contract as the sidecar would set it; the predicted output is unknown."""
+        goal = objectives[self.tier]
+        return RequestSLA(
+            tenant=self.tenant,
+            tier=self.tier,
+            ttft_ms=None if goal.ttft_s is None else goal.ttft_s * 1000.0,
+            tpot_ms=None if goal.tpot_s is None else goal.tpot_s * 1000.0,
+            arrival=epoch + self.arrival_s,
+            predicted_output=None,
+        )
+
+
+def parse_mix(text: str) -> dict[Tier, float]:
+    """`10,30,60` or `critical=10,standard=30,batch=60` (percent or fractions) to tier fractions."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    values: dict[Tier, float] = {}
+    try:
+        if all("=" in p for p in parts):
+            for part in parts:
+                name, _, number = part.partition("=")
+                values[Tier(name.strip())] = float(number)
+        elif len(parts) == len(Tier):
+            values = {tier: float(p) for tier, p in zip(Tier, parts)}
+        else:
+            raise ValueError("give three numbers (critical,standard,batch) or tier=number pairs")
+    except ValueError as exc:
+        raise WorkloadError(f"bad tier mix {text!r}: {exc}") from exc
+    total = sum(values.values())
+    if total <= 0 or any(v < 0 or not math.isfinite(v) for v in values.values()):
+        raise WorkloadError(f"bad tier mix {text!r}: shares must be non-negative and not all zero")
+    return {tier: values.get(tier, 0.0) / total for tier in Tier}
+
+
+def poisson_rows(count: int, *, seed: int, lengths: Sequence[TraceRow] | None = None,
+                 prompt_mean: float = 1155.0, output_mean: float = 211.0) -> list[TraceRow]:
+    """`count` requests arriving as a Poisson process of rate 1/s (rescale with `scale_to_rate`).
+
+    Lengths are drawn from `lengths` (a trace's rows) when given, else from log-normal
+    distributions with the given means (defaults: the Azure conversation trace's means).
+    """
+    if count < 1:
+        raise WorkloadError(f"request count must be >= 1, got {count}")
+    rng = random.Random(f"poisson:{seed}")
+    rows, now = [], 0.0
+    sigma = 1.0
+    for _ in range(count):
+        if lengths:
+            source = lengths[rng.randrange(len(lengths))]
+            prompt, output = source.prompt_tokens, source.output_tokens
+        else:
+            prompt = max(1, round(rng.lognormvariate(math.log(prompt_mean) - sigma**2 / 2, sigma)))
+            output = max(1, round(rng.lognormvariate(math.log(output_mean) - sigma**2 / 2, sigma)))
+        rows.append(TraceRow(round(now, 6), prompt, output))
+        now += rng.expovariate(1.0)
+    return rows
+
+
+def assign_tenants(rows: Sequence[TraceRow], *, seed: int, mix: dict[Tier, float] | None = None,
+                   tenants_per_tier: int = 3) -> list[BenchRequest]:
+    """Give each row a tier drawn from the mix and a tenant drawn uniformly within the tier."""
+    if tenants_per_tier < 1:
+        raise WorkloadError(f"tenants per tier must be >= 1, got {tenants_per_tier}")
+    mix = mix or DEFAULT_MIX
+    rng = random.Random(f"tenants:{seed}")
+    tiers, weights = list(mix), [mix[t] for t in mix]
+    requests = []
+    for index, row in enumerate(rows):
+        tier = rng.choices(tiers, weights)[0]
+        tenant = f"{tier.value}-{rng.randrange(tenants_per_tier)}"
+        requests.append(BenchRequest(f"r{index:06d}", row.arrival_s, row.prompt_tokens, row.output_tokens, tenant, tier))
+    return requests
+
+
+def mean_rate(requests: Sequence[BenchRequest]) -> float:
+    """Requests per second between the first and the last arrival."""
+    if len(requests) < 2:
+        raise WorkloadError("a rate needs at least two requests")
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    if span <= 0:
+        raise WorkloadError("all requests arrive at once; the workload has no rate")
+    return (len(requests) - 1) / span
+
+
+def scale_to_rate(requests: Sequence[BenchRequest], rate_rps: float) -> list[BenchRequest]:
+    """The same requests with arrivals stretched or compressed to a mean rate of `rate_rps`.
+
+    Bursts keep their shape relative to the mean: a window at 9x the mean rate stays at 9x.
+    """
+    if not (rate_rps > 0 and math.isfinite(rate_rps)):
+        raise WorkloadError(f"rate must be a positive number, got {rate_rps}")
+    factor = mean_rate(requests) / rate_rps
+    origin = requests[0].arrival_s
+    return [replace(r, arrival_s=round((r.arrival_s - origin) * factor, 9)) for r in requests]
+
+
+def all_at_once(requests: Sequence[BenchRequest]) -> list[BenchRequest]:
+    """Every request arriving at time 0 (saturation, for measuring capacity)."""
+    return [replace(r, arrival_s=0.0) for r in requests]

@@ -1,0 +1,55 @@
+"""`slaq bench sim` as scripts run it: a small load sweep with report and plots, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import SAMPLE_TRACE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _slaq(*args: str, timeout: float = 110) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slaq", "bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_small_sweep_with_report_and_plots(tmp_path: Path) -> None:
+    out, plots = tmp_path / "report.json", tmp_path / "plots"
+    result = _slaq("sim", "--trace", str(SAMPLE_TRACE), "--requests", "80", "--load-sweep", "0.5,1.0,1.5,2.0",
+                   "--policies", "fcfs,priority,oracle", "--seed", "3", "--out", str(out), "--plots", str(plots), "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [entry["load"] for entry in report["sweep"]] == [0.5, 1.0, 1.5, 2.0]
+    assert report["workload"]["seed"] == 3 and report["workload"]["requests"] == 80
+    assert "Splitwise" in report["workload"]["trace_attribution"]
+    rates = [entry["rate_rps"] for entry in report["sweep"]]
+    assert rates[1] == pytest.approx(report["capacity"]["requests_per_s"], rel=1e-5)
+    assert rates[3] == pytest.approx(2 * rates[1], rel=1e-5)
+    for entry in report["sweep"]:
+        for name in ("fcfs", "priority", "oracle"):
+            figures = entry["policies"][name]
+            assert figures["throughput_tok_s"] > 0
+            for tier in ("critical", "standard", "batch"):
+                tier_figures = figures["tiers"][tier]
+                for key in ("attainment", "goodput_rps", "ttft_p99_s", "completed_fraction", "max_wait_s", "jain_fairness"):
+                    assert key in tier_figures, (name, tier, key)
+    assert "attainment (critical / standard / batch) by load" in result.stdout
+    assert "load 2 (" in result.stdout
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "attainment_vs_load.png", "ttft_cdf_load0.5.png", "ttft_cdf_load1.5.png", "ttft_cdf_load1.png", "ttft_cdf_load2.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.iterdir())
+
+
+def test_bad_input_is_named() -> None:
+    result = _slaq("sim", "--trace", "/no/such.csv", "--policies", "fcfs", "--quiet", timeout=60)
+    assert result.returncode == 2 and "trace file not found: /no/such.csv" in result.stderr
+    result = _slaq("sim", "--policies", "fcfs,edf", "--quiet", timeout=60)
+    assert result.returncode == 2 and "unknown policy 'edf'" in result.stderr
+    result = _slaq("sim", "--load", "-1", timeout=60)
+    assert result.returncode == 2 and "loads must be positive" in result.stderr

@@ -1,0 +1,56 @@
+"""The step-time model and pool profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slaq.bench.errors import ProfileError
+from slaq.bench.profile import load_profile
+from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
+
+
+def test_default_profile_is_llama3_8b_on_h200() -> None:
+    profile = load_profile()
+    model = profile.model
+    assert (model.num_layers, model.num_kv_heads, model.head_dim, model.dtype_bytes) == (32, 8, 128, 2)
+    assert (profile.engine.max_num_seqs, profile.engine.max_num_batched_tokens, profile.engine.enable_chunked_prefill) == (256, 8192, True)
+    assert model.weight_bytes == pytest.approx(16.06e9, rel=0.01)  # 8.03 B parameters in bf16
+    assert model.kv_bytes_per_token == 131072
+    # 141 GB x 0.9 - 16 GB weights - 4 GB activations, in 16-token blocks of 2 MiB
+    assert 45_000 < profile.num_gpu_blocks < 55_000
+
+
+def test_full_prompt_chunk_costs_about_a_quarter_second() -> None:
+    cost = StepCostModel(load_profile())
+    assert cost.step_seconds([ScheduledWork(8192, 0, True)]) == pytest.approx(0.27, abs=0.01)
+
+
+def test_decode_steps_are_memory_bound_and_grow_with_context() -> None:
+    cost = StepCostModel(load_profile())
+    one = cost.decode_seconds(1, 1000)
+    assert 0.004 < one < 0.008  # reading 16 GB of weights at ~3.8 TB/s
+    assert cost.decode_seconds(256, 4000) > cost.decode_seconds(256, 1000) > cost.decode_seconds(64, 1000)
+    assert cost.step_seconds([]) == 0.0
+
+
+def test_prefill_budget_fits_the_time() -> None:
+    cost = StepCostModel(load_profile())
+    base = cost.load([ScheduledWork(1, 1300, True)] * 100)
+    tokens = cost.prefill_tokens_within(0.045, base)
+    within, over = base.copy(), base.copy()
+    within.add(ScheduledWork(tokens, 0, False))
+    over.add(ScheduledWork(tokens + 1, 0, False))
+    assert cost.seconds(within) <= 0.045 < cost.seconds(over)
+    assert cost.prefill_tokens_within(0.0001, StepLoad()) == 0
+
+
+def test_profile_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="h200-llama3-8b"):
+        load_profile("no-such-profile")
+    text = (Path(load_profile.__code__.co_filename).parent / "models" / "h200-llama3-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("compute_efficiency: 0.5", "compute_efficiency: 1.5"))
+    with pytest.raises(ProfileError, match="gpu.compute_efficiency"):
+        load_profile(bad)

@@ -1,0 +1,107 @@
+"""Trace reading, tenant/tier assignment, Poisson arrivals and load scaling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slaq.api.common import Tier
+from slaq.bench.errors import TraceError, WorkloadError
+from slaq.bench.trace import densest_window, read_trace
+from slaq.bench.workload import (
+    DEFAULT_OBJECTIVES,
+    TierObjectives,
+    assign_tenants,
+    mean_rate,
+    parse_mix,
+    poisson_rows,
+    scale_to_rate,
+)
+
+from .conftest import SAMPLE_TRACE, SHARED_TRACE
+
+
+def test_sample_trace_reads_in_order_from_zero() -> None:
+    rows = read_trace(SAMPLE_TRACE)
+    assert len(rows) == 300
+    assert rows[0].arrival_s == 0.0
+    assert all(a.arrival_s <= b.arrival_s for a, b in zip(rows, rows[1:]))
+    assert (rows[0].prompt_tokens, rows[0].output_tokens) == (374, 44)
+    # 2023-11-16 18:15:46.6805900 -> 18:15:50.9951690
+    assert rows[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
+
+
+@pytest.mark.skipif(not SHARED_TRACE.is_file(), reason="shared trace not beside the checkout")
+def test_shared_trace_starts_like_the_sample() -> None:
+    assert read_trace(SHARED_TRACE, limit=300) == read_trace(SAMPLE_TRACE)
+
+
+def test_bad_traces_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="not found"):
+        read_trace(tmp_path / "missing.csv")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("time,prompt,output\n1,2,3\n")
+    with pytest.raises(TraceError, match="missing column"):
+        read_trace(wrong)
+    bad_row = tmp_path / "bad.csv"
+    bad_row.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,12,x\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2"):
+        read_trace(bad_row)
+
+
+def test_mix_assigns_tiers_in_proportion_and_is_seeded() -> None:
+    rows = poisson_rows(5000, seed=3)
+    requests = assign_tenants(rows, seed=7)
+    share = {t: sum(r.tier is t for r in requests) / len(requests) for t in Tier}
+    assert share[Tier.CRITICAL] == pytest.approx(0.10, abs=0.02)
+    assert share[Tier.STANDARD] == pytest.approx(0.30, abs=0.02)
+    assert share[Tier.BATCH] == pytest.approx(0.60, abs=0.02)
+    assert assign_tenants(rows, seed=7) == requests
+    assert assign_tenants(rows, seed=8) != requests
+    assert {r.tenant for r in requests if r.tier is Tier.CRITICAL} == {"critical-0", "critical-1", "critical-2"}
+
+
+def test_parse_mix_forms_and_errors() -> None:
+    assert parse_mix("10,30,60") == pytest.approx({Tier.CRITICAL: 0.1, Tier.STANDARD: 0.3, Tier.BATCH: 0.6})
+    assert parse_mix("critical=1,batch=1") == {Tier.CRITICAL: 0.5, Tier.STANDARD: 0.0, Tier.BATCH: 0.5}
+    for bad in ("10,30", "gold=1", "0,0,0", "-1,1,1"):
+        with pytest.raises(WorkloadError):
+            parse_mix(bad)
+
+
+def test_scaling_sets_the_rate_and_keeps_the_shape() -> None:
+    requests = assign_tenants(read_trace(SAMPLE_TRACE), seed=1)
+    scaled = scale_to_rate(requests, 40.0)
+    assert mean_rate(scaled) == pytest.approx(40.0)
+    factor = scaled[-1].arrival_s / requests[-1].arrival_s
+    assert all(s.arrival_s == pytest.approx(r.arrival_s * factor, abs=1e-6) for s, r in zip(scaled, requests))
+    with pytest.raises(WorkloadError):
+        scale_to_rate(requests, 0.0)
+
+
+def test_densest_window_finds_the_burst() -> None:
+    rows = read_trace(SAMPLE_TRACE)
+    window = densest_window(rows, 10.0)
+    assert window[0].arrival_s == 0.0 and window[-1].arrival_s <= 10.0
+    best = max(sum(1 for r in rows if s.arrival_s <= r.arrival_s <= s.arrival_s + 10.0) for s in rows)
+    assert len(window) == best
+
+
+def test_poisson_rows_are_seeded_and_exponential() -> None:
+    rows = poisson_rows(4000, seed=5)
+    assert rows == poisson_rows(4000, seed=5)
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(rows, rows[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(1.0, rel=0.06)
+    lengths = read_trace(SAMPLE_TRACE)
+    resampled = poisson_rows(100, seed=5, lengths=lengths)
+    pairs = {(r.prompt_tokens, r.output_tokens) for r in lengths}
+    assert all((r.prompt_tokens, r.output_tokens) in pairs for r in resampled)
+
+
+def test_attainment_needs_both_objectives() -> None:
+    goal = DEFAULT_OBJECTIVES[Tier.CRITICAL]
+    assert goal.met(0.4, 0.04)
+    assert not goal.met(0.6, 0.04)
+    assert not goal.met(0.4, 0.06)
+    assert TierObjectives(60.0, None).met(59.0, 5.0)
