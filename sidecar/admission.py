@@ -169,7 +169,7 @@ class PodPressure:
 
     queue_depth: int
     max_queue_depth: int
-    sla_risk: float
+    waiting_risk: float  # the projected SLA risk of requests waiting now (risk.py)
 
 
 @dataclass
@@ -177,7 +177,7 @@ class PodGuard:
     """Pod-level refusals, decided before any tenant quota is charged.
 
     - Shedding: the batch tier is refused while the pod is saturated (queue filled beyond
-      `shed_queue_fraction`, or SLA risk at or above `shed_risk`), so the capacity goes to tiers
+      `shed_queue_fraction`, or the projected SLA risk of waiting requests at or above `shed_risk`), so the capacity goes to tiers
       with promises.
     - Queue full: nobody is queued beyond `max_queue_depth`.
     - Deadline: a request whose TTFT objective is shorter than the wait predicted for it is
@@ -189,19 +189,31 @@ class PodGuard:
     shed_tiers: frozenset[Tier] = field(default_factory=lambda: frozenset({Tier.BATCH}))
 
     def saturated(self, pressure: PodPressure) -> bool:
-        return pressure.queue_depth >= self.shed_queue_fraction * pressure.max_queue_depth or pressure.sla_risk >= self.shed_risk
+        return pressure.queue_depth >= self.shed_queue_fraction * pressure.max_queue_depth or pressure.waiting_risk >= self.shed_risk
 
-    def check(self, tier: Tier, ttft_ms: float | None, predicted_ttft_s: float, pressure: PodPressure) -> None:
+    def check(self, tier: Tier, ttft_ms: float | None, queue_wait_s: float, engine_ttft_s: float, pressure: PodPressure) -> None:
+        """`queue_wait_s`: the wait predicted in this queue; `engine_ttft_s`: the engine's recent
+        release-to-first-token time."""
+        predicted_ttft_s = queue_wait_s + engine_ttft_s if queue_wait_s > 0 else 0.0
         if tier in self.shed_tiers and self.saturated(pressure):
             raise Shedding(
-                f"pod saturated (queue {pressure.queue_depth}/{pressure.max_queue_depth}, SLA risk {pressure.sla_risk:.2f}); "
+                f"pod saturated (queue {pressure.queue_depth}/{pressure.max_queue_depth}, waiting SLA risk {pressure.waiting_risk:.2f}); "
                 f"{tier.value} tier is shed",
                 retry_after_s=max(1.0, predicted_ttft_s),
             )
         if pressure.queue_depth >= pressure.max_queue_depth:
             raise QueueFull(f"queue full ({pressure.max_queue_depth} requests)", retry_after_s=max(1.0, predicted_ttft_s))
-        if ttft_ms is not None and math.isfinite(predicted_ttft_s) and predicted_ttft_s * 1000.0 > ttft_ms:
+        # Only the queue ahead is grounds for refusal: when the engine alone is slower than the
+        # objective, no replica of this pool does better and refusing would turn misses into an outage.
+        if (
+            ttft_ms is not None
+            and queue_wait_s > 0
+            and engine_ttft_s * 1000.0 < ttft_ms
+            and math.isfinite(predicted_ttft_s)
+            and predicted_ttft_s * 1000.0 > ttft_ms
+        ):
             raise DeadlineUnreachable(
-                f"predicted time to first token {predicted_ttft_s * 1000:.0f} ms exceeds the {ttft_ms:g} ms objective",
+                f"predicted time to first token {predicted_ttft_s * 1000:.0f} ms (queue {queue_wait_s * 1000:.0f} ms + "
+                f"engine {engine_ttft_s * 1000:.0f} ms) exceeds the {ttft_ms:g} ms objective",
                 retry_after_s=max(1.0, predicted_ttft_s),
             )

@@ -111,16 +111,23 @@ class SidecarCore:
         return PoolView(load=self.load(), max_length_tokens=self.config.max_length_tokens, aging_bound_s=self.config.scheduler.aging_bound_seconds)
 
     def sla_risk(self) -> float:
-        """Cached for 100 ms: admission reads it per request and it scans the waiting requests."""
+        """The `slaq_sla_risk` gauge: max(observed, projected), see risk.py."""
+        return self.risk.value(self.clock())
+
+    def current_risk(self) -> float:
+        """The projected part only: risk from requests waiting right now. Shedding acts on this,
+        not on the observed history: when nothing waits, refusing batch work saves nobody (an
+        engine that is slow for the objectives is a capacity problem for the HPA, not a reason
+        to refuse work on an idle pod). Cached for 100 ms: it scans the waiting requests."""
         now = self.clock()
         stamp, value = self._risk_cache
         if now - stamp > 0.1 or now < stamp:
-            value = self.risk.value(now)
+            value = self.risk.projected(now)
             self._risk_cache = (now, value)
         return value
 
     def pressure(self) -> PodPressure:
-        return PodPressure(queue_depth=len(self.queue), max_queue_depth=self.config.max_queue_depth, sla_risk=self.sla_risk())
+        return PodPressure(queue_depth=len(self.queue), max_queue_depth=self.config.max_queue_depth, waiting_risk=self.current_risk())
 
     # lifecycle -----------------------------------------------------------------------------
 
@@ -156,8 +163,7 @@ class SidecarCore:
                 tenant_service_share=self.ledger.share(tenant.name, tenant.tier, now),
             )
             wait_s = self.dispatcher.predicted_wait_s(view)
-            predicted_ttft = wait_s + self.risk.engine_ttft_s if wait_s > 0 else 0.0
-            self.guard.check(tenant.tier, identity.ttft_ms, predicted_ttft, self.pressure())
+            self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft_s, self.pressure())
             reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now)
         except SidecarError as error:

@@ -95,28 +95,34 @@ def test_unlimited_tenant_is_never_refused() -> None:
 
 
 def pressure(depth: int = 0, risk: float = 0.0) -> PodPressure:
-    return PodPressure(queue_depth=depth, max_queue_depth=100, sla_risk=risk)
+    return PodPressure(queue_depth=depth, max_queue_depth=100, waiting_risk=risk)
 
 
 def test_batch_is_shed_when_saturated_but_critical_is_not() -> None:
     guard = PodGuard()
-    guard.check(Tier.BATCH, None, 0.0, pressure(depth=10))
+    guard.check(Tier.BATCH, None, 0.0, 0.0, pressure(depth=10))
     with pytest.raises(Shedding):
-        guard.check(Tier.BATCH, None, 0.0, pressure(depth=60))
+        guard.check(Tier.BATCH, None, 0.0, 0.0, pressure(depth=60))
     with pytest.raises(Shedding):
-        guard.check(Tier.BATCH, None, 0.0, pressure(risk=1.2))
-    guard.check(Tier.CRITICAL, 50.0, 0.0, pressure(depth=60, risk=1.2))
+        guard.check(Tier.BATCH, None, 0.0, 0.0, pressure(risk=1.2))
+    guard.check(Tier.CRITICAL, 50.0, 0.0, 0.0, pressure(depth=60, risk=1.2))
 
 
 def test_full_queue_refuses_everyone() -> None:
     with pytest.raises(QueueFull):
-        PodGuard().check(Tier.CRITICAL, 50.0, 0.0, pressure(depth=100))
+        PodGuard().check(Tier.CRITICAL, 50.0, 0.0, 0.0, pressure(depth=100))
 
 
 def test_unreachable_ttft_is_refused_with_retry_after() -> None:
     guard = PodGuard()
-    guard.check(Tier.STANDARD, 200.0, 0.15, pressure())
+    guard.check(Tier.STANDARD, 200.0, 0.1, 0.05, pressure())
     with pytest.raises(DeadlineUnreachable) as info:
-        guard.check(Tier.STANDARD, 200.0, 2.5, pressure())
+        guard.check(Tier.STANDARD, 200.0, 2.4, 0.1, pressure())
     assert info.value.retry_after_s == pytest.approx(2.5)
-    guard.check(Tier.STANDARD, None, 100.0, pressure())  # no objective: nothing to miss
+    guard.check(Tier.STANDARD, None, 100.0, 0.1, pressure())  # no objective: nothing to miss
+
+
+def test_no_deadline_refusal_without_a_queue_or_when_the_engine_alone_is_too_slow() -> None:
+    guard = PodGuard()
+    guard.check(Tier.CRITICAL, 50.0, 0.0, 5.0, pressure())  # nothing ahead: go, even if it will be late
+    guard.check(Tier.CRITICAL, 50.0, 1.0, 0.2, pressure())  # the engine alone misses 50 ms: refusing saves nothing

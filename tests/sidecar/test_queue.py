@@ -151,3 +151,30 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(dispatcher.queue) == 0 and not entry.released
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(list(Tier)), st.integers(0, 9000), st.floats(0, 50), st.booleans()), min_size=1, max_size=40),
+       st.lists(st.integers(0, 39), max_size=10))
+def test_snapshot_order_equals_scoring_everything(specs, pops_between) -> None:
+    """Pushes interleaved with pops, all at one instant: the snapshot queue pops what a full scan picks."""
+    now = 100.0
+    queue = RequestQueue(snapshot_ttl_s=10.0)
+    reference: list[QueuedRequest] = []
+    pop_points = set(pops_between)
+    for i, (tier, prompt, age, has_ttft) in enumerate(specs):
+        entry = QueuedRequest(view(tier, prompt, arrival=now - age, ttft_ms=500.0 if has_ttft else None))
+        queue.push(entry)
+        reference.append(entry)
+        if i in pop_points:
+            expected = min(reference, key=lambda e: (*PROFILE.rank_key(e.view, now, POOL), e.seq))
+            assert queue.pop_best(PROFILE, now, POOL) is expected
+            reference.remove(expected)
+    while reference:
+        expected = min(reference, key=lambda e: (*PROFILE.rank_key(e.view, now, POOL), e.seq))
+        assert queue.pop_best(PROFILE, now, POOL) is expected
+        reference.remove(expected)

@@ -121,3 +121,13 @@ async def test_draining_refuses_new_work() -> None:
     c.draining = True
     with pytest.raises(Draining):
         await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+
+
+async def test_past_misses_raise_the_gauge_but_do_not_shed_an_idle_pod() -> None:
+    c, clock = core()
+    flight = await c.admit(c.identify(bearer("vip")), "chat", CHAT)
+    clock.now += 0.5  # ten times the 50 ms objective
+    c.first_token(flight)
+    c.finish(flight, output_tokens=1, engine_prompt_tokens=None, status=200)
+    assert c.sla_risk() >= 10.0
+    await c.admit(c.identify(bearer("free")), "chat", CHAT)  # nothing waits: batch is still served

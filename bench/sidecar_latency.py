@@ -1,0 +1,132 @@
+"""Added time-to-first-token of the sidecar vs going straight to the engine (prints figures).
+
+A fast fake engine (tests/support/fake_upstream.py: vLLM's SSE format, `--tokens` tokens, the
+first after `--token-delay-ms`) runs in its own process; `slaq sidecar` runs in another, in front
+of it. A load generator (this process) keeps C streams busy, each sending streaming completions
+back to back, first straight to the engine and then through the sidecar, and measures TTFT as the
+time from sending the request to the first SSE event carrying a token. The added TTFT is the
+difference of the two distributions' percentiles. The load generator shares the machine's CPUs
+with both servers, so at high C its own overhead is part of both columns.
+
+    python bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key  # noqa: E402
+from tests.support.fake_upstream import _free_port  # noqa: E402
+
+KEY = "sk-bench-0123456789"
+UPSTREAM = (
+    "import uvicorn; from tests.support.fake_upstream import FakeEngine; "
+    "uvicorn.run(FakeEngine(), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
+)
+
+
+def wait_ready(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f}s")
+
+
+async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict) -> float:
+    start = time.perf_counter()
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {await response.aread()!r}")
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and '"text"' in line:
+                ttft = time.perf_counter() - start
+                async for _ in response.aiter_raw():
+                    pass
+                return ttft
+    raise RuntimeError("stream ended without a token")
+
+
+async def run_level(base: str, streams: int, per_stream: int, headers: dict[str, str], body: dict) -> list[float]:
+    limits = httpx.Limits(max_connections=streams + 8, max_keepalive_connections=streams + 8)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        await asyncio.gather(*(one(client, "/v1/completions", headers, body) for _ in range(streams)))  # warm connections
+        samples: list[float] = []
+
+        async def worker() -> None:
+            for _ in range(per_stream):
+                samples.append(await one(client, "/v1/completions", headers, body))
+
+        await asyncio.gather(*(worker() for _ in range(streams)))
+        return samples
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--requests-per-stream", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--token-delay-ms", type=float, default=5.0)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="slaq-bench-sidecar-"))
+    table = workdir / "tenants.json"
+    table.write_text(TenantTable(pool="bench/pool", revision="1", tenants=[
+        TenantEntry(name="bench", tier="standard", ttft_ms=2000.0, key_hashes=[hash_api_key(KEY)], cache_salt=derive_cache_salt(b"b", "bench")),
+    ]).model_dump_json(by_alias=True))
+    upstream_port, sidecar_port = _free_port(), _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    processes = [
+        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=upstream_port)], cwd=ROOT, env=env),
+        subprocess.Popen([sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(sidecar_port),
+                          "--engine-url", f"http://127.0.0.1:{upstream_port}", "--tenant-table", str(table),
+                          "--max-queue-depth", "100000"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    try:
+        direct, sidecar = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{sidecar_port}"
+        wait_ready(direct + "/health")
+        wait_ready(sidecar + "/ready")
+        headers = {"authorization": f"Bearer {KEY}", "x-fake-tokens": str(args.tokens), "x-fake-delay-ms": str(args.token_delay_ms)}
+        body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True}
+        print(f"fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
+        print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
+        for streams in args.streams:
+            d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))
+            s = asyncio.run(run_level(sidecar, streams, args.requests_per_stream, headers, body))
+            print(f"{streams:>8} {len(s):>6} {pct(d, .5):>11.2f} {pct(d, .99):>11.2f} {pct(s, .5):>12.2f} {pct(s, .99):>12.2f} "
+                  f"{pct(s, .5) - pct(d, .5):>10.2f} {pct(s, .99) - pct(d, .99):>10.2f}  mean added {1000 * (statistics.fmean(s) - statistics.fmean(d)):.2f}")
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+if __name__ == "__main__":
+    main()
