@@ -47,10 +47,6 @@ def is_preempted(request: Request) -> bool:
     return request.status == RequestStatus.PREEMPTED
 
 
-def is_running(request: Request) -> bool:
-    return request.status == RequestStatus.RUNNING
-
-
 def is_decoding(request: Request) -> bool:
     """Running and past its prompt. With async scheduling num_computed_tokens includes in-flight tokens."""
     return (
@@ -58,10 +54,6 @@ def is_decoding(request: Request) -> bool:
         and not request.is_prefill_chunk
         and request.num_computed_tokens >= request.num_prompt_tokens
     )
-
-
-def remaining_prefill_tokens(request: Request) -> int:
-    return max(0, request.num_tokens - request.num_computed_tokens)
 
 
 # -- the scheduler -------------------------------------------------------------------------
@@ -95,10 +87,6 @@ def max_model_len(scheduler: AsyncScheduler) -> int:
     return scheduler.max_model_len
 
 
-def max_num_seqs(scheduler: AsyncScheduler) -> int:
-    return scheduler.max_num_running_reqs
-
-
 @contextlib.contextmanager
 def step_token_budget(scheduler: AsyncScheduler, tokens: int | None) -> Iterator[None]:
     """Cap this step's token budget: `schedule()` copies `max_num_scheduled_tokens` into its local
@@ -117,10 +105,6 @@ def step_token_budget(scheduler: AsyncScheduler, tokens: int | None) -> Iterator
 
 def step_token_limit(scheduler: AsyncScheduler) -> int:
     return scheduler.max_num_scheduled_tokens
-
-
-def scheduled_tokens(output: SchedulerOutput) -> dict[str, int]:
-    return output.num_scheduled_tokens
 
 
 def preempted_ids(output: SchedulerOutput) -> set[str]:

@@ -1,0 +1,111 @@
+"""`slaq engine`'s flags, the vLLM arguments they become, and the scheduler configuration it hands over."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slaq.api.runtime import SCHEDULER_CONFIG_ENV
+from slaq.api.table import TenantEntry, TenantTable
+from slaq.api.common import Tier
+from slaq.engine.config import TENANT_TABLE_ENV, EngineSchedulerConfig, read_scheduler_config_argument
+from slaq.engine.errors import LaunchError, SchedulerConfigError
+from slaq.engine.launcher import SCHEDULER_CLS, EngineOptions, plan_launch, prepare_environment
+from slaq.engine.tiny_model import ensure_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_tiny_model_defaults_cpu_dummy_weights_and_the_slaq_scheduler() -> None:
+    plan = plan_launch(EngineOptions(), model_path="/cache/tiny", environ={})
+    assert _flag(plan.argv, "--model") == "/cache/tiny" and _flag(plan.argv, "--tokenizer") == "/cache/tiny"
+    assert _flag(plan.argv, "--scheduler-cls") == SCHEDULER_CLS
+    assert _flag(plan.argv, "--scheduling-policy") == "priority"
+    assert _flag(plan.argv, "--load-format") == "dummy" and _flag(plan.argv, "--served-model-name") == "slaq-tiny"
+    assert _flag(plan.argv, "--host") == "127.0.0.1" and _flag(plan.argv, "--port") == "8001"
+    assert plan.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_every_flag_reaches_vllm_and_extra_arguments_pass_through() -> None:
+    options = EngineOptions(
+        host="0.0.0.0", port=9000, model="meta-llama/Llama-3.1-8B", dtype="bfloat16", max_model_len=8192,
+        tensor_parallel_size=2, gpu_memory_utilization=0.85, max_num_seqs=256, max_num_batched_tokens=8192,
+        load_format="safetensors", served_model_name="llama", revision="main", scheduler_config='{"agingBoundSeconds":30.0}',
+        extra=("--enable-prefix-caching",),
+    )
+    plan = plan_launch(options, environ={})
+    expected = {"--host": "0.0.0.0", "--port": "9000", "--model": "meta-llama/Llama-3.1-8B", "--dtype": "bfloat16",
+                "--max-model-len": "8192", "--tensor-parallel-size": "2", "--gpu-memory-utilization": "0.85",
+                "--max-num-seqs": "256", "--max-num-batched-tokens": "8192", "--load-format": "safetensors",
+                "--served-model-name": "llama", "--revision": "main"}
+    for flag, value in expected.items():
+        assert _flag(plan.argv, flag) == value, flag
+    assert plan.argv[-1] == "--enable-prefix-caching" and "--tokenizer" not in plan.argv
+    assert plan.environ[SCHEDULER_CONFIG_ENV] == '{"agingBoundSeconds":30.0}'
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.environ  # a GPU model sizes its cache from gpu memory utilisation
+
+
+def test_the_scheduler_flags_cannot_be_overridden_after_the_separator() -> None:
+    with pytest.raises(LaunchError, match="--scheduler-cls"):
+        plan_launch(EngineOptions(extra=("--scheduler-cls", "x.Y")), model_path="/m", environ={})
+
+
+def test_prepare_environment_sets_a_prometheus_multiprocess_dir(tmp_path: Path) -> None:
+    target: dict[str, str] = {}
+    prepare_environment(plan_launch(EngineOptions(), model_path="/m", environ={}), target)
+    assert Path(target["PROMETHEUS_MULTIPROC_DIR"]).is_dir()
+    kept = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    prepare_environment(plan_launch(EngineOptions(), model_path="/m", environ={}), kept)
+    assert kept["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
+
+
+def test_scheduler_config_reads_json_or_a_file_and_names_what_is_wrong(tmp_path: Path) -> None:
+    assert json.loads(read_scheduler_config_argument('{"maxPreemptionsPerStep": 2}'))["maxPreemptionsPerStep"] == 2
+    path = tmp_path / "spec.json"
+    path.write_text('{"criticalKvHeadroom": 0.2}')
+    assert json.loads(read_scheduler_config_argument(str(path)))["criticalKvHeadroom"] == 0.2
+    with pytest.raises(SchedulerConfigError, match="neither JSON nor a readable file"):
+        read_scheduler_config_argument(str(tmp_path / "missing.json"))
+    with pytest.raises(SchedulerConfigError, match="criticalKvHeadroom"):
+        read_scheduler_config_argument('{"criticalKvHeadroom": 0.9}')
+
+
+def test_engine_config_from_environment_reads_the_spec_and_tenant_shares(tmp_path: Path) -> None:
+    table = TenantTable(pool="ns/pool", tenants=[TenantEntry(name="acme", tier=Tier.STANDARD, cache_salt="s" * 16, kv_cache_share=0.25)])
+    path = tmp_path / "tenants.json"
+    path.write_text(table.model_dump_json(by_alias=True))
+    config = EngineSchedulerConfig.from_environment({SCHEDULER_CONFIG_ENV: '{"agingBoundSeconds": 5}', TENANT_TABLE_ENV: str(path)})
+    assert config.spec.aging_bound_seconds == 5.0 and config.tenant_kv_share == {"acme": 0.25}
+    assert EngineSchedulerConfig.from_environment({TENANT_TABLE_ENV: str(tmp_path / "none.json")}).tenant_kv_share == {}
+    with pytest.raises(SchedulerConfigError, match=SCHEDULER_CONFIG_ENV):
+        EngineSchedulerConfig.from_environment({SCHEDULER_CONFIG_ENV: "{not json"})
+
+
+def test_tiny_model_is_generated_once(tmp_path: Path) -> None:
+    target = ensure_tiny_model(tmp_path / "tiny")
+    config = json.loads((target / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["head_dim"] == 64 and config["num_hidden_layers"] == 2
+    stamp = (target / "config.json").stat().st_mtime_ns
+    assert ensure_tiny_model(tmp_path / "tiny") == target and (target / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_cli_refuses_a_bad_scheduler_config_with_a_clear_message() -> None:
+    result = subprocess.run([sys.executable, "-m", "slaq", "engine", "--scheduler-config", '{"maxPreemptionsPerStep": -1}'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "maxPreemptionsPerStep" in result.stderr
+
+
+def test_cli_help_lists_every_operator_flag() -> None:
+    result = subprocess.run([sys.executable, "-m", "slaq", "engine", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    for flag in ("--host", "--port", "--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size",
+                 "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--load-format",
+                 "--served-model-name", "--revision", "--scheduler-config"):
+        assert flag in result.stdout, flag

@@ -1,0 +1,221 @@
+"""The engine's small policy objects, each alone: queue order, fairness, victims, block budget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slaq.api.common import Tier
+from slaq.api.pool import SchedulerSpec, ScoreWeights
+from slaq.engine import vllm_compat as vc
+from slaq.engine.blocks import BlockBudgetRule
+from slaq.engine.fairness import VirtualTokenCounters
+from slaq.engine.ordering import WaitingOrder
+from slaq.engine.preemption import REASON_BATCH_FULL, REASON_KV_FULL, ResourceView, ThrashGuard, UrgentPreemption
+from slaq.engine.queue import SLARequestQueue
+from slaq.engine.scheduler import SLAScheduler
+from slaq.engine.sla import request_info
+from slaq.api.contract import RequestSLA
+
+from tests.engine.harness import Driver, build_scheduler, make_request
+
+NOW = 1_000_000.0
+
+
+def _queue(spec: SchedulerSpec | None = None, fairness: VirtualTokenCounters | None = None) -> SLARequestQueue:
+    spec = spec or SchedulerSpec()
+    order = WaitingOrder(spec, fairness or VirtualTokenCounters(), max_length_tokens=1024)
+
+    def info_of(request):
+        info = vc.attached_info(request)
+        if info is None:
+            info = request_info(RequestSLA.from_extra_args(vc.extra_args(request)), arrival=request.arrival_time,
+                                prompt_tokens=request.num_prompt_tokens, max_tokens=request.max_tokens, aging_bound_s=spec.aging_bound_seconds)
+            vc.attach_info(request, info)
+        return info
+
+    queue = SLARequestQueue(order, info_of)
+    queue.begin_step(NOW)
+    return queue
+
+
+def _drain(queue: SLARequestQueue) -> list[str]:
+    return [queue.pop_request().request_id for _ in range(len(queue))]
+
+
+def test_tiers_run_in_order_and_within_a_tier_earlier_deadlines_first() -> None:
+    queue = _queue()
+    batch = make_request(Tier.BATCH, arrival=NOW - 5)
+    std_late = make_request(Tier.STANDARD, ttft_ms=2000, arrival=NOW)
+    std_early = make_request(Tier.STANDARD, ttft_ms=2000, arrival=NOW - 0.1)
+    critical = make_request(Tier.CRITICAL, ttft_ms=500, arrival=NOW)
+    for request in (batch, std_late, std_early, critical):
+        queue.add_request(request)
+    assert queue.depth_by_tier() == {Tier.CRITICAL: 1, Tier.STANDARD: 2, Tier.BATCH: 1}
+    assert _drain(queue) == [critical.request_id, std_early.request_id, std_late.request_id, batch.request_id]
+
+
+def test_a_request_past_the_aging_bound_outranks_fresh_critical_arrivals() -> None:
+    queue = _queue(SchedulerSpec(aging_bound_seconds=10.0))
+    old_batch = make_request(Tier.BATCH, arrival=NOW - 10.5)
+    queue.add_request(make_request(Tier.CRITICAL, arrival=NOW))
+    queue.add_request(old_batch)
+    assert queue.peek_request() is old_batch
+
+
+def test_peek_and_pop_agree_and_empty_queue_raises() -> None:
+    queue = _queue()
+    with pytest.raises(IndexError):
+        queue.peek_request()
+    request = make_request(Tier.STANDARD, arrival=NOW)
+    queue.add_request(request)
+    assert queue.peek_request() is request and queue.pop_request() is request and not queue
+
+
+def test_removal_is_lazy_but_exact() -> None:
+    queue = _queue()
+    requests = [make_request(Tier.STANDARD, arrival=NOW - i) for i in range(5)]
+    for request in requests:
+        queue.add_request(request)
+    queue.remove_requests([requests[4], requests[2]])
+    queue.remove_request(requests[4])  # already gone: no effect
+    assert len(queue) == 3 and queue.depth_by_tier()[Tier.STANDARD] == 3
+    assert _drain(queue) == [requests[3].request_id, requests[1].request_id, requests[0].request_id]
+
+
+def test_preempted_requests_go_back_ahead_of_their_tier_only() -> None:
+    scheduler = build_scheduler(max_num_seqs=1)
+    driver = Driver(scheduler)
+    victim = make_request(Tier.BATCH, max_tokens=40, arrival=time.time() - 1)
+    driver.add(victim)
+    driver.step()
+    older_batch = make_request(Tier.BATCH, arrival=time.time() - 30)
+    critical = make_request(Tier.CRITICAL)
+    driver.add(older_batch, critical)
+    output = driver.step()  # the critical request preempts the running batch decode
+    assert output.preempted_req_ids == {victim.request_id}
+    order = [r.request_id for r in scheduler.waiting]
+    assert order == [victim.request_id, older_batch.request_id]  # ahead of an older request of its tier
+
+
+def test_the_queue_never_reads_or_writes_request_priority() -> None:
+    queue = _queue()
+    first, second = make_request(Tier.STANDARD, arrival=NOW - 2), make_request(Tier.STANDARD, arrival=NOW - 1)
+    first.priority, second.priority = 99, -99  # a client-chosen priority has no say
+    queue.add_request(second)
+    queue.add_request(first)
+    assert _drain(queue) == [first.request_id, second.request_id]
+    assert (first.priority, second.priority) == (99, -99)
+
+
+def test_fairness_credit_favours_the_tenant_served_less_within_a_tier() -> None:
+    fairness = VirtualTokenCounters()
+    fairness.charge("standard", "heavy", 0)
+    fairness.charge("standard", "light", 0)
+    fairness.charge("standard", "heavy", 10_000)
+    fairness.charge("standard", "light", 100)
+    queue = _queue(SchedulerSpec(weights=ScoreWeights(fairness=1.0)), fairness)
+    heavy = make_request(Tier.STANDARD, tenant="heavy", ttft_ms=2000, arrival=NOW - 0.5)
+    light = make_request(Tier.STANDARD, tenant="light", ttft_ms=2000, arrival=NOW)
+    queue.add_request(heavy)
+    queue.add_request(light)
+    assert queue.pop_request() is light
+
+
+def test_virtual_token_counters_start_newcomers_at_the_tier_minimum() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("batch", "a", 100)
+    counters.charge("batch", "b", 300)  # joins at a's 100: 400
+    counters.charge("batch", "c", 0)  # joins at the minimum, 100, not at 0
+    assert counters.service_share("batch", "c") == pytest.approx(100 / 600)
+    assert counters.service_share("batch", "nobody") == 0.0
+    counters.forget("batch", "b")
+    assert counters.service_share("batch", "a") == pytest.approx(0.5)
+
+
+def _resources(**overrides) -> ResourceView:
+    values = dict(free_slots=0, free_blocks=100, headroom_blocks=0, block_size=16, step_tokens=512)
+    values.update(overrides)
+    return ResourceView(**values)
+
+
+def _running_scheduler(tiers: list[Tier]) -> tuple[SLAScheduler, Driver, list]:
+    scheduler = build_scheduler(max_num_seqs=len(tiers))
+    driver = Driver(scheduler)
+    running = [make_request(tier, max_tokens=100) for tier in tiers]
+    driver.add(*running)
+    driver.step()
+    return scheduler, driver, running
+
+
+def test_victims_are_the_lowest_tier_and_only_strictly_lower_than_the_urgent_request() -> None:
+    scheduler, _, running = _running_scheduler([Tier.CRITICAL, Tier.STANDARD, Tier.BATCH])
+    planner = UrgentPreemption(max_per_step=4)
+    critical = make_request(Tier.CRITICAL)
+    scheduler.add_request(critical)
+    plan = planner.plan([critical], running, _resources(), scheduler.info_of)
+    assert [(p.victim.request_id, p.reason) for p in plan] == [(running[2].request_id, REASON_BATCH_FULL)]
+    standard = make_request(Tier.STANDARD, ttft_ms=1000)
+    scheduler.add_request(standard)
+    only_batch = planner.plan([standard], running[:2], _resources(), scheduler.info_of)
+    assert only_batch == []  # a standard request never preempts a critical or standard one
+
+
+def test_kv_shortage_preempts_until_the_chunk_fits_and_the_bound_holds() -> None:
+    scheduler, _, running = _running_scheduler([Tier.BATCH] * 4)
+    critical = make_request(Tier.CRITICAL, prompt_tokens=100)  # 7 blocks
+    scheduler.add_request(critical)
+    plan = UrgentPreemption(max_per_step=4).plan([critical], running, _resources(free_slots=3, free_blocks=0), scheduler.info_of)
+    assert len(plan) == 4 and {p.reason for p in plan} == {REASON_KV_FULL}  # each victim frees 2 blocks
+    assert UrgentPreemption(max_per_step=3).plan([critical], running, _resources(free_slots=3, free_blocks=0), scheduler.info_of) == []
+
+
+def test_thrash_guard_protects_until_progress() -> None:
+    scheduler, driver, running = _running_scheduler([Tier.BATCH])
+    guard = ThrashGuard(min_progress_tokens=3)
+    info = scheduler.info_of(running[0])
+    guard.protect(running[0], info)
+    assert not guard.may_preempt(running[0], info)
+    for _ in range(3):
+        driver.step()
+    assert guard.may_preempt(running[0], info) and info.preemptions == 1
+
+
+def test_block_budget_rule() -> None:
+    rule = BlockBudgetRule.from_shares(100, 0.1, {"small": 0.2, "whole": 1.0})
+    assert rule.headroom_blocks == 10 and rule.tenant_cap_blocks == {"small": 20}
+    assert rule.leaves_headroom(0, free_blocks=5, new_blocks=5)  # the critical tier may use the headroom
+    assert rule.leaves_headroom(2, free_blocks=15, new_blocks=5)
+    assert not rule.leaves_headroom(1, free_blocks=15, new_blocks=6)
+    assert rule.within_tenant_cap("small", reserved=15, footprint=5)
+    assert not rule.within_tenant_cap("small", reserved=15, footprint=6)
+    assert rule.within_tenant_cap("small", reserved=0, footprint=50)  # alone, an oversized request still runs
+    assert rule.within_tenant_cap("whole", reserved=99, footprint=99)
+
+
+def test_batch_tier_prefixes_are_evicted_before_other_tiers() -> None:
+    scheduler = build_scheduler(num_blocks=60)
+    driver = Driver(scheduler)
+    standard = make_request(Tier.STANDARD, prompt_tokens=48, max_tokens=2, prompt_seed=1)
+    batch = make_request(Tier.BATCH, prompt_tokens=48, max_tokens=2, prompt_seed=2)
+    driver.add(standard, batch)
+    driver.step()
+    standard_blocks = {b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, standard.request_id)[:3]}
+    batch_blocks = {b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, batch.request_id)[:3]}
+    driver.run_until_idle()
+    order = vc.free_queue_order(scheduler.kv_cache_manager)
+    assert set(order[:3]) == batch_blocks
+    assert standard_blocks <= set(order[-4:])
+
+
+def test_prefix_reuse_is_counted_per_tenant_and_tier() -> None:
+    scheduler = build_scheduler()
+    driver = Driver(scheduler)
+    driver.add(make_request(Tier.STANDARD, tenant="acme", prompt_tokens=64, max_tokens=2, prompt_seed=7))
+    driver.run_until_idle()
+    before = scheduler.metrics.prefix_hit_tokens.labels(tier="standard", tenant="acme")._value.get()
+    driver.add(make_request(Tier.STANDARD, tenant="acme", prompt_tokens=64, max_tokens=2, prompt_seed=7))
+    driver.run_until_idle()
+    after = scheduler.metrics.prefix_hit_tokens.labels(tier="standard", tenant="acme")._value.get()
+    assert after - before == 48  # three full blocks reused; the last block is always recomputed

@@ -1,0 +1,156 @@
+"""One test per vLLM touch point in slaq.engine.vllm_compat: an upgrade shows exactly what broke."""
+
+from __future__ import annotations
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+from slaq.api.common import Tier
+from slaq.engine import vllm_compat as vc
+from slaq.engine.launcher import SCHEDULER_CLS
+
+from tests.engine.harness import BLOCK_SIZE, Driver, build_scheduler, make_request
+
+
+def _stock(**kwargs) -> AsyncScheduler:
+    return build_scheduler(AsyncScheduler, **kwargs)
+
+
+def test_pinned_vllm_version() -> None:
+    assert vllm.__version__ == vc.VLLM_VERSION
+
+
+def test_extra_args_are_the_requests_vllm_xargs() -> None:
+    request = make_request(Tier.BATCH, tenant="acme")
+    assert vc.extra_args(request)["slaq_tenant"] == "acme"
+
+
+def test_attach_info_round_trips_and_defaults_to_none() -> None:
+    request = make_request(Tier.BATCH)
+    assert vc.attached_info(request) is None
+    vc.attach_info(request, "facts")
+    assert vc.attached_info(request) == "facts"
+
+
+def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
+    driver.add(request)
+    assert not vc.is_decoding(request) and not vc.is_preempted(request)
+    driver.step()
+    assert vc.is_decoding(request)  # whole prompt scheduled; async: computed tokens include in-flight ones
+    vc.preempt(scheduler, request, 0.0)
+    assert vc.is_preempted(request) and not vc.is_decoding(request)
+
+
+def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> None:
+    scheduler = _stock()
+    queues = []
+    vc.install_waiting_queues(scheduler, lambda: queues.append(type(scheduler.waiting)()) or queues[-1])
+    assert scheduler.waiting is queues[0] and scheduler.kv_holding_waiting is queues[1]
+    scheduler.add_request(make_request(Tier.BATCH))
+    try:
+        vc.install_waiting_queues(scheduler, lambda: type(scheduler.waiting)())
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("replacing a non-empty queue must fail")
+
+
+def test_running_requests_is_the_live_list() -> None:
+    scheduler = _stock()
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, max_tokens=3)
+    driver.add(request)
+    driver.step()
+    assert vc.running_requests(scheduler) == [request]
+    driver.run_until_idle()
+    assert vc.running_requests(scheduler) == []  # remove_all rebinds scheduler.running
+
+
+def test_active_request_limit_is_max_num_seqs() -> None:
+    assert vc.active_request_limit(_stock(max_num_seqs=3)) == 3
+
+
+def test_preempt_puts_the_request_back_in_waiting_and_reports_it() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, max_tokens=50)
+    driver.add(request)
+    driver.step()
+    vc.preempt(scheduler, request, 0.0)
+    assert request not in scheduler.running and len(scheduler.waiting) == 1
+    output = driver.step()
+    assert request.request_id in vc.preempted_ids(output)
+    assert request.request_id in output.num_scheduled_tokens  # resumed (slot free again)
+
+
+def test_max_model_len_and_block_size() -> None:
+    scheduler = _stock(max_model_len=256)
+    assert vc.max_model_len(scheduler) == 256 and vc.block_size(scheduler) == BLOCK_SIZE
+
+
+def test_step_token_budget_caps_one_step_and_restores() -> None:
+    scheduler = _stock(max_num_batched_tokens=512)
+    driver = Driver(scheduler)
+    driver.add(make_request(Tier.BATCH, prompt_tokens=300))
+    with vc.step_token_budget(scheduler, 64):
+        assert vc.step_token_limit(scheduler) == 64
+        output = scheduler.schedule()
+    driver.answer(output)
+    assert output.total_num_scheduled_tokens == 64
+    assert vc.step_token_limit(scheduler) == 512
+    with vc.step_token_budget(scheduler, None):
+        assert vc.step_token_limit(scheduler) == 512
+
+
+def test_adopt_block_manager_keeps_the_block_pool() -> None:
+    scheduler = _stock()
+    pool = scheduler.kv_cache_manager.block_pool
+
+    class Marked(KVCacheManager):
+        pass
+
+    manager = vc.adopt_block_manager(scheduler, Marked)
+    assert type(scheduler.kv_cache_manager) is Marked and manager.block_pool is pool
+
+
+def test_block_counts_and_request_blocks() -> None:
+    scheduler = _stock(num_blocks=50)
+    manager = scheduler.kv_cache_manager
+    assert vc.usable_blocks(manager) == 49 and vc.free_blocks(manager) == 49
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=20)
+    driver.add(request)
+    driver.step()
+    assert len(vc.request_blocks(manager, request.request_id)) == 3
+    assert vc.free_blocks(manager) == 46
+
+
+def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> None:
+    scheduler = _stock(num_blocks=50)
+    manager = scheduler.kv_cache_manager
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=48, max_tokens=3)
+    driver.add(request)
+    driver.step()
+    blocks = vc.request_blocks(manager, request.request_id)
+    driver.run_until_idle()
+    order = vc.free_queue_order(manager)
+    assert order[0] not in {b.block_id for b in blocks}  # vLLM keeps cached prefixes at the back
+    assert vc.evict_first(manager, blocks) == 3
+    assert set(vc.free_queue_order(manager)[:3]) == {b.block_id for b in blocks}
+    assert vc.free_blocks(manager) == 49
+
+
+def test_parse_server_args_accepts_the_slaq_scheduler() -> None:
+    args = vc.parse_server_args(["--model", "/tmp/m", "--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority", "--port", "9"])
+    assert args.scheduler_cls == SCHEDULER_CLS and args.scheduling_policy == "priority" and args.port == 9
+
+
+def test_run_server_is_vllms_server_entry() -> None:
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+
+    assert callable(run_server)  # the running-engine tests (test_engine_server.py) exercise vc.run_server itself
