@@ -9,12 +9,14 @@ so a vLLM upgrade shows exactly what broke.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from slaq.bench.profile import PoolProfile
 
@@ -54,6 +56,7 @@ def _model_dir(profile: PoolProfile) -> str:
         "tie_word_embeddings": False,
     }
     folder = Path(tempfile.mkdtemp(prefix="slaq-bench-model-"))
+    atexit.register(shutil.rmtree, folder, True)
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     return str(folder)
 
@@ -153,8 +156,40 @@ def model_runner_output(req_ids: list[str], sampled: dict[str, int]) -> Any:
     )
 
 
-def finished_ok(request: Any) -> bool:
-    """Whether a request stopped on its stop token (rather than a length cap or an error)."""
-    from vllm.v1.request import RequestStatus
+@dataclass(frozen=True, slots=True)
+class StepShare:
+    """One request's part of a scheduled step, read right after `schedule()` returned."""
 
-    return request.status == RequestStatus.FINISHED_STOPPED
+    request_id: str
+    new_tokens: int
+    context_tokens: int  # tokens in the KV cache before this step
+    output_index: int | None  # which output token the step samples (0 = first), None for a prompt chunk
+
+
+def step_shares(output: Any, requests: dict[str, Any]) -> Iterator[StepShare]:
+    """What a SchedulerOutput asks the GPU to do. With async scheduling `num_computed_tokens`
+    already counts this step's tokens, and `is_prefill_chunk` says whether the step samples."""
+    for request_id, new in output.num_scheduled_tokens.items():
+        request = requests[request_id]
+        computed = request.num_computed_tokens
+        index = None if request.is_prefill_chunk else computed - request.num_prompt_tokens
+        yield StepShare(request_id, new, computed - new, index)
+
+
+def scheduled_ids(output: Any) -> list[str]:
+    return list(output.num_scheduled_tokens)
+
+
+def step_has_tokens(output: Any) -> bool:
+    return output.total_num_scheduled_tokens > 0
+
+
+def deliveries(engine_outputs: dict[int, Any]) -> Iterator[tuple[str, int, bool]]:
+    """(request id, tokens delivered, finished) for every output `update_from_output` returned."""
+    for outputs in engine_outputs.values():
+        for out in outputs.outputs:
+            yield out.request_id, len(out.new_token_ids), out.finish_reason is not None
+
+
+def preemptions(request: Any) -> int:
+    return request.num_preemptions

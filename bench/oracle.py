@@ -3,18 +3,23 @@
 It knows what no real scheduler knows: every request's true output length (handed over by
 the simulator) and the exact step-time model the simulator charges. With that it:
 
-- orders the waiting queue by tier, then by TTFT deadline (EDF) in tiers with a TPOT
-  objective, and by true remaining work (SRPT: prompt + true output tokens) in the others;
-- shapes every step's token budget so that the step, by the cost model, finishes within the
-  tightest TPOT objective among the running requests (times a safety factor), with every
-  running decode scheduled first; when no running request has a TPOT objective the step gets
-  vLLM's full budget.
+- orders the waiting queue by tier, then by TTFT deadline (EDF), then by true total work
+  (SRPT: prompt + true output tokens); a tier without a TTFT objective is ordered by SRPT alone;
+- shapes every step's token budget so that, by the cost model, every running request with a
+  TPOT objective can still meet its *mean* TPOT: a request that has had its first token at f,
+  has received d of its N true output tokens and must keep (last - f) / (N - 1) <= TPOT, can
+  afford steps of (f + TPOT x (N - 1) - now) / (N - d) on average from now on; the step time
+  target is the smallest such figure (before a request's first token: its TPOT objective),
+  times a safety factor, capped at a few TPOTs so that slack is spent gradually. Requests that
+  can no longer make it are left out. Running decodes are scheduled first; when no running
+  request has a TPOT objective the step gets vLLM's full budget.
 
 It reads SLA facts from the request contract (`sampling_params.extra_args`), like any policy.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -25,8 +30,12 @@ from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
 
 # vLLM's priority heap orders by (priority, arrival_time, request_id); the oracle's key is
 # packed into `priority` before the request is queued (never changed while it is queued).
-_TIER_STRIDE = 10**13
+_WORK_STRIDE = 2**15  # more than max_model_len tokens
+_DEADLINE_ORIGIN_MS = 1_600_000_000_000  # 2020-09-13: keeps deadline x work stride below the tier stride
+_TIER_STRIDE = 10**20
 TPOT_SAFETY = 0.9
+MAX_TARGET_TPOTS = 2.0  # never plan a step longer than this many of the tightest TPOT objective
+LOST_FRACTION = 0.5  # a request that can only afford steps shorter than this x TPOT is given up
 MIN_PREFILL_TOKENS = 64
 
 
@@ -38,6 +47,7 @@ class OracleScheduler(AsyncScheduler):
         self._cost: StepCostModel | None = None
         self._true_output: Mapping[str, int] = {}
         self._sla: dict[str, RequestSLA] = {}
+        self._first_token_at: dict[str, float] = {}
 
     def bind_knowledge(self, cost: StepCostModel, true_output: Mapping[str, int]) -> None:
         self._cost, self._true_output = cost, true_output
@@ -50,25 +60,41 @@ class OracleScheduler(AsyncScheduler):
 
     def _key(self, request: Any, sla: RequestSLA) -> int:
         rank = TIER_RANK[sla.tier]
-        if sla.tpot_ms is not None and sla.ttft_ms is not None:
-            arrival = sla.arrival if sla.arrival is not None else request.arrival_time
-            return rank * _TIER_STRIDE + int(arrival * 1000.0 + sla.ttft_ms)
         work = request.num_prompt_tokens + self._true_output.get(request.request_id, request.max_tokens)
-        return rank * _TIER_STRIDE + work
+        if sla.ttft_ms is None:
+            return rank * _TIER_STRIDE + work
+        arrival = sla.arrival if sla.arrival is not None else request.arrival_time
+        # Deadline in milliseconds, then work: within a millisecond the shorter request first.
+        deadline_ms = int(arrival * 1000.0 + sla.ttft_ms)
+        return rank * _TIER_STRIDE + (deadline_ms - _DEADLINE_ORIGIN_MS) * _WORK_STRIDE + min(work, _WORK_STRIDE - 1)
 
-    def _tightest_tpot_s(self) -> float | None:
-        tightest = None
+    def _step_target_s(self) -> float | None:
+        """The longest step every running request with a TPOT objective can afford (see module doc)."""
+        now = time.time()
+        target = None
         for request in self.running:
-            tpot = self._sla.get(request.request_id, RequestSLA()).tpot_ms
-            if tpot is not None and (tightest is None or tpot < tightest):
-                tightest = tpot
-        return None if tightest is None else tightest / 1000.0
+            tpot_ms = self._sla.get(request.request_id, RequestSLA()).tpot_ms
+            if tpot_ms is None:
+                continue
+            tpot = tpot_ms / 1000.0
+            delivered = request.num_output_tokens
+            total = self._true_output.get(request.request_id)
+            affordable = tpot
+            if delivered >= 1 and total is not None and total > delivered:
+                first = self._first_token_at.setdefault(request.request_id, now)
+                affordable = (first + tpot * (total - 1) - now) / (total - delivered)
+                if affordable < LOST_FRACTION * tpot:
+                    continue
+                affordable = min(affordable, MAX_TARGET_TPOTS * tpot)
+            if target is None or affordable < target:
+                target = affordable
+        return target
 
     def _shaped_budget(self) -> int | None:
         if self._cost is None:
             return None
-        tightest = self._tightest_tpot_s()
-        if tightest is None:
+        target = self._step_target_s()
+        if target is None:
             return None
         base, decodes, chunk_context = StepLoad(), 0, 0
         for request in self.running:
@@ -77,7 +103,7 @@ class OracleScheduler(AsyncScheduler):
             else:
                 base.add(ScheduledWork(1, request.num_computed_tokens, True))
                 decodes += 1
-        room = self._cost.prefill_tokens_within(tightest * TPOT_SAFETY, base, chunk_context)
+        room = self._cost.prefill_tokens_within(target * TPOT_SAFETY, base, chunk_context)
         return min(self.max_num_scheduled_tokens, decodes + max(room, MIN_PREFILL_TOKENS))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:

@@ -121,33 +121,28 @@ class Simulator:
 
     def _step_work(self, output: Any) -> tuple[StepLoad, dict[str, int]]:
         load, sampled = StepLoad(), {}
-        for req_id, new in output.num_scheduled_tokens.items():
-            request = self._vllm_requests[req_id]
-            samples = not request.is_prefill_chunk
-            if samples:
-                # Position of the token this step samples, counted in output tokens.
-                index = request.num_computed_tokens - request.num_prompt_tokens
-                truth = self.records[req_id].output_tokens
-                sampled[req_id] = harness.STOP_TOKEN if index >= truth - 1 else harness.FILLER_TOKEN
-            load.add(ScheduledWork(new, request.num_computed_tokens - new, samples))
-            record = self.records[req_id]
+        for share in harness.step_shares(output, self._vllm_requests):
+            record = self.records[share.request_id]
+            if share.output_index is not None:
+                last = share.output_index >= record.output_tokens - 1
+                sampled[share.request_id] = harness.STOP_TOKEN if last else harness.FILLER_TOKEN
+            load.add(ScheduledWork(share.new_tokens, share.context_tokens, share.output_index is not None))
             if record.first_scheduled_s is None:
                 record.first_scheduled_s = self.clock.now
         return load, sampled
 
     def _deliver(self, engine_outputs: dict[int, Any]) -> None:
         now = self.clock.now
-        for outputs in engine_outputs.values():
-            for out in outputs.outputs:
-                record = self.records[out.request_id]
-                if out.new_token_ids:
-                    if record.first_token_s is None:
-                        record.first_token_s = now
-                    record.last_token_s = now
-                    record.tokens_out += len(out.new_token_ids)
-                if out.finish_reason is not None and not record.finished:
-                    record.finished = True
-                    self._finished += 1
+        for request_id, tokens, finished in harness.deliveries(engine_outputs):
+            record = self.records[request_id]
+            if tokens:
+                if record.first_token_s is None:
+                    record.first_token_s = now
+                record.last_token_s = now
+                record.tokens_out += tokens
+            if finished and not record.finished:
+                record.finished = True
+                self._finished += 1
 
     def run(self) -> RunResult:
         if not self.requests:
@@ -177,7 +172,7 @@ class Simulator:
                 busy += seconds
                 steps += seconds > 0
                 inflight.appendleft(_InFlight(gpu_free_at, output, sampled))
-                executed = output.total_num_scheduled_tokens > 0
+                executed = harness.step_has_tokens(output)
                 if len(inflight) < BATCH_QUEUE_SIZE and (executed or scheduler.has_requests()):
                     continue
             elif not inflight:
@@ -187,7 +182,7 @@ class Simulator:
                 continue
             step = inflight.pop()
             clock.advance_to(max(clock.now, step.end_s))
-            req_ids = list(step.output.num_scheduled_tokens)
+            req_ids = harness.scheduled_ids(step.output)
             started = time.perf_counter()
             with clock.installed():
                 engine_outputs = scheduler.update_from_output(step.output, harness.model_runner_output(req_ids, step.sampled))
@@ -198,7 +193,7 @@ class Simulator:
                 self.progress(self._finished, total)
             # A scheduler holding requests that schedules nothing while nothing runs would spin
             # forever in simulated time: wait for the next arrival, or give up.
-            if not req_ids and not any(s.output.total_num_scheduled_tokens for s in inflight):
+            if not req_ids and not any(harness.step_has_tokens(s.output) for s in inflight):
                 empty_spins += 1
                 if empty_spins > 2 * BATCH_QUEUE_SIZE:
                     if not pending:
@@ -211,7 +206,7 @@ class Simulator:
         if self.progress is not None:
             self.progress(self._finished, total)
         for req_id, request in self._vllm_requests.items():
-            self.records[req_id].preemptions = request.num_preemptions
+            self.records[req_id].preemptions = harness.preemptions(request)
         last_token = max((r.last_token_s for r in self.records.values() if r.last_token_s is not None), default=0.0)
         return RunResult(
             policy=self.policy_name,
