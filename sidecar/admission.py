@@ -61,8 +61,11 @@ class TokenBucket:
         self.level = min(self.per_minute, self.level + amount)
 
     def reconfigure(self, per_minute: float, now: float) -> None:
-        self._refill(now)
+        """A new share from the tenant table. The sidecar learns it at the tenant's next request,
+        so the new rate refills the time since the previous one (refilling it at the old rate
+        would refuse a tenant whose quota was just raised)."""
         self.per_minute = per_minute
+        self._refill(now)
         self.level = min(self.level, per_minute)
 
 

@@ -88,6 +88,14 @@ def test_changed_share_applies_to_the_next_request() -> None:
             gate.admit(tenant(requests_per_minute=2), 1, 0.0)
 
 
+def test_raised_share_refills_at_the_new_rate_since_the_last_request() -> None:
+    gate = QuotaGate()
+    gate.admit(tenant(requests_per_minute=1), 1, 0.0)
+    with pytest.raises(RequestRateExceeded):
+        gate.admit(tenant(requests_per_minute=1), 1, 0.5)
+    gate.admit(tenant(requests_per_minute=600), 1, 1.0)  # 0.5 s at 10/s refilled 5 requests
+
+
 def test_unlimited_tenant_is_never_refused() -> None:
     gate = QuotaGate()
     for _ in range(10_000):
