@@ -44,10 +44,8 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# kopf reports handler outcomes as Events, and watches CRDs to notice new or removed resources.
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
+# kopf watches CRDs to notice resources that appear or go. (No Events: kopf posts log messages
+# as Events only when settings.posting.loggers is on, and the operator posts none itself.)
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
