@@ -58,6 +58,7 @@ class _Holding:
     tenant: str
     blocks: int  # blocks the request holds (tokens allocated / block size)
     reserved: int  # blocks reserved against its tenant's cap
+    tpot_s: float | None  # its TPOT objective
 
 
 @dataclass
@@ -68,6 +69,10 @@ class BlockLedger:
     blocks_by_tier: list[int] = field(default_factory=lambda: [0] * len(TIERS))
     requests_by_tier: list[int] = field(default_factory=lambda: [0] * len(TIERS))  # requests holding blocks
     running_by_tenant: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))  # (tier rank, tenant)
+    running_by_tpot: dict[float, int] = field(default_factory=lambda: defaultdict(int))  # TPOT objective -> requests
+
+    def tightest_tpot_s(self) -> float | None:
+        return min(self.running_by_tpot) if self.running_by_tpot else None
     reserved_by_tenant: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     prefix_hit_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
@@ -158,7 +163,9 @@ class SLABlockManager(KVCacheManager):
         if result is None:
             return None
         if holding is None:
-            holding = _Holding(info.tier_rank, info.tenant, 0, footprint)
+            holding = _Holding(info.tier_rank, info.tenant, 0, footprint, info.tpot_s)
+            if info.tpot_s is not None:
+                ledger.running_by_tpot[info.tpot_s] += 1
             ledger.holdings[request.request_id] = holding
             ledger.requests_by_tier[info.tier_rank] += 1
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
@@ -193,6 +200,10 @@ class SLABlockManager(KVCacheManager):
         ledger.running_by_tenant[key] -= 1
         if ledger.running_by_tenant[key] <= 0:
             del ledger.running_by_tenant[key]
+        if holding.tpot_s is not None:
+            ledger.running_by_tpot[holding.tpot_s] -= 1
+            if ledger.running_by_tpot[holding.tpot_s] <= 0:
+                del ledger.running_by_tpot[holding.tpot_s]
         ledger.reserved_by_tenant[holding.tenant] -= holding.reserved
         if ledger.reserved_by_tenant[holding.tenant] <= 0:
             del ledger.reserved_by_tenant[holding.tenant]

@@ -5,7 +5,9 @@
 2. preempts lower-tier running decodes for SLA-urgent waiting requests when the batch or the
    KV cache is full (`UrgentPreemption`) — before vLLM's schedule(), whose waiting admission is
    skipped in any step where its own running loop preempted,
-3. caps the step's token budget (`StepBudgetPolicy`; vLLM's budget unless a policy says less),
+3. caps the step's token budget (`StepBudgetPolicy`: by default shaped to the tightest running
+   TPOT objective, see tpot_budget.py) and, while an urgent request waits, lets running prefill
+   chunks of lower tiers sit out the step so it takes their share,
 4. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
    block manager, then charges the scheduled tokens to the tenants' fairness counters and
    records metrics.
@@ -17,6 +19,7 @@ Use it through vLLM: `scheduler_cls="slaq.engine.scheduler.SLAScheduler"`,
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from slaq.api.common import Tier
@@ -30,10 +33,12 @@ from slaq.engine.ordering import WaitingOrder
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.sla import RequestInfo, request_info
-from slaq.engine.step_budget import RunningView, StepBudgetPolicy, StockStepBudget
+from slaq.engine.step_budget import BatchView, StepBudgetPolicy, StockStepBudget
+from slaq.engine.tpot_budget import TpotStepBudget
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
+MAX_HOLD_BACK_STEPS = 4
 
 
 class SLAScheduler(vc.AsyncScheduler):
@@ -56,7 +61,9 @@ class SLAScheduler(vc.AsyncScheduler):
         )
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard)
-        self.step_budget: StepBudgetPolicy = StockStepBudget()
+        self.step_budget: StepBudgetPolicy = TpotStepBudget() if spec.tpot_budget_shaping else StockStepBudget()
+        self._in_flight: deque[tuple[SchedulerOutput, float]] = deque()  # outputs awaiting their model step
+        self._last_step_done: float | None = None
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
 
@@ -102,10 +109,14 @@ class SLAScheduler(vc.AsyncScheduler):
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         ours = self._preempt_for_urgent(now, running, limit)
-        views = (RunningView(self.info_of(r).tpot_s, vc.is_decoding(r)) for r in vc.running_requests(self))
-        cap = self.step_budget.budget(views, vc.step_token_limit(self), now)
-        with vc.step_token_budget(self, cap):
+        ledger = self.block_manager.ledger
+        cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self))), vc.step_token_limit(self), now)
+        if cap is not None:
+            vc.decodes_first(self)
+        held = self._prefills_to_hold_back()
+        with vc.step_token_budget(self, cap), vc.hold_back(self, held):
             output = super().schedule(*args, **kwargs)
+        self._in_flight.append((output, time.monotonic()))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
@@ -133,6 +144,47 @@ class SLAScheduler(vc.AsyncScheduler):
             vc.preempt(self, preemption.victim, now)
             self.metrics.count_preemption(info.tier, preemption.reason)
         return {p.victim.request_id for p in plan}
+
+    def _prefills_to_hold_back(self) -> list[Request]:
+        """Running prefill chunks of tiers below an urgent waiting request sit out this step, so the
+        urgent request takes the budget instead of queueing behind their chunks. A request sits out
+        at most MAX_HOLD_BACK_STEPS steps in a row (no starvation)."""
+        if not self.waiting:
+            return []
+        urgent = self.waiting_queue.urgent_heads(1)
+        if not urgent:
+            return []
+        rank = self.info_of(urgent[0]).tier_rank
+        held = []
+        for request in vc.running_requests(self):
+            if not vc.is_prefilling(request):
+                continue
+            info = self.info_of(request)
+            if info.tier_rank > rank and info.held_back_steps < MAX_HOLD_BACK_STEPS:
+                info.held_back_steps += 1
+                held.append(request)
+            else:
+                info.held_back_steps = 0
+        return held
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        self._observe_step(scheduler_output)
+        return result
+
+    def _observe_step(self, output: SchedulerOutput) -> None:
+        """A step's duration: from the later of its scheduling and the previous step's end, to now."""
+        now = time.monotonic()
+        scheduled_at = None
+        while self._in_flight:
+            queued, at = self._in_flight.popleft()
+            if queued is output:
+                scheduled_at = at
+                break
+        if scheduled_at is not None:
+            started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
+            self.step_budget.observe(vc.total_scheduled_tokens(output), now - started)
+        self._last_step_done = now
 
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:
         self._charge_decodes()

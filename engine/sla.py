@@ -25,6 +25,7 @@ class RequestInfo:
     # preempted; before that it may not be preempted again (no thrashing).
     protected_until_output: int = 0
     preemptions: int = 0
+    held_back_steps: int = 0  # consecutive steps its prefill sat out for an urgent arrival
 
 
 def request_info(sla: RequestSLA, *, arrival: float, prompt_tokens: int, max_tokens: int, aging_bound_s: float) -> RequestInfo:

@@ -85,6 +85,7 @@ def make_request(
     prompt_tokens: int = 32,
     max_tokens: int = 16,
     ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
     arrival: float | None = None,
     prompt_seed: int | None = None,
 ) -> Request:
@@ -93,7 +94,7 @@ def make_request(
     seed = number if prompt_seed is None else prompt_seed
     if ttft_ms is None and tier is Tier.CRITICAL:
         ttft_ms = 500.0
-    sla = RequestSLA(tenant=tenant, tier=tier, ttft_ms=ttft_ms, arrival=arrival, predicted_output=max_tokens)
+    sla = RequestSLA(tenant=tenant, tier=tier, ttft_ms=ttft_ms, tpot_ms=tpot_ms, arrival=arrival, predicted_output=max_tokens)
     return Request(
         request_id=f"{tier.value}-{tenant}-{number}",
         prompt_token_ids=[(seed * 31 + i) % 500 + 3 for i in range(prompt_tokens)],

@@ -103,8 +103,45 @@ def step_token_budget(scheduler: AsyncScheduler, tokens: int | None) -> Iterator
         scheduler.max_num_scheduled_tokens = saved
 
 
+def decodes_first(scheduler: AsyncScheduler) -> None:
+    """Put running decodes ahead of running prefill chunks (stable). `schedule()`'s running loop
+    walks `running` in order, so a capped budget would otherwise go to a prefill chunk first and
+    starve the decodes behind it. Rebinding `running` is what vLLM's own `remove_all` does."""
+    running = scheduler.running
+    if any(r.is_prefill_chunk for r in running):
+        scheduler.running = [r for r in running if not r.is_prefill_chunk] + [r for r in running if r.is_prefill_chunk]
+
+
+def is_prefilling(request: Request) -> bool:
+    """Running with prompt tokens still to compute (its next chunk is a prefill chunk)."""
+    return request.status == RequestStatus.RUNNING and request.is_prefill_chunk
+
+
+@contextlib.contextmanager
+def hold_back(scheduler: AsyncScheduler, requests: Sequence[Request]) -> Iterator[None]:
+    """Leave running `requests` out of one `schedule()` call (they get no tokens this step, as when
+    the budget runs out), so a waiting request can take their share of the budget. The admission
+    limit is lowered by as many, so the running batch never exceeds `max_num_seqs`."""
+    if not requests:
+        yield
+        return
+    held = set(map(id, requests))
+    scheduler.running = [r for r in scheduler.running if id(r) not in held]
+    saved = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = saved - len(requests)
+    try:
+        yield
+    finally:
+        scheduler.max_num_active_reqs = saved
+        scheduler.running.extend(requests)
+
+
 def step_token_limit(scheduler: AsyncScheduler) -> int:
     return scheduler.max_num_scheduled_tokens
+
+
+def total_scheduled_tokens(output: SchedulerOutput) -> int:
+    return output.total_num_scheduled_tokens
 
 
 def preempted_ids(output: SchedulerOutput) -> set[str]:

@@ -154,3 +154,36 @@ def test_run_server_is_vllms_server_entry() -> None:
     from vllm.entrypoints.launchers.api_server.entry import run_server
 
     assert callable(run_server)  # the running-engine tests (test_engine_server.py) exercise vc.run_server itself
+
+
+def test_decodes_first_is_a_stable_partition_of_running() -> None:
+    scheduler = _stock(max_num_seqs=4, max_num_batched_tokens=64)
+    driver = Driver(scheduler)
+    prefill = make_request(Tier.BATCH, prompt_tokens=300)
+    decodes = [make_request(Tier.BATCH, prompt_tokens=16, max_tokens=50) for _ in range(2)]
+    driver.add(decodes[0])
+    driver.step()
+    driver.add(prefill, decodes[1])
+    driver.step()
+    driver.step()
+    assert vc.is_prefilling(prefill) and not vc.is_prefilling(decodes[0])
+    scheduler.running = [prefill, *decodes]
+    vc.decodes_first(scheduler)
+    assert scheduler.running == [*decodes, prefill]
+
+
+def test_hold_back_leaves_requests_out_of_one_step_and_restores_them() -> None:
+    scheduler = _stock(max_num_seqs=2, max_num_batched_tokens=64)
+    driver = Driver(scheduler)
+    prefill = make_request(Tier.BATCH, prompt_tokens=300)
+    driver.add(prefill)
+    driver.step()
+    waiting = make_request(Tier.CRITICAL, prompt_tokens=30)
+    driver.add(waiting)
+    with vc.hold_back(scheduler, [prefill]):
+        assert scheduler.max_num_active_reqs == 1 and prefill not in scheduler.running
+        output = scheduler.schedule()
+    driver.answer(output)
+    assert prefill.request_id not in output.num_scheduled_tokens and waiting.request_id in output.num_scheduled_tokens
+    assert vc.total_scheduled_tokens(output) == 30
+    assert scheduler.max_num_active_reqs == 2 and prefill in scheduler.running

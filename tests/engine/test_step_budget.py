@@ -1,0 +1,120 @@
+"""Objective-driven step budget (issue 9): TPOT-shaped budget, online calibration, urgent admission."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+from slaq.api.common import Tier
+from slaq.api.pool import SchedulerSpec
+from slaq.engine.config import EngineSchedulerConfig
+from slaq.engine.step_budget import BatchView, StockStepBudget
+from slaq.engine.tpot_budget import SAFETY, StepTimeModel, TpotStepBudget
+from slaq.engine.scheduler import MAX_HOLD_BACK_STEPS
+
+from tests.engine.harness import Driver, build_scheduler, make_request
+
+
+def test_step_time_model_learns_the_hardware_from_measured_steps() -> None:
+    model = StepTimeModel()  # prior: 10 ms + 30 µs/token
+    for step in range(200):
+        tokens = 64 + (step * 997) % 8000
+        model.observe(tokens, 0.004 + 12e-6 * tokens)
+    assert model.fixed_s == pytest.approx(0.004, rel=0.05)
+    assert model.per_token_s == pytest.approx(12e-6, rel=0.02)
+
+
+def test_budget_is_shaped_only_while_a_tpot_objective_runs() -> None:
+    policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
+    assert policy.budget(BatchView(None, 200), 8192, 0.0) is None  # full budget: throughput unharmed
+    expected = int((SAFETY * 0.05 - 0.01) / 20e-6)
+    assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == expected
+    assert policy.budget(BatchView(1.0, 10), 8192, 0.0) == 8192  # a loose objective never raises the limit
+    assert policy.budget(BatchView(0.011, 300), 8192, 0.0) == 301  # decode floor: every running request keeps its token
+    assert StockStepBudget().budget(BatchView(0.05, 10), 8192, 0.0) is None
+
+
+def test_tight_tpot_running_caps_every_step_and_decodes_keep_their_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    scheduler = build_scheduler(max_num_seqs=8, max_num_batched_tokens=2048, max_model_len=2048)
+    scheduler.step_budget.model = StepTimeModel(fixed_s=0.005, per_token_s=50e-6)
+    driver = Driver(scheduler)
+    critical = [make_request(Tier.CRITICAL, tpot_ms=20.0, max_tokens=60) for _ in range(3)]
+    driver.add(*critical)
+    driver.step()
+    long_batch = make_request(Tier.BATCH, prompt_tokens=1800, max_tokens=4)
+    driver.add(long_batch)
+    caps = []
+    for _ in range(10):
+        output = driver.step()
+        caps.append(scheduler.step_budget.last_budget)
+        assert output.total_num_scheduled_tokens <= scheduler.step_budget.last_budget
+        for request in critical:
+            assert output.num_scheduled_tokens.get(request.request_id) == 1  # every decode, every step
+    assert max(caps) < 2048  # shaped below vLLM's budget while the 20 ms objective runs
+    driver.run_until_idle()
+    assert long_batch.request_id in driver.finished
+    assert scheduler.step_budget.last_budget is None  # nothing with a TPOT objective runs any more
+
+
+def test_step_durations_calibrate_the_budget_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    scheduler = build_scheduler(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=2048)
+    driver = Driver(scheduler)
+    for index in range(60):
+        if index % 2 == 0:
+            driver.add(make_request(Tier.STANDARD, prompt_tokens=40 + 37 * (index % 13), max_tokens=6))
+        output = scheduler.schedule()
+        clock[0] += 0.002 + 40e-6 * output.total_num_scheduled_tokens  # the "hardware"
+        driver.answer(output)
+    model = scheduler.step_budget.model
+    assert model.per_token_s == pytest.approx(40e-6, rel=0.1) and model.fixed_s == pytest.approx(0.002, abs=0.001)
+
+
+def _long_batch_prefill_in_flight(scheduler_cls: type):
+    scheduler = build_scheduler(scheduler_cls, max_num_seqs=4, max_num_batched_tokens=256, max_model_len=2048)
+    driver = Driver(scheduler)
+    batch = make_request(Tier.BATCH, prompt_tokens=1800, max_tokens=4)
+    driver.add(batch)
+    driver.step()
+    assert batch.is_prefill_chunk
+    return scheduler, driver, batch
+
+
+def test_urgent_arrival_takes_the_budget_from_a_lower_tier_prefill() -> None:
+    scheduler, driver, batch = _long_batch_prefill_in_flight(type(build_scheduler()))
+    critical = make_request(Tier.CRITICAL, prompt_tokens=200, max_tokens=4)
+    driver.add(critical)
+    output = driver.step()
+    assert output.num_scheduled_tokens.get(critical.request_id) == 200  # whole prompt in the next step
+    assert batch.request_id not in output.num_scheduled_tokens
+    driver.run_until_idle()
+    assert {batch.request_id, critical.request_id} <= driver.finished
+
+
+def test_stock_scheduler_makes_the_urgent_arrival_queue_behind_prefill_chunks() -> None:
+    scheduler, driver, batch = _long_batch_prefill_in_flight(AsyncScheduler)
+    critical = make_request(Tier.CRITICAL, prompt_tokens=200, max_tokens=4)
+    driver.add(critical)
+    output = driver.step()
+    assert critical.request_id not in output.num_scheduled_tokens
+    assert output.num_scheduled_tokens[batch.request_id] == 256
+
+
+def test_a_held_back_prefill_still_progresses_under_a_critical_flood() -> None:
+    scheduler, driver, batch = _long_batch_prefill_in_flight(type(build_scheduler()))
+    progressed = 0
+    for _ in range(4 * (MAX_HOLD_BACK_STEPS + 1)):
+        driver.add(make_request(Tier.CRITICAL, prompt_tokens=16, max_tokens=1))
+        output = driver.step()
+        progressed += batch.request_id in output.num_scheduled_tokens
+    assert progressed >= 3
+
+
+def test_budget_shaping_can_be_switched_off() -> None:
+    scheduler = build_scheduler(config=EngineSchedulerConfig(spec=SchedulerSpec(tpot_budget_shaping=False)))
+    assert isinstance(scheduler.step_budget, StockStepBudget)
