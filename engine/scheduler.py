@@ -113,7 +113,7 @@ class SLAScheduler(vc.AsyncScheduler):
         cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self))), vc.step_token_limit(self), now)
         if cap is not None:
             vc.decodes_first(self)
-        held = self._prefills_to_hold_back()
+        held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
         with vc.step_token_budget(self, cap), vc.hold_back(self, held):
             output = super().schedule(*args, **kwargs)
         self._in_flight.append((output, time.monotonic()))
@@ -145,26 +145,42 @@ class SLAScheduler(vc.AsyncScheduler):
             self.metrics.count_preemption(info.tier, preemption.reason)
         return {p.victim.request_id for p in plan}
 
-    def _prefills_to_hold_back(self) -> list[Request]:
-        """Running prefill chunks of tiers below an urgent waiting request sit out this step, so the
-        urgent request takes the budget instead of queueing behind their chunks. A request sits out
-        at most MAX_HOLD_BACK_STEPS steps in a row (no starvation)."""
+    def _prefills_to_hold_back(self, budget: int) -> list[Request]:
+        """Running prefill chunks of tiers below an urgent waiting request sit out this step when the
+        step's budget cannot hold them and the urgent request's prompt, so it takes the budget instead
+        of queueing behind their chunks. A request sits out at most MAX_HOLD_BACK_STEPS steps in a row
+        (no starvation), and nothing sits out when the urgent request has no slot to take."""
         if not self.waiting:
+            return []
+        running = vc.running_requests(self)
+        if vc.active_request_limit(self) - len(running) <= 0:
             return []
         urgent = self.waiting_queue.urgent_heads(1)
         if not urgent:
             return []
         rank = self.info_of(urgent[0]).tier_rank
-        held = []
-        for request in vc.running_requests(self):
-            if not vc.is_prefilling(request):
-                continue
-            info = self.info_of(request)
-            if info.tier_rank > rank and info.held_back_steps < MAX_HOLD_BACK_STEPS:
-                info.held_back_steps += 1
-                held.append(request)
+        demand = urgent[0].num_tokens
+        candidates: list[Request] = []
+        for request in running:
+            if vc.is_prefilling(request):
+                demand += vc.prefill_tokens_left(request)
+                info = self.info_of(request)
+                if info.tier_rank > rank and info.held_back_steps < MAX_HOLD_BACK_STEPS:
+                    candidates.append(request)
+                else:
+                    info.held_back_steps = 0
             else:
-                info.held_back_steps = 0
+                demand += 1
+        held: list[Request] = []
+        for request in reversed(candidates):  # the latest admitted sit out first
+            if demand <= budget:
+                break
+            demand -= vc.prefill_tokens_left(request)
+            self.info_of(request).held_back_steps += 1
+            held.append(request)
+        for request in candidates:
+            if request not in held:
+                self.info_of(request).held_back_steps = 0
         return held
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:

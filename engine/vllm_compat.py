@@ -117,6 +117,11 @@ def is_prefilling(request: Request) -> bool:
     return request.status == RequestStatus.RUNNING and request.is_prefill_chunk
 
 
+def prefill_tokens_left(request: Request) -> int:
+    """Tokens still to compute: the rest of the prompt (and, after a preemption, of the output); 1 for a decode."""
+    return max(0, request.num_tokens - request.num_computed_tokens)
+
+
 @contextlib.contextmanager
 def hold_back(scheduler: AsyncScheduler, requests: Sequence[Request]) -> Iterator[None]:
     """Leave running `requests` out of one `schedule()` call (they get no tokens this step, as when

@@ -13,6 +13,7 @@ from slaq.engine.config import EngineSchedulerConfig
 from slaq.engine.step_budget import BatchView, StockStepBudget
 from slaq.engine.tpot_budget import SAFETY, StepTimeModel, TpotStepBudget
 from slaq.engine.scheduler import MAX_HOLD_BACK_STEPS
+from slaq.engine.vllm_compat import step_token_budget as vc_step_budget
 
 from tests.engine.harness import Driver, build_scheduler, make_request
 
@@ -118,3 +119,17 @@ def test_a_held_back_prefill_still_progresses_under_a_critical_flood() -> None:
 def test_budget_shaping_can_be_switched_off() -> None:
     scheduler = build_scheduler(config=EngineSchedulerConfig(spec=SchedulerSpec(tpot_budget_shaping=False)))
     assert isinstance(scheduler.step_budget, StockStepBudget)
+
+
+def test_nothing_sits_out_when_the_budget_holds_both() -> None:
+    scheduler = build_scheduler(max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=2048)
+    driver = Driver(scheduler)
+    batch = make_request(Tier.BATCH, prompt_tokens=1800, max_tokens=4)
+    driver.add(batch)
+    with vc_step_budget(scheduler, 1000):
+        driver.step()
+    assert batch.is_prefill_chunk  # 800 prompt tokens left
+    critical = make_request(Tier.CRITICAL, prompt_tokens=200, max_tokens=4)
+    driver.add(critical)
+    output = driver.step()
+    assert output.num_scheduled_tokens[batch.request_id] == 800 and output.num_scheduled_tokens[critical.request_id] == 200

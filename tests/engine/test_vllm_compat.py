@@ -167,6 +167,8 @@ def test_decodes_first_is_a_stable_partition_of_running() -> None:
     driver.step()
     driver.step()
     assert vc.is_prefilling(prefill) and not vc.is_prefilling(decodes[0])
+    assert vc.prefill_tokens_left(prefill) == 300 - prefill.num_computed_tokens > 0
+    assert vc.prefill_tokens_left(decodes[0]) == 1  # a decode: its last sampled token
     scheduler.running = [prefill, *decodes]
     vc.decodes_first(scheduler)
     assert scheduler.running == [*decodes, prefill]
