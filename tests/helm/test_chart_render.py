@@ -217,6 +217,8 @@ def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
     first = scaled[0]["spec"]
     assert first["scaleTargetRef"] == {"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama"}
     assert (first["minReplicaCount"], first["maxReplicaCount"]) == (1, 4)
+    assert first["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert "cooldownPeriod" not in first  # scale-to-zero only; pools never go to zero
     (trigger,) = first["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["threshold"] == "0.8"

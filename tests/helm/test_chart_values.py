@@ -124,6 +124,7 @@ KEDA_POOL = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxRepli
         ({"autoscaling": {"keda": {"enabled": True, "pools": [{**KEDA_POOL, "targetSlaRisk": 0}]}}}, "/autoscaling/keda/pools/0/targetSlaRisk"),
         ({"autoscaling": {"keda": {"enabled": True, "pools": [{k: v for k, v in KEDA_POOL.items() if k != "namespace"}]}}}, "missing property 'namespace'"),
         ({"autoscaling": {"keda": {"pools": [{**KEDA_POOL, "min": 1}]}}}, "'min' not allowed"),
+        ({"autoscaling": {"keda": {"scaleDownStabilizationSeconds": 7200}}}, "/autoscaling/keda/scaleDownStabilizationSeconds"),
     ],
 )
 def test_schema_refuses_typos_and_wrong_types(values: dict[str, Any], complaint: str) -> None:
