@@ -1,0 +1,20 @@
+"""The schedule() overhead benchmark runs and prints a ratio per queue size (figures are not asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "sched_overhead.py"
+
+
+def test_benchmark_prints_a_row_per_scenario_and_size(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("sched_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # in-process: vLLM is imported once per test session
+    assert module.main(["--steps", "3", "--sizes", "10,20", "--repeats", "1", "--max-num-seqs", "8"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("full", "churn"))]
+    assert [(row[0], row[1]) for row in rows] == [("full", "10"), ("full", "20"), ("churn", "10"), ("churn", "20")]
+    assert all(float(row[-1]) > 0 for row in rows)
