@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from slaq.engine.step_budget import BatchView
 
-SAFETY = 0.85  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
+SAFETY = 0.95  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
 
 
 @dataclass
