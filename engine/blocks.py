@@ -77,9 +77,6 @@ class BlockLedger:
     prefix_hit_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
-    def blocks_in_use_by_tier(self) -> dict[Tier, int]:
-        return {tier: self.blocks_by_tier[index] for index, tier in enumerate(TIERS)}
-
 
 class SLABlockManager(KVCacheManager):
     """Never constructed directly: `SLABlockManager.adopt` converts the scheduler's manager."""

@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None, help="default: slaq-tiny for the tiny model, else the model")
     parser.add_argument("--revision", default=None)
     parser.add_argument("--scheduler-config", default=None, metavar="JSON|FILE", help="the pool's spec.scheduler (wire JSON, or a file holding it)")
+    parser.add_argument("--scheduler", choices=("slaq", "stock"), default="slaq",
+                        help="slaq (default): SLAScheduler with priority policy; stock: vLLM's own FCFS scheduler, as a baseline")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
     parser.set_defaults(handler=_engine)
 
@@ -57,6 +59,7 @@ def _engine(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             revision=args.revision,
             scheduler_config=read_scheduler_config_argument(args.scheduler_config) if args.scheduler_config else None,
+            scheduler=args.scheduler,
             extra=tuple(extra),
         )
         run(options)

@@ -20,6 +20,11 @@ SCHEDULER_CLS = "slaq.engine.scheduler.SLAScheduler"
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 TINY_MAX_MODEL_LEN = 1024
+# "stock" leaves vLLM's defaults (its own scheduler, FCFS): the baseline slaq is compared against.
+SCHEDULERS: dict[str, tuple[str, ...]] = {
+    "slaq": ("--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority"),
+    "stock": (),
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class EngineOptions:
     served_model_name: str | None = None
     revision: str | None = None
     scheduler_config: str | None = None  # validated wire JSON
+    scheduler: str = "slaq"  # "stock": vLLM's own FCFS scheduler, for comparisons
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
 
@@ -56,6 +62,8 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
     device = options.device or ("cpu" if tiny else "gpu")
     if device not in ("cpu", "gpu"):
         raise LaunchError(f"--device must be cpu or gpu, not {device!r}")
+    if options.scheduler not in SCHEDULERS:
+        raise LaunchError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {options.scheduler!r}")
     for flag in ("--scheduler-cls", "--scheduling-policy", "--host", "--port"):
         if any(arg == flag or arg.startswith(flag + "=") for arg in options.extra):
             raise LaunchError(f"{flag} is set by slaq engine; remove it from the arguments after --")
@@ -65,8 +73,7 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
         "--model", model_path if tiny else str(options.model),
         "--host", options.host,
         "--port", str(options.port),
-        "--scheduler-cls", SCHEDULER_CLS,
-        "--scheduling-policy", "priority",
+        *SCHEDULERS[options.scheduler],
         "--served-model-name", options.served_model_name or (SERVED_NAME if tiny else str(options.model)),
         "--load-format", options.load_format or ("dummy" if tiny else "auto"),
         "--dtype", options.dtype or ("float32" if tiny else "auto"),

@@ -43,10 +43,6 @@ class WaitingOrder:
     def set_load(self, load: float) -> None:
         self._pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
 
-    @property
-    def load(self) -> float:
-        return self._pool.load
-
     def tier_key(self, info: RequestInfo) -> float:
         """Static heap key within a tier (smaller runs earlier): deadline minus a bounded fairness credit."""
         horizon = info.ttft_s if info.ttft_s is not None else self.spec.aging_bound_seconds
