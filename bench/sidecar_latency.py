@@ -33,7 +33,7 @@ from tests.support.fake_upstream import _free_port  # noqa: E402
 
 KEY = "sk-bench-0123456789"
 UPSTREAM = (
-    "import uvicorn; from tests.support.fake_upstream import FakeEngine; "
+    "import sys; sys.path.append({root!r}); import uvicorn; from tests.support.fake_upstream import FakeEngine; "
     "uvicorn.run(FakeEngine(), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
 )
 
@@ -55,13 +55,13 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str], body
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {await response.aread()!r}")
+        ttft = None
         async for line in response.aiter_lines():
-            if line.startswith("data: {") and '"text"' in line:
+            if ttft is None and line.startswith("data: {") and '"text"' in line:
                 ttft = time.perf_counter() - start
-                async for _ in response.aiter_raw():
-                    pass
-                return ttft
-    raise RuntimeError("stream ended without a token")
+    if ttft is None:
+        raise RuntimeError("stream ended without a token")
+    return ttft
 
 
 async def run_level(base: str, streams: int, per_stream: int, headers: dict[str, str], body: dict) -> list[float]:
@@ -69,12 +69,18 @@ async def run_level(base: str, streams: int, per_stream: int, headers: dict[str,
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         await asyncio.gather(*(one(client, "/v1/completions", headers, body) for _ in range(streams)))  # warm connections
         samples: list[float] = []
+        errors: list[str] = []
 
         async def worker() -> None:
             for _ in range(per_stream):
-                samples.append(await one(client, "/v1/completions", headers, body))
+                try:
+                    samples.append(await one(client, "/v1/completions", headers, body))
+                except (httpx.HTTPError, RuntimeError) as exc:  # counted and shown, not fatal
+                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
 
         await asyncio.gather(*(worker() for _ in range(streams)))
+        if errors:
+            print(f"  {base} at {streams} streams: {len(errors)} failed requests, e.g. {errors[0]}")
         return samples
 
 
@@ -97,12 +103,15 @@ def main() -> None:
         TenantEntry(name="bench", tier="standard", ttft_ms=2000.0, key_hashes=[hash_api_key(KEY)], cache_salt=derive_cache_salt(b"b", "bench")),
     ]).model_dump_json(by_alias=True))
     upstream_port, sidecar_port = _free_port(), _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    sidecar_log = open(workdir / "sidecar.log", "wb")
+    print(f"sidecar log: {workdir / 'sidecar.log'}")
+    # No PYTHONPATH=ROOT: the repository's top-level folders (operator/, …) would shadow stdlib modules.
+    env = dict(os.environ)
     processes = [
-        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=upstream_port)], cwd=ROOT, env=env),
+        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(root=str(ROOT), port=upstream_port)], cwd=workdir, env=env),
         subprocess.Popen([sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(sidecar_port),
                           "--engine-url", f"http://127.0.0.1:{upstream_port}", "--tenant-table", str(table),
-                          "--max-queue-depth", "100000"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                          "--max-queue-depth", "100000"], cwd=workdir, env=env, stdout=sidecar_log, stderr=subprocess.STDOUT),
     ]
     try:
         direct, sidecar = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{sidecar_port}"
@@ -110,7 +119,7 @@ def main() -> None:
         wait_ready(sidecar + "/ready")
         headers = {"authorization": f"Bearer {KEY}", "x-fake-tokens": str(args.tokens), "x-fake-delay-ms": str(args.token_delay_ms)}
         body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True}
-        print(f"fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
+        print(f"load average {os.getloadavg()[0]:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
         print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
         for streams in args.streams:
             d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))

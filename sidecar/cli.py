@@ -56,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     from slaq.sidecar.server import ConfigError, SidecarOptions, parse_scheduler_config, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
     try:
         scheduler = parse_scheduler_config(args.scheduler_config)
     except ConfigError as exc:

@@ -14,6 +14,7 @@ from slaq.sidecar.service import SidecarCore
 log = logging.getLogger(__name__)
 
 ENGINE_WAITING = "vllm:num_requests_waiting"
+ENGINE_RUNNING = "vllm:num_requests_running"
 ENGINE_KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
@@ -55,8 +56,9 @@ class EngineMonitor:
             return
         text = metrics.text if metrics.status_code == 200 else ""
         waiting = gauge_sum(text, ENGINE_WAITING)
+        running = gauge_sum(text, ENGINE_RUNNING)
         kv = gauge_sum(text, ENGINE_KV_USAGE)
-        self.core.gate.observe_engine(None if waiting is None else int(waiting), released_before)
+        self.core.gate.observe_engine(None if waiting is None else int(waiting), released_before, None if running is None else int(running))
         self.core.engine_kv_usage = kv
         self.core.dispatcher.pump()
 

@@ -89,7 +89,7 @@ def test_token_rate_429_counts_reserved_max_tokens(start_sidecar, fake_upstream)
 
 async def test_concurrency_429_and_batch_shed_503_when_saturated(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1], abc_table(std={"max_concurrency": 20}), max_queue_depth=4)
-    sidecar.app.core.gate.engine_queue_target = 2
+    sidecar.app.core.gate.max_in_flight = 2  # the fake engine never queues: cap what reaches it
     slow = {**CHAT, "stream": True}
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
         async def call(tenant: str, delay_ms: int = 1500) -> httpx.Response:
@@ -129,7 +129,8 @@ def test_unreachable_engine(start_sidecar, fake_upstream) -> None:
 
 def test_no_engine_listening_is_503_engine_unavailable(start_sidecar, fake_upstream, tmp_path) -> None:
     sidecar = start_sidecar(fake_upstream[1])
-    sidecar.app.engine.client._base_url = httpx.URL("http://127.0.0.1:9")  # nothing listens on the discard port
+    for client in sidecar.app.engine.clients:
+        client._base_url = httpx.URL("http://127.0.0.1:9")  # nothing listens on the discard port
     response = sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip"))
     refusal(response, 503, "engine_unavailable")
     assert sidecar.app.core.gate.in_flight == 0 and sidecar.app.core.quotas.in_flight("vip") == 0
@@ -153,7 +154,7 @@ def test_table_reload_keeps_in_flight_and_applies_to_new_requests(sidecar) -> No
 async def test_client_leaving_the_queue_frees_its_place(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1])
     core = sidecar.app.core
-    core.gate.engine_queue_target = 1
+    core.gate.max_in_flight = 1
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
         holder = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={**bearer("std"), "x-fake-delay-ms": "800"}))
         await asyncio.to_thread(wait_until, lambda: core.gate.in_flight == 1, 10.0, "holder released")

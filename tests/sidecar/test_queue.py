@@ -69,25 +69,40 @@ def test_gate_keeps_engine_queue_at_target() -> None:
     assert gate.can_release()
 
 
-def test_gate_uses_engine_gauge_to_correct_non_streaming_overcount() -> None:
+def test_gate_uses_engine_gauges_to_correct_non_streaming_overcount() -> None:
     gate = ReleaseGate(engine_queue_target=2)
     for _ in range(5):
         gate.on_release()  # non-streaming: no first byte until the end
     assert not gate.can_release()
-    gate.observe_engine(0, released_total_at_request=gate.released_total)
-    assert gate.can_release()  # the engine says nothing waits: all five are running
-    gate.on_release()
-    gate.on_release()
+    gate.observe_engine(3, released_total_at_request=gate.released_total, running=4)  # batch of 4 full, 3 waiting
+    assert gate.engine_capacity == 4
     assert not gate.can_release()
+    gate.observe_engine(0, released_total_at_request=gate.released_total, running=2)  # two slots free
+    assert gate.can_release()
+    gate.on_release()
+    gate.on_release()
+    assert gate.can_release()  # both went into the free slots
+    gate.on_release()
+    gate.on_release()
+    assert not gate.can_release()  # two more wait at the engine: the target
+
+
+def test_gate_releases_freely_until_the_engine_has_queued_once() -> None:
+    gate = ReleaseGate(engine_queue_target=2)
+    gate.observe_engine(0, released_total_at_request=0, running=0)
+    for _ in range(50):
+        assert gate.can_release()
+        gate.on_release()
 
 
 def test_gate_counts_releases_made_while_the_scrape_was_in_flight() -> None:
     gate = ReleaseGate(engine_queue_target=2)
+    gate.observe_engine(1, released_total_at_request=0, running=4)
     before = gate.released_total
     gate.on_release()
     gate.on_release()
-    gate.observe_engine(0, released_total_at_request=before)
-    assert not gate.can_release()
+    gate.observe_engine(1, released_total_at_request=before, running=4)
+    assert not gate.can_release()  # 1 waiting + 2 released after the scrape was sent, no free slot
 
 
 def test_gate_max_in_flight() -> None:

@@ -113,6 +113,8 @@ class FakeEngine:
             raw = b""
             while True:
                 message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client gave up before sending its body
                 raw += message.get("body", b"")
                 if not message.get("more_body"):
                     break
