@@ -29,6 +29,7 @@ strategic merge patch, managedFields. A real cluster remains the final word for 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import json
@@ -52,6 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+EVENT_DELAY_S = 0.005
 
 
 @dataclass
@@ -152,6 +154,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self._faults: list[Fault] = []
         self._version = 0
+        self._outbox: asyncio.Queue[Any] | None = None
+        self._history: list[tuple[int, kmock.resource, dict[str, Any]]] = []
+        self._watchers: set[asyncio.Queue[Any]] = set()
+        self._oldest_version = 0  # watches may resume from any resourceVersion since the start
+        self._pump: asyncio.Task[None] | None = None
         self._scale_paths: dict[kmock.resource, ScalePaths] = {}
         self.kubeconfig: Path | None = None
 
@@ -199,7 +206,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 self._store_new(CRDS, None, self._stamp_new(copy.deepcopy(crd), None))
 
     def collect_garbage(self) -> list[tuple[kmock.resource, str | None, str]]:
-        """Delete every object whose owners are all gone (repeating until nothing changes)."""
+        """Delete every object whose owners are all gone (repeating until nothing changes).
+
+        Call it from a running event loop: watchers get DELETED events."""
         collected: list[tuple[kmock.resource, str | None, str]] = []
         while True:
             uids = {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
@@ -209,7 +218,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if not orphans:
                 return collected
             for key in orphans:
+                body = copy.deepcopy(self.objects[key].raw)
+                body["metadata"]["resourceVersion"] = self._next_version()
                 self.objects[key].delete()
+                self._emit(key[0], "DELETED", body)
                 collected.append(key)
 
     # ---------------------------------------------------------------- request handling
@@ -269,13 +281,48 @@ class KubeEmulator(kmock.KubernetesEmulator):
         return answer
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        selector = request.params.get("labelSelector")
-        async for event in super()._serve_watch(request):
-            if selector and isinstance(event, dict):
-                labels = event.get("object", {}).get("metadata", {}).get("labels") or {}
-                if not label_selector_matches(selector, labels):
-                    continue
-            yield event
+        """Watch semantics of a real server: from `resourceVersion` on, or a listing then changes.
+
+        Every event is stamped with the global resourceVersion of its write, so a watch resumed
+        from a list's resourceVersion gets exactly the changes after it: no gaps, no replays.
+        """
+        yield b""  # send the headers now
+        assert request.resource is not None
+        selector = request.params.get("labelSelector") or ""
+        since_param = request.params.get("resourceVersion") or "0"
+        inbox: asyncio.Queue[tuple[int, kmock.resource, dict[str, Any]]] = asyncio.Queue()
+        self._watchers.add(inbox)  # subscribe before reading state or history: nothing falls in between
+        try:
+            listed: dict[tuple[str | None, str], int] = {}
+            if since_param != "0" and since_param.isdigit() and int(since_param) >= self._oldest_version:
+                backlog = [(rv, res, ev) for rv, res, ev in self._history if rv > int(since_param)]
+            else:
+                backlog = []
+                for (res, ns, name), obj in self.objects.items():
+                    if res == request.resource and not obj.deleted:
+                        body = copy.deepcopy(obj.raw)
+                        listed[(ns, name)] = int(body.get("metadata", {}).get("resourceVersion") or 0)
+                        backlog.append((listed[(ns, name)], res, {"type": "ADDED", "object": body}))
+            for rv, res, event in backlog:
+                if self._watch_wants(request, res, event, selector):
+                    yield event
+            while True:
+                rv, res, event = await inbox.get()
+                meta = event["object"].get("metadata", {})
+                if rv <= listed.get((meta.get("namespace"), meta.get("name")), 0):
+                    continue  # already reflected in the listing this watch started with
+                if self._watch_wants(request, res, event, selector):
+                    yield event
+        finally:
+            self._watchers.discard(inbox)
+
+    @staticmethod
+    def _watch_wants(request: rendering.Request, resource: kmock.resource, event: dict[str, Any], selector: str) -> bool:
+        meta = event["object"].get("metadata", {})
+        return (resource == request.resource
+                and (request.namespace is None or meta.get("namespace") == request.namespace)
+                and (request.name is None or meta.get("name") == request.name)
+                and (not selector or label_selector_matches(selector, meta.get("labels") or {})))
 
     # ---------------------------------------------------------------- mutations
 
@@ -314,8 +361,33 @@ class KubeEmulator(kmock.KubernetesEmulator):
         else:
             self.objects[key] = body
 
-    async def _emit(self, resource: kmock.resource, kind: str, body: dict[str, Any]) -> None:
-        await self._buses[resource].put({"type": kind, "object": copy.deepcopy(body)})
+    def _emit(self, resource: kmock.resource, kind: str, body: dict[str, Any]) -> None:
+        # Like a real server, a watch event follows the write's response by a moment (kopf's
+        # consistency logic assumes it); events stay in write order.
+        if self._outbox is None:
+            self._outbox = asyncio.Queue()
+            self._pump = asyncio.create_task(self._pump_events(self._outbox))
+        loop = asyncio.get_running_loop()
+        self._outbox.put_nowait((loop.time() + EVENT_DELAY_S, resource, {"type": kind, "object": copy.deepcopy(body)}))
+
+    async def _pump_events(self, outbox: "asyncio.Queue[tuple[float, kmock.resource, dict[str, Any]]]") -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due, resource, event = await outbox.get()
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            rv = int(event["object"].get("metadata", {}).get("resourceVersion") or self._version)
+            self._history.append((rv, resource, event))
+            for inbox in self._watchers:
+                inbox.put_nowait((rv, resource, event))
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            try:
+                await self._pump
+            except asyncio.CancelledError:
+                pass
+        await super().__aexit__(*exc)
 
     async def _create(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if not isinstance(request.data, dict):
@@ -326,7 +398,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if self._live(self._key(request, body["metadata"]["name"])) is not None:
                 raise KubeApiError(409, "AlreadyExists", f'{request.resource.plural} "{body["metadata"]["name"]}" already exists')
             self._store_new(request.resource, request.namespace, body)
-            await self._emit(request.resource, "ADDED", body)
+            self._emit(request.resource, "ADDED", body)
         return aiohttp.web.json_response(body, status=201)
 
     def _has_status_subresource(self, request: rendering.Request) -> bool:
@@ -375,9 +447,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.objects[key].create(new)
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self.objects[key].delete()
-            await self._emit(key[0], "DELETED", new)
+            self._emit(key[0], "DELETED", new)
         else:
-            await self._emit(key[0], "MODIFIED", new)
+            self._emit(key[0], "MODIFIED", new)
         return aiohttp.web.json_response(new)
 
     async def _apply(self, request: rendering.Request, key: tuple[kmock.resource, str | None, str], old: dict[str, Any] | None) -> aiohttp.web.StreamResponse:
@@ -391,7 +463,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             applied.setdefault("metadata", {})["name"] = key[2]
             body = self._stamp_new(applied, key[1])
             self._store_new(key[0], key[1], body)
-            await self._emit(key[0], "ADDED", body)
+            self._emit(key[0], "ADDED", body)
             return aiohttp.web.json_response(body, status=201)
         # One field manager owns the whole object here: the applied config replaces everything it
         # may own; server-owned metadata and (behind a status subresource) status are kept.
@@ -413,10 +485,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     meta["deletionTimestamp"] = _now()
                     meta["resourceVersion"] = self._next_version()
                     self.objects[key].create(old)
-                    await self._emit(key[0], "MODIFIED", old)
+                    self._emit(key[0], "MODIFIED", old)
                 return aiohttp.web.json_response(old, status=202)
+            meta["resourceVersion"] = self._next_version()
             self.objects[key].delete()
-            await self._emit(key[0], "DELETED", old)
+            self._emit(key[0], "DELETED", old)
         return aiohttp.web.json_response(old)
 
     async def _serve_scale(self, request: rendering.Request) -> aiohttp.web.StreamResponse:

@@ -1,0 +1,121 @@
+"""Pure `render_*` functions: the objects an InferencePool owns, as plain dicts.
+
+Owner references are added by the caller (`kopf.adopt` or `owned_by`), so these stay pure
+functions of the pool spec and can be tested without any API server.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from slaq.api.pool import InferencePool
+from slaq.api.runtime import SIDECAR_PORT_NAME, TENANT_TABLE_KEY
+from slaq.api.table import TenantTable
+from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
+from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
+
+
+def _meta(pool: InferencePool, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": pool.metadata.namespace, "labels": pool_labels(pool.metadata.name)}
+
+
+def render_deployment(pool: InferencePool) -> dict[str, Any]:
+    name = pool.metadata.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, name),
+        "spec": {
+            "replicas": pool.spec.replicas.current,
+            "selector": {"matchLabels": pool_selector_labels(name)},
+            # A new pod must be ready before an old one goes (needs room for one more replica):
+            # a rollout never lowers serving capacity below the SLA's.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 5,
+            # Longer than the engine's startup budget, so a slow model load is not a failed rollout.
+            "progressDeadlineSeconds": ENGINE_STARTUP_PERIOD_SECONDS * ENGINE_STARTUP_FAILURES + 600,
+            "template": render_pod_template(pool),
+        },
+    }
+
+
+def render_service(pool: InferencePool) -> dict[str, Any]:
+    name = pool.metadata.name
+    port = pool.spec.sidecar.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(pool, name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": pool_selector_labels(name),
+            "ports": [{"name": SIDECAR_PORT_NAME, "port": port, "targetPort": SIDECAR_PORT_NAME,
+                       "protocol": "TCP", "appProtocol": "http"}],
+        },
+    }
+
+
+def render_pdb(pool: InferencePool) -> dict[str, Any]:
+    # maxUnavailable (not minAvailable) so a one-replica pool never blocks a node drain forever.
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(pool, pool.metadata.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pool_selector_labels(pool.metadata.name)}},
+    }
+
+
+def milli_quantity(value: float) -> str:
+    """A Kubernetes quantity for a fractional target (0.8 -> "800m")."""
+    return f"{round(value * 1000)}m"
+
+
+def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
+    """The HPA on the per-pod `slaq_sla_risk` metric, targeting the pool's scale subresource."""
+    autoscaling = pool.spec.autoscaling
+    if not autoscaling.enabled:
+        return None
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(pool, pool.metadata.name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": pool.api_version, "kind": "InferencePool", "name": pool.metadata.name},
+            "minReplicas": pool.spec.replicas.min,
+            "maxReplicas": pool.spec.replicas.max,
+            "metrics": [{
+                "type": "Pods",
+                "pods": {"metric": {"name": "slaq_sla_risk"},
+                         "target": {"type": "AverageValue", "averageValue": milli_quantity(autoscaling.target_sla_risk)}},
+            }],
+            "behavior": {
+                "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds,
+                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
+                "scaleUp": {"stabilizationWindowSeconds": 0,
+                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
+            },
+        },
+    }
+
+
+def render_table_secret(pool: InferencePool, table: TenantTable) -> dict[str, Any]:
+    """The pool's tenant table, mounted read-only into every sidecar (holds key hashes, never keys)."""
+    text = table.model_dump_json(by_alias=True, exclude_none=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {**_meta(pool, table_secret_name(pool.metadata.name)),
+                     "annotations": {"slaq.dev/table-revision": table.revision}},
+        "data": {TENANT_TABLE_KEY: base64.b64encode(text.encode("utf-8")).decode("ascii")},
+    }
+
+
+def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """The child with a controller owner reference to `owner` (a raw object with metadata.uid)."""
+    meta = owner["metadata"]
+    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"],
+           "controller": True, "blockOwnerDeletion": True}
+    return {**child, "metadata": {**child["metadata"], "ownerReferences": [ref]}}
+

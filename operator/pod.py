@@ -1,0 +1,215 @@
+"""The pool pod: the sidecar (the only port exposed) in front of the engine bound to 127.0.0.1.
+
+`sidecar_args` and `engine_args` are the whole command-line contract with `slaq sidecar` and
+`slaq engine`; everything else here is how the pod is run safely on a GPU node.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slaq.api.common import duration_seconds
+from slaq.api.pool import Device, InferencePool
+from slaq.api.runtime import (
+    ENGINE_HOST,
+    ENGINE_PORT,
+    HEALTH_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    SCHEDULER_CONFIG_ENV,
+    SIDECAR_PORT_NAME,
+    TENANT_TABLE_DIR,
+    TENANT_TABLE_KEY,
+)
+from slaq.operator.names import pool_labels, table_secret_name
+
+RUN_AS_USER = 10001
+CACHE_DIR = "/var/cache/slaq"  # HOME and model/compile caches: the root filesystem is read-only
+PRESTOP_SECONDS = 5  # lets endpoint removal reach every proxy before the sidecar stops accepting
+GRACE_SLACK_SECONDS = 10
+# Model download and load: up to 30 minutes before the engine counts as failed to start.
+ENGINE_STARTUP_PERIOD_SECONDS = 10
+ENGINE_STARTUP_FAILURES = 180
+
+
+def engine_url() -> str:
+    return f"http://{ENGINE_HOST}:{ENGINE_PORT}"
+
+
+def served_model_name(pool: InferencePool) -> str:
+    return pool.spec.model.served_model_name or pool.spec.model.name
+
+
+def drain_seconds(pool: InferencePool) -> int:
+    return max(1, round(duration_seconds(pool.spec.drain_timeout)))
+
+
+def _number(value: float) -> str:
+    return format(value, "g")
+
+
+def sidecar_args(pool: InferencePool) -> list[str]:
+    """Arguments of `slaq sidecar` (after the subcommand)."""
+    spec = pool.spec
+    args = [
+        "--port", str(spec.sidecar.port),
+        "--engine-url", engine_url(),
+        "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
+        "--max-queue-depth", str(spec.sidecar.max_queue_depth),
+        "--drain-timeout", str(drain_seconds(pool)),
+    ]
+    if spec.sidecar.trust_gateway_headers:
+        args.append("--trust-gateway-headers")
+    return [*args, "--served-model-name", served_model_name(pool)]
+
+
+def engine_args(pool: InferencePool) -> list[str]:
+    """Arguments of `slaq engine` (after the subcommand); extra engine args go last, as given."""
+    model, engine = pool.spec.model, pool.spec.engine
+    args = [
+        "--host", ENGINE_HOST,
+        "--port", str(ENGINE_PORT),
+        "--model", model.name,
+        "--device", engine.device.value,
+        "--dtype", model.dtype.value,
+    ]
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    args += [
+        "--tensor-parallel-size", str(model.tensor_parallel_size),
+        "--gpu-memory-utilization", _number(model.gpu_memory_utilization),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--load-format", model.load_format.value,
+    ]
+    if model.served_model_name:
+        args += ["--served-model-name", model.served_model_name]
+    if model.revision:
+        args += ["--revision", model.revision]
+    args += list(model.extra_engine_args)
+    if not engine.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")  # a vLLM engine argument, passed through like extra args
+    return args
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _engine_health_probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
+    # The engine listens on 127.0.0.1 only, which kubelet's httpGet (pod IP) cannot reach.
+    check = f"import urllib.request; urllib.request.urlopen('{engine_url()}{HEALTH_PATH}', timeout={timeout - 1})"
+    return {"exec": {"command": ["python3", "-c", check]}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def render_sidecar_container(pool: InferencePool) -> dict[str, Any]:
+    spec = pool.spec
+    return {
+        "name": "sidecar",
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["slaq"],
+        "args": ["sidecar", *sidecar_args(pool)],
+        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"}],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        # Readiness follows the engine (model loaded) and the tenant table; liveness only the process.
+        "readinessProbe": {"httpGet": {"path": READY_PATH, "port": SIDECAR_PORT_NAME}, "periodSeconds": 5,
+                           "timeoutSeconds": 3, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": HEALTH_PATH, "port": SIDECAR_PORT_NAME}, "periodSeconds": 10,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+
+
+def render_engine_container(pool: InferencePool) -> dict[str, Any]:
+    spec = pool.spec
+    limits: dict[str, str] = {"memory": spec.resources.memory}
+    requests: dict[str, str] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    if spec.engine.device is Device.GPU:
+        limits["nvidia.com/gpu"] = str(spec.resources.gpus)
+        requests["nvidia.com/gpu"] = str(spec.resources.gpus)
+    return {
+        "name": "engine",
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["slaq"],
+        "args": ["engine", *engine_args(pool)],
+        "env": [
+            {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
+            {"name": "HOME", "value": CACHE_DIR},
+            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+            {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        ],
+        # Optional per-pool Secret for model-hub credentials (e.g. HF_TOKEN for gated models).
+        "envFrom": [{"secretRef": {"name": f"{pool.metadata.name}-engine-env", "optional": True}}],
+        # CPU is requested, not limited: throttling a busy engine costs tail latency.
+        "resources": {"requests": requests, "limits": limits},
+        "startupProbe": _engine_health_probe(ENGINE_STARTUP_PERIOD_SECONDS, ENGINE_STARTUP_FAILURES, 5),
+        "livenessProbe": _engine_health_probe(15, 4, 10),
+        # The engine outlives the sidecar's drain, so in-flight requests finish.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS + drain_seconds(pool)}}},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+
+
+def render_pod_template(pool: InferencePool) -> dict[str, Any]:
+    spec, name = pool.spec, pool.metadata.name
+    placement = spec.placement
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # pool pods never talk to the API server
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + drain_seconds(pool) + GRACE_SLACK_SECONDS,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [render_sidecar_container(pool), render_engine_container(pool)],
+        "volumes": [
+            {"name": "tenant-table", "secret": {"secretName": table_secret_name(name), "defaultMode": 0o440}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shared_memory}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        "topologySpreadConstraints": [{
+            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {k: v for k, v in pool_labels(name).items() if k != "app.kubernetes.io/managed-by"}},
+        }],
+    }
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    if placement.affinity:
+        pod_spec["affinity"] = dict(placement.affinity)
+    if placement.priority_class_name:
+        pod_spec["priorityClassName"] = placement.priority_class_name
+    return {
+        "metadata": {
+            "labels": pool_labels(name),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.sidecar.port),
+                            "prometheus.io/path": METRICS_PATH},
+        },
+        "spec": pod_spec,
+    }

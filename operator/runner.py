@@ -1,0 +1,67 @@
+"""Running the operator: kopf's operator() coroutine with slaq's registry and settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from slaq.operator.client import Connection, KubeClient
+from slaq.operator.handlers import build_registry, configure
+from slaq.operator.reconciler import Reconciler
+from slaq.operator.usage import HttpUsageSource, UsageSource
+
+
+@dataclass
+class OperatorOptions:
+    namespace: str = "slaq-system"  # the operator's own namespace (cache-salt key Secret)
+    observe_interval_s: float = 15.0
+    retry_delay_s: float = 5.0
+    liveness_endpoint: str | None = None
+    standalone: bool = True  # one replica; kopf peering is not needed
+    tune: dict[str, Any] = field(default_factory=dict)  # dotted kopf settings, e.g. {"watching.server_timeout": 60}
+
+
+def build_settings(options: OperatorOptions) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    for dotted, value in options.tune.items():
+        section, name = dotted.split(".", 1)
+        setattr(getattr(settings, section), name, value)
+    return settings
+
+
+Flag = asyncio.Event | threading.Event
+
+
+async def run_operator(connection: Connection, options: OperatorOptions, *, usage_source: UsageSource | None = None,
+                       stop_flag: Flag | None = None, ready_flag: Flag | None = None) -> Reconciler:
+    """Run until `stop_flag` is set (or forever); returns the Reconciler it ran (for inspection).
+
+    kopf owns its event loop: at exit it cancels every task created after it started, so run it
+    on a loop (or thread) of its own rather than beside other servers.
+    """
+    api = KubeClient(connection)
+    reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace)
+    registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,
+                              retry_delay_s=options.retry_delay_s)
+    try:
+        await kopf.operator(registry=registry, settings=build_settings(options), clusterwide=True,
+                            standalone=options.standalone, liveness_endpoint=options.liveness_endpoint,
+                            stop_flag=stop_flag, ready_flag=ready_flag)
+    finally:
+        await api.close()
+    return reconciler
+
+
+def main(connection: Connection, options: OperatorOptions, verbose: bool = False) -> int:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run_operator(connection, options))
+    return 0

@@ -1,0 +1,133 @@
+"""Which tenants a pool serves, and the tenant table each pool gets (pure functions).
+
+`plan_tables` turns one snapshot of the cluster (pools, tenants, key hashes, observed usage)
+into every pool's table at once, so all pools' shares of a tenant come from the same inputs
+and their sum stays within the tenant's quota.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from slaq.api.pool import InferencePool
+from slaq.api.runtime import TenantUsage
+from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.api.tenant import PoolShare, TenantSLA
+from slaq.operator.quotas import Slot, Split, split_quota
+
+RATE_UNIT = 1000  # rates are split in milli-requests (milli-tokens) per minute
+FLOOR_FRACTION = 0.1
+
+
+def pool_key(pool: InferencePool) -> str:
+    return f"{pool.metadata.namespace}/{pool.metadata.name}"
+
+
+def binds(tenant: TenantSLA, pool: InferencePool) -> bool:
+    """A tenant is served by a pool when each side's selector accepts the other's labels."""
+    return tenant.spec.pool_selector.matches(pool.metadata.labels) and pool.spec.tenant_selector.matches(tenant.metadata.labels)
+
+
+def cache_salt(salt_key: bytes, tenant: TenantSLA) -> str:
+    """Tenants of one prefixCacheGroup share a salt (and so prefix-cache blocks); others get their own."""
+    group = tenant.spec.prefix_cache_group
+    return derive_cache_salt(salt_key, f"group:{group}" if group else f"tenant:{tenant.metadata.name}")
+
+
+def table_revision(table: TenantTable) -> str:
+    body = table.model_copy(update={"revision": ""}).model_dump_json(by_alias=True, exclude_none=True)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TenantSplits:
+    """A tenant's three quota splits (None: that quota is unlimited)."""
+
+    requests: Split | None
+    tokens: Split | None
+    concurrency: Split | None
+
+    def share(self, pool: str) -> ReplicaShare:
+        return ReplicaShare(
+            requests_per_minute=self.requests.per_replica(pool) if self.requests else None,
+            tokens_per_minute=self.tokens.per_replica(pool) if self.tokens else None,
+            max_concurrency=self.concurrency.units[pool] if self.concurrency else None,
+        )
+
+
+@dataclass
+class TablePlan:
+    tables: dict[str, TenantTable] = field(default_factory=dict)  # by pool key
+    tenant_pools: dict[str, list[PoolShare]] = field(default_factory=dict)  # by tenant name
+    splits: dict[str, TenantSplits] = field(default_factory=dict)  # by tenant name, for the next plan
+
+
+def demand(usage: TenantUsage | None) -> float:
+    """One demand signal per tenant and pool: requests admitted plus refused, per minute.
+
+    Tokens and concurrency follow requests, so all three quotas are split by this one signal.
+    """
+    return 0.0 if usage is None else usage.requests_per_minute + usage.refused_per_minute
+
+
+def split_tenant(tenant: TenantSLA, slots: Sequence[Slot], previous: TenantSplits | None) -> TenantSplits:
+    quotas = tenant.spec.quotas
+
+    def one(quota: int | None, unit: int, min_floor: int, prev: Split | None) -> Split | None:
+        if quota is None:
+            return None
+        return split_quota(quota, slots, unit=unit, floor_fraction=FLOOR_FRACTION, min_floor_units=min_floor, previous=prev)
+
+    return TenantSplits(
+        requests=one(quotas.requests_per_minute, RATE_UNIT, 0, previous.requests if previous else None),
+        tokens=one(quotas.tokens_per_minute, RATE_UNIT, 0, previous.tokens if previous else None),
+        concurrency=one(quotas.max_concurrency, 1, 1, previous.concurrency if previous else None),
+    )
+
+
+def plan_tables(
+    pools: Sequence[InferencePool],
+    tenants: Sequence[TenantSLA],
+    key_hashes: Mapping[str, list[str]],
+    salt_key: bytes,
+    replicas: Mapping[str, int],
+    usage: Mapping[str, Mapping[str, TenantUsage]],
+    previous: Mapping[str, TenantSplits] | None = None,
+) -> TablePlan:
+    """Every pool's tenant table and every tenant's per-pool shares, from one snapshot.
+
+    `replicas[pool_key]` is how many replicas may be serving (the split divides by it);
+    `usage[pool_key][tenant]` is the pool's summed usage; `key_hashes[tenant]` its key hashes.
+    """
+    plan = TablePlan()
+    entries: dict[str, list[TenantEntry]] = {pool_key(p): [] for p in pools}
+    for tenant in sorted(tenants, key=lambda t: t.metadata.name):
+        name = tenant.metadata.name
+        bound = [p for p in pools if binds(tenant, p)]
+        slots = [Slot(pool_key(p), max(1, replicas.get(pool_key(p), 1)), demand(usage.get(pool_key(p), {}).get(name)))
+                 for p in bound]
+        splits = split_tenant(tenant, slots, (previous or {}).get(name))
+        plan.splits[name] = splits
+        spec = tenant.spec
+        salt = cache_salt(salt_key, tenant)
+        plan.tenant_pools[name] = []
+        for slot in slots:
+            share = splits.share(slot.pool)
+            entries[slot.pool].append(TenantEntry(
+                name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
+                attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes.get(name, [])),
+                cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share,
+            ))
+            observed = usage.get(slot.pool, {}).get(name)
+            plan.tenant_pools[name].append(PoolShare(
+                pool=slot.pool, replicas=slot.replicas, requests_per_minute=share.requests_per_minute,
+                tokens_per_minute=share.tokens_per_minute, max_concurrency=share.max_concurrency,
+                observed_requests_per_minute=observed.requests_per_minute if observed else 0.0,
+                observed_tokens_per_minute=observed.tokens_per_minute if observed else 0.0,
+            ))
+    for key, tenant_entries in entries.items():
+        table = TenantTable(pool=key, tenants=tenant_entries)
+        plan.tables[key] = table.model_copy(update={"revision": table_revision(table)})
+    return plan

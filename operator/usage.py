@@ -1,0 +1,105 @@
+"""What the operator observes on a pool's pods: per-tenant usage and SLA risk.
+
+`UsageSource` is the seam: the operator asks it for one observation per serving pod. The real
+source (`HttpUsageSource`) lists the pool's running pods and reads each sidecar's USAGE_PATH
+and METRICS_PATH; tests inject their own source, so they need no pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from slaq.api.pool import InferencePool
+from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
+from slaq.operator.client import KubeClient
+from slaq.operator.names import pool_selector_labels, selector_string
+
+SLA_RISK_METRIC = "slaq_sla_risk"
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    pod: str
+    usage: UsageReport
+    sla_risk: float | None = None
+
+
+class UsageSource(Protocol):
+    async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
+        """One observation per pod of the pool that answered; pods that did not are left out."""
+        ...
+
+
+def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
+    """A pool's usage per tenant: the sum over its pods."""
+    totals: dict[str, TenantUsage] = {}
+    for obs in observations:
+        for tenant, u in obs.usage.tenants.items():
+            t = totals.get(tenant) or TenantUsage()
+            totals[tenant] = TenantUsage(
+                requests_per_minute=t.requests_per_minute + u.requests_per_minute,
+                tokens_per_minute=t.tokens_per_minute + u.tokens_per_minute,
+                concurrency=t.concurrency + u.concurrency,
+                refused_per_minute=t.refused_per_minute + u.refused_per_minute,
+            )
+    return totals
+
+
+def mean_sla_risk(observations: Sequence[PodObservation]) -> float | None:
+    """The pool's SLA risk as its HPA sees it: the mean over pods that report one."""
+    risks = [o.sla_risk for o in observations if o.sla_risk is not None]
+    return round(sum(risks) / len(risks), 3) if risks else None
+
+
+def parse_sla_risk(metrics_text: str) -> float | None:
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == SLA_RISK_METRIC:
+            for sample in family.samples:
+                return float(sample.value)
+    return None
+
+
+class HttpUsageSource:
+    """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool, concurrently."""
+
+    def __init__(self, api: KubeClient, *, timeout_s: float = 3.0) -> None:
+        self._api = api
+        self._timeout = timeout_s
+
+    async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
+        pods = await self._api.list("v1", "pods", pool.metadata.namespace,
+                                    label_selector=selector_string(pool_selector_labels(pool.metadata.name)))
+        targets = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods
+                   if p.get("status", {}).get("phase") == "Running" and p.get("status", {}).get("podIP")
+                   and not p["metadata"].get("deletionTimestamp")}
+        async with httpx.AsyncClient(timeout=self._timeout) as http:
+            results = await asyncio.gather(*(self._one(http, name, ip, pool.spec.sidecar.port) for name, ip in targets.items()))
+        return [r for r in results if r is not None]
+
+    async def _one(self, http: httpx.AsyncClient, pod: str, ip: str, port: int) -> PodObservation | None:
+        base = f"http://{ip}:{port}"
+        try:
+            usage = UsageReport.model_validate((await http.get(base + USAGE_PATH)).raise_for_status().json())
+        except (httpx.HTTPError, ValueError):
+            return None  # a pod that cannot answer yet (starting, draining) adds no demand
+        try:
+            risk = parse_sla_risk((await http.get(base + METRICS_PATH)).raise_for_status().text)
+        except (httpx.HTTPError, ValueError):
+            risk = None
+        return PodObservation(pod, usage, risk)
+
+
+class StaticUsageSource:
+    """A fixed set of observations per pool key (`namespace/name`): for tests and dry runs."""
+
+    def __init__(self, observations: Mapping[str, Sequence[PodObservation]] | None = None) -> None:
+        self.observations: dict[str, list[PodObservation]] = {k: list(v) for k, v in (observations or {}).items()}
+
+    async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
+        return list(self.observations.get(f"{pool.metadata.namespace}/{pool.metadata.name}", []))

@@ -1,0 +1,35 @@
+"""`slaq operator` as a process, talking to the API emulator through a kubeconfig."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from tests.operator.test_operator_kmock import create, docs, eventually
+from tests.support.kube import KubeEmulator
+
+
+async def test_slaq_operator_command_reconciles_through_the_kubeconfig(kube: KubeEmulator) -> None:
+    assert kube.kubeconfig is not None
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "slaq", "operator", "--namespace", "slaq-system", "--observe-interval", "1",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        await eventually(lambda: kube.read("v1/secrets", "slaq-system", "slaq-cache-salt-key") or process.returncode is not None,
+                         timeout=60, what="the operator's first start")
+        assert process.returncode is None, (await process.stderr.read()).decode()[-2000:]
+        await create(kube, docs("pool-cpu.yaml")[0])
+        await eventually(lambda: kube.read("apps/v1/deployments", "default", "tiny-cpu"), timeout=30, what="the pool's Deployment")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=30)
+            except asyncio.TimeoutError:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 0, (await process.stderr.read()).decode()[-2000:]

@@ -1,0 +1,145 @@
+"""Pure render functions: the children of crds/examples/ pools, checked without an API server."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slaq.api.pool import InferencePool
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+from slaq.api.table import TenantTable
+from slaq.operator.children import milli_quantity, owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
+from slaq.operator.names import pool_selector_labels
+from slaq.operator.pod import engine_args, render_pod_template, sidecar_args
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+
+
+def example(name: str) -> InferencePool:
+    return InferencePool.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+@pytest.fixture()
+def gpu_pool() -> InferencePool:
+    return example("pool-gpu.yaml")
+
+
+def containers(pool: InferencePool) -> dict[str, dict]:
+    return {c["name"]: c for c in render_pod_template(pool)["spec"]["containers"]}
+
+
+def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
+    pod = render_pod_template(gpu_pool)["spec"]
+    sidecar, engine = containers(gpu_pool)["sidecar"], containers(gpu_pool)["engine"]
+    # Non-root, no privilege escalation, read-only root filesystems, no API token in the pod.
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for c in (sidecar, engine):
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert pod["automountServiceAccountToken"] is False
+    # Only the sidecar port is exposed; the engine binds to 127.0.0.1.
+    assert sidecar["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert "ports" not in engine
+    args = engine["args"]
+    assert args[:5] == ["engine", "--host", ENGINE_HOST, "--port", str(ENGINE_PORT)] and ENGINE_HOST == "127.0.0.1"
+    # GPU limits (and requests), placement from the spec.
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1" and engine["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert engine["resources"]["limits"]["memory"] == "64Gi" and "cpu" not in engine["resources"]["limits"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # Probes sized for model load: the engine gets 30 minutes to start before it counts as failed.
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert "127.0.0.1:8001/health" in " ".join(startup["exec"]["command"])
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/ready" and sidecar["livenessProbe"]["httpGet"]["path"] == "/health"
+    # Shared memory for NCCL / tensor parallelism.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+    # preStop drain: the sidecar stops taking traffic after endpoints update; the engine outlives the drain.
+    assert sidecar["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
+    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == 5 + 60
+    assert pod["terminationGracePeriodSeconds"] >= 5 + 60 + 5
+    # The tenant table Secret is mounted read-only as a directory (a subPath mount would never update).
+    assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in sidecar["volumeMounts"]
+    assert volumes["tenant-table"]["secret"]["secretName"] == "llama3-8b-tenants"
+    assert all(m["name"] != "tenant-table" for m in engine["volumeMounts"])
+    # The scheduler knobs travel to the engine as wire JSON.
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert json.loads(env[SCHEDULER_CONFIG_ENV])["agingBoundSeconds"] == 60
+
+
+def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -> None:
+    assert sidecar_args(gpu_pool) == [
+        "--port", "8000", "--engine-url", "http://127.0.0.1:8001", "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
+        "--max-queue-depth", "1024", "--drain-timeout", "60", "--served-model-name", "llama3-8b",
+    ]
+    assert engine_args(gpu_pool) == [
+        "--host", "127.0.0.1", "--port", "8001", "--model", "meta-llama/Meta-Llama-3-8B-Instruct", "--device", "gpu",
+        "--dtype", "bfloat16", "--max-model-len", "8192", "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9",
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--load-format", "auto", "--served-model-name", "llama3-8b",
+    ]
+    cpu = example("pool-cpu.yaml")
+    assert "--served-model-name" not in engine_args(cpu) and engine_args(cpu)[engine_args(cpu).index("--device") + 1] == "cpu"
+    assert sidecar_args(cpu)[-2:] == ["--served-model-name", "slaq-tiny"]
+    engine = containers(cpu)["engine"]
+    assert "nvidia.com/gpu" not in engine["resources"]["limits"]
+
+
+def test_optional_flags_and_extra_engine_args_go_last(gpu_pool: InferencePool) -> None:
+    pool = gpu_pool.model_copy(deep=True)
+    pool.spec.model.revision = "abc123"
+    pool.spec.model.extra_engine_args = ["--enforce-eager"]
+    pool.spec.engine.enable_prefix_caching = False
+    pool.spec.sidecar.trust_gateway_headers = True
+    assert engine_args(pool)[-4:] == ["--revision", "abc123", "--enforce-eager", "--no-enable-prefix-caching"]
+    assert "--trust-gateway-headers" in sidecar_args(pool)
+
+
+def test_deployment_service_pdb_select_the_same_pods(gpu_pool: InferencePool) -> None:
+    selector = pool_selector_labels("llama3-8b")
+    deployment, service, pdb = render_deployment(gpu_pool), render_service(gpu_pool), render_pdb(gpu_pool)
+    assert deployment["spec"]["selector"]["matchLabels"] == selector == service["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+
+
+def test_replicas_are_clamped_into_bounds(gpu_pool: InferencePool) -> None:
+    pool = gpu_pool.model_copy(deep=True)
+    pool.spec.replicas.desired = 9
+    assert render_deployment(pool)["spec"]["replicas"] == 4
+    pool.spec.replicas.desired = 0
+    assert render_deployment(pool)["spec"]["replicas"] == 1
+
+
+def test_hpa_targets_the_pool_on_sla_risk(gpu_pool: InferencePool) -> None:
+    hpa = render_hpa(gpu_pool)
+    assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2"
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama3-8b"}
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 4)
+    assert spec["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "slaq_sla_risk"},
+                                                        "target": {"type": "AverageValue", "averageValue": "800m"}}}]
+    assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert render_hpa(example("pool-cpu.yaml")) is None
+    assert milli_quantity(1.25) == "1250m"
+
+
+def test_table_secret_holds_the_table_json(gpu_pool: InferencePool) -> None:
+    table = TenantTable(pool="inference/llama3-8b", revision="r1")
+    secret = render_table_secret(gpu_pool, table)
+    assert secret["metadata"]["name"] == "llama3-8b-tenants" and secret["metadata"]["namespace"] == "inference"
+    assert TenantTable.model_validate_json(base64.b64decode(secret["data"][TENANT_TABLE_KEY])) == table
+
+
+def test_owner_reference_marks_the_pool_as_controller(gpu_pool: InferencePool) -> None:
+    owner = {"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": "llama3-8b", "uid": "u-1"}}
+    child = owned_by(render_service(gpu_pool), owner)
+    assert child["metadata"]["ownerReferences"] == [{"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama3-8b",
+                                                     "uid": "u-1", "controller": True, "blockOwnerDeletion": True}]
