@@ -11,6 +11,7 @@ from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "engine",
+        allow_abbrev=False,
         help="run vLLM's OpenAI server with the slaq SLA-aware scheduler",
         description="Run vLLM's OpenAI server in-process with scheduler_cls=SLAScheduler and scheduling_policy=priority. "
         "Without --model, a tiny built-in model (random weights) runs on CPU. Arguments after -- go to vLLM unchanged.",

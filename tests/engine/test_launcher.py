@@ -53,6 +53,13 @@ def test_every_flag_reaches_vllm_and_extra_arguments_pass_through() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" not in plan.environ  # a GPU model sizes its cache from gpu memory utilisation
 
 
+def test_stock_scheduler_is_vllms_own_default_as_a_baseline() -> None:
+    plan = plan_launch(EngineOptions(scheduler="stock"), model_path="/m", environ={})
+    assert "--scheduler-cls" not in plan.argv and "--scheduling-policy" not in plan.argv
+    with pytest.raises(LaunchError, match="--scheduler"):
+        plan_launch(EngineOptions(scheduler="fifo"), model_path="/m", environ={})
+
+
 def test_the_scheduler_flags_cannot_be_overridden_after_the_separator() -> None:
     with pytest.raises(LaunchError, match="--scheduler-cls"):
         plan_launch(EngineOptions(extra=("--scheduler-cls", "x.Y")), model_path="/m", environ={})
@@ -107,5 +114,5 @@ def test_cli_help_lists_every_operator_flag() -> None:
     result = subprocess.run([sys.executable, "-m", "slaq", "engine", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     for flag in ("--host", "--port", "--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size",
                  "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--load-format",
-                 "--served-model-name", "--revision", "--scheduler-config"):
+                 "--served-model-name", "--revision", "--scheduler-config", "--scheduler"):
         assert flag in result.stdout, flag
