@@ -65,3 +65,41 @@ def main(connection: Connection, options: OperatorOptions, verbose: bool = False
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(run_operator(connection, options))
     return 0
+
+
+class OperatorThread:
+    """The operator on an event loop of its own, in a thread (tests, local runs beside other servers).
+
+    kopf cancels every task created on its loop after it started when it exits; on a loop of its
+    own that is only its own work.
+    """
+
+    def __init__(self, connection: Connection, options: OperatorOptions, *, usage_source: UsageSource | None = None) -> None:
+        self._args = (connection, options, usage_source)
+        self.stop_flag, self.ready_flag = threading.Event(), threading.Event()
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="slaq-operator", daemon=True)
+
+    def _run(self) -> None:
+        connection, options, usage_source = self._args
+        try:
+            asyncio.run(run_operator(connection, options, usage_source=usage_source,
+                                     stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        except BaseException as exc:  # handed to whoever stops or checks the thread
+            self.failure = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Set the stop flag and wait (blocking: from async code, `await asyncio.to_thread(op.stop)`)."""
+        self.stop_flag.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the operator did not stop within {timeout_s} s")
+        if self.failure is not None:
+            raise self.failure

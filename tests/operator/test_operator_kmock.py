@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ from slaq.api.runtime import TENANT_TABLE_KEY, TenantUsage, UsageReport
 from slaq.api.table import TenantTable, hash_api_key
 from slaq.operator.client import Connection
 from slaq.operator.names import SALT_SECRET_NAME
-from slaq.operator.runner import OperatorOptions, run_operator
+from slaq.operator.runner import OperatorOptions, OperatorThread
 from slaq.operator.usage import PodObservation, StaticUsageSource
 from tests.support.kube import KubeEmulator
 
@@ -47,35 +46,20 @@ async def eventually(check: Callable[[], T], timeout: float = 15.0, what: str = 
 
 @asynccontextmanager
 async def operator(kube: KubeEmulator, usage: StaticUsageSource | None = None, interval: float = 0.3) -> AsyncIterator[None]:
-    """The operator on a loop of its own, in a thread: kopf cancels every task that appeared on its loop
-    after it started when it exits, which would include the emulator's server tasks on a shared loop.
-    The test's loop (serving the emulator) is never blocked: it only polls and awaits."""
-    stop, ready = threading.Event(), threading.Event()
+    """The operator on a loop of its own (OperatorThread); the test's loop, serving the emulator,
+    is never blocked: it only polls and awaits."""
     options = OperatorOptions(namespace="slaq-system", observe_interval_s=interval, retry_delay_s=0.2,
                               tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,
-                                    # One discovery at start: the emulator replays every object when kopf re-watches
-                                    # after a rescan (it ignores resourceVersion), and kopf stalls on such stale replays.
+                                    # One discovery at start: fewer watch restarts in a short test.
                                     "scanning.disabled": True})
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(run_operator(Connection(server=str(kube.url).rstrip("/")), options,
-                                     usage_source=usage or StaticUsageSource(), stop_flag=stop, ready_flag=ready))
-        except BaseException as exc:  # surfaced in the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="slaq-operator", daemon=True)
-    thread.start()
-    await eventually(lambda: ready.is_set() or not thread.is_alive(), what="operator ready")
+    op = OperatorThread(Connection(server=str(kube.url).rstrip("/")), options, usage_source=usage or StaticUsageSource())
+    op.start()
+    await eventually(lambda: op.ready_flag.is_set() or not op.alive, what="operator ready")
     try:
-        assert not failure, failure
+        assert op.alive, op.failure
         yield
     finally:
-        stop.set()
-        await asyncio.to_thread(thread.join, 30)
-        assert not thread.is_alive(), "the operator did not stop within 30 s"
-    assert not failure, failure
+        await asyncio.to_thread(op.stop)
 
 
 def docs(name: str) -> list[dict[str, Any]]:
