@@ -1,0 +1,79 @@
+"""The chart and the operator agree: pool pod labels, the sidecar port, and `slaq operator`'s flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, NAMESPACE, PROMETHEUS_OPERATOR_API, named, of_kind, render
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+EXAMPLE_POOLS = [d for name in ("pool-gpu.yaml", "pool-cpu.yaml") for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def _pod_template(body: dict) -> dict:
+    from slaq.api.pool import InferencePool
+    from slaq.operator.children import render_deployment
+
+    return render_deployment(InferencePool.model_validate(body))["spec"]["template"]
+
+
+@pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])
+def test_pool_pods_carry_the_labels_the_chart_selects_by(body: dict) -> None:
+    labels = _pod_template(body)["metadata"]["labels"]
+    assert VALUES["pools"]["podLabels"].items() <= labels.items(), "the PodMonitor and NetworkPolicy would miss pool pods"
+    assert labels[VALUES["pools"]["nameLabel"]] == body["metadata"]["name"], "the PodMonitor's pool label would be wrong"
+
+
+@pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])
+def test_the_sidecar_port_is_the_one_the_chart_admits_and_scrapes(body: dict) -> None:
+    containers = _pod_template(body)["spec"]["containers"]
+    ports = [port for container in containers for port in container.get("ports", [])]
+    assert [p["name"] for p in ports] == [VALUES["networkPolicy"]["sidecarPortName"]]
+    (monitor,) = of_kind(render(api_versions=[PROMETHEUS_OPERATOR_API]), "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == ports[0]["name"]
+
+
+def test_pool_selector_never_selects_the_operator_pod() -> None:
+    operator_labels = named(render(), "Deployment", "slaq-operator")["spec"]["template"]["metadata"]["labels"]
+    assert not VALUES["pools"]["podLabels"].items() <= operator_labels.items()
+
+
+def _operator_args(values: dict | None = None) -> list[str]:
+    container = named(render(values), "Deployment", "slaq-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["slaq"]
+    return container["args"]
+
+
+def _parse(args: list[str]):
+    from slaq.cli import build_parser
+
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit as exc:  # argparse's answer to an unknown flag or command
+        raise AssertionError(f"`slaq {' '.join(args)}` is refused by the slaq CLI") from exc
+
+
+def test_slaq_operator_accepts_the_default_arguments() -> None:
+    parsed = _parse(_operator_args())
+    assert parsed.command == "operator"
+    assert parsed.namespace == NAMESPACE, "the cache-salt key must live in the release namespace"
+    assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    assert parsed.observe_interval == 15.0 and parsed.verbose is False
+
+
+def test_slaq_operator_accepts_every_argument_the_values_turn_on() -> None:
+    parsed = _parse(_operator_args({"operator": {"verbose": True, "healthPort": 9090, "observeIntervalSeconds": 2.5}}))
+    assert parsed.verbose is True and parsed.observe_interval == 2.5
+    assert parsed.liveness == "http://0.0.0.0:9090/healthz"
+
+
+def test_probes_call_the_liveness_endpoint_the_operator_serves() -> None:
+    container = named(render(), "Deployment", "slaq-operator")["spec"]["template"]["spec"]["containers"][0]
+    liveness = _parse(container["args"]).liveness
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"])
+    assert liveness == f"http://0.0.0.0:{port}{container['livenessProbe']['httpGet']['path']}"
+    assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]

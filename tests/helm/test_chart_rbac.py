@@ -1,0 +1,210 @@
+"""The chart's RBAC allows every API call the real operator makes, and little more.
+
+The operator (slaq.operator.runner.run_operator, as `slaq operator` runs it, with the real
+HttpUsageSource) runs against the Kubernetes API emulator (tests/support/kube.py) through a whole
+life cycle of the example pool and tenants: create, quota change, autoscaling switched off,
+tenant deleted, pool deleted. Every request it sends is recorded as the (verb, group, resource,
+namespace) the API server would authorize, and checked against the rules the rendered chart
+grants its ServiceAccount. A rule nobody used fails too, unless it is listed below with why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from tests.helm.chart import NAMESPACE, RELEASE, render
+from tests.helm.rbac import ApiCall, Grants, Rule, grants_for, verbs_of
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+SERVICE_ACCOUNT = f"{RELEASE}-operator"
+POOL = "llama3-8b"
+POOL_NAMESPACE = "inference"
+T = TypeVar("T")
+# The test's own requests to the emulator carry this header, so they are not counted as the operator's.
+TEST_CLIENT_HEADER = "X-Slaq-Test-Client"
+
+# Granted although the life cycle below never makes the call, each with the reason.
+# (Empty: every granted verb is exercised.)
+GRANTED_UNUSED: dict[tuple[str, str, str], str] = {}
+
+
+async def eventually(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except (AssertionError, KeyError, TypeError, IndexError) as exc:
+            last = exc
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {last!r}")
+        await asyncio.sleep(0.05)
+
+
+def call_of(request: Any) -> set[ApiCall]:
+    """The authorization checks one recorded request needs; empty for discovery (non-resource) URLs."""
+    if request.resource is None or request.resource.plural is None or TEST_CLIENT_HEADER in request.headers:
+        return set()
+    resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+    watch = str(request.params.get("watch", "")).lower() in ("true", "1")
+    content_type = request.headers.get("Content-Type", "")
+    return {ApiCall(verb, request.resource.group or "", resource, request.namespace)
+            for verb in verbs_of(request.method.value, request.name, watch, content_type)}
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text(encoding="utf-8")) if d]
+
+
+async def _send(kube: Any, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    response = await kube.request(method, path, json=body, headers={"Content-Type": content_type, TEST_CLIENT_HEADER: "1"})
+    assert response.status < 300, f"{method} {path}: {response.status} {await response.text()}"
+    return await response.json()
+
+
+async def _create(kube: Any, body: dict[str, Any]) -> None:
+    body = json.loads(json.dumps(body))
+    kind, meta = body["kind"], body["metadata"]
+    if kind == "Namespace":
+        kube.objects["v1/namespaces", None, meta["name"]] = body
+        return
+    if kind == "Secret" and "stringData" in body:
+        body["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in body.pop("stringData").items()}
+    plural = {"Secret": "secrets", "InferencePool": "inferencepools", "TenantSLA": "tenantslas"}[kind]
+    base = "/api/v1" if body["apiVersion"] == "v1" else f"/apis/{body['apiVersion']}"
+    await _send(kube, "POST", f"{base}/namespaces/{meta['namespace']}/{plural}" if meta.get("namespace") else f"{base}/{plural}", body)
+
+
+@asynccontextmanager
+async def running_operator(kube: Any) -> AsyncIterator[None]:
+    from slaq.operator.client import Connection
+    from slaq.operator.runner import OperatorOptions, run_operator
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    options = OperatorOptions(namespace=NAMESPACE, observe_interval_s=0.3, retry_delay_s=0.2,
+                              # kopf polls an exiting timer every 60 s by default, which would hold the
+                              # pool's finalizer for a minute after deletion; the calls are the same.
+                              tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,
+                                    "background.cancellation_polling": 0.2})
+    task = asyncio.create_task(run_operator(Connection(server=str(kube.url).rstrip("/")), options, stop_flag=stop, ready_flag=ready))
+    await eventually(lambda: ready.is_set() or task.done(), what="operator ready")
+    if task.done():
+        task.result()
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=20)
+
+
+def _table_tenants(kube: Any) -> set[str]:
+    secret = kube.read("v1/secrets", POOL_NAMESPACE, f"{POOL}-tenants")
+    assert secret is not None
+    return {t["name"] for t in json.loads(base64.b64decode(next(iter(secret["data"].values()))))["tenants"]}
+
+
+_RECORDED: dict[str, set[ApiCall]] = {}  # one life cycle serves every test of the module
+
+
+@pytest.fixture
+async def recorded_calls(kube: Any, caplog: pytest.LogCaptureFixture) -> set[ApiCall]:
+    """Every API call of one operator life cycle over the example pool and tenants."""
+    # `slaq operator` logs at INFO; so must the run, or kopf would skip what it does with those records.
+    caplog.set_level(logging.INFO)
+    if "calls" not in _RECORDED:
+        _RECORDED["calls"] = await _record_life_cycle(kube)
+    return _RECORDED["calls"]
+
+
+async def _record_life_cycle(kube: Any) -> set[ApiCall]:
+    pools = f"/apis/slaq.dev/v1alpha1/namespaces/{POOL_NAMESPACE}/inferencepools/{POOL}"
+    async with running_operator(kube):
+        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml") + docs("pool-gpu.yaml"):
+            await _create(kube, doc)
+        await eventually(lambda: kube.read("autoscaling/v2/horizontalpodautoscalers", POOL_NAMESPACE, POOL), what="the pool's HPA")
+        await eventually(lambda: _table_tenants(kube) == {"vip", "standard", "free"}, what="three tenants in the table")
+        await eventually(lambda: any(c.resource == "pods" for r in list(kube) for c in call_of(r)), what="a usage read of the pool's pods")
+
+        await _send(kube, "PATCH", "/apis/slaq.dev/v1alpha1/tenantslas/standard",
+                    {"spec": {"quotas": {"requestsPerMinute": 60}}}, "application/merge-patch+json")
+        await _send(kube, "PATCH", pools, {"spec": {"autoscaling": {"enabled": False}}}, "application/merge-patch+json")
+        await eventually(lambda: kube.read("autoscaling/v2/horizontalpodautoscalers", POOL_NAMESPACE, POOL) is None, what="HPA removed")
+
+        await _send(kube, "DELETE", "/apis/slaq.dev/v1alpha1/tenantslas/free")
+        await eventually(lambda: _table_tenants(kube) == {"vip", "standard"}, what="tenant free removed from the table")
+        await eventually(lambda: kube.read("slaq.dev/v1alpha1/tenantslas", None, "free") is None, what="tenant free finalized")
+
+        await _send(kube, "DELETE", pools)
+        await eventually(lambda: kube.read("slaq.dev/v1alpha1/inferencepools", POOL_NAMESPACE, POOL) is None, what="pool finalized")
+    return {call for request in list(kube) for call in call_of(request)}
+
+
+def _denied(grants: Grants, calls: set[ApiCall]) -> list[str]:
+    return [str(call) for call in sorted(calls) if not grants.allows(call)]
+
+
+async def test_default_rbac_allows_every_call_the_operator_makes(recorded_calls: set[ApiCall]) -> None:
+    grants = grants_for(render(), SERVICE_ACCOUNT, NAMESPACE)
+    assert recorded_calls, "the operator made no API calls: the recording is broken"
+    denied = _denied(grants, recorded_calls)
+    assert not denied, "the chart's RBAC would refuse:\n" + "\n".join(denied)
+
+
+async def test_default_rbac_grants_nothing_the_operator_does_not_use(recorded_calls: set[ApiCall]) -> None:
+    used = {(c.group, c.resource, c.verb) for c in recorded_calls}
+    granted = {t for rule in grants_for(render(), SERVICE_ACCOUNT, NAMESPACE).rules() for t in rule.triples()}
+    unused = sorted(t for t in granted - used if t not in GRANTED_UNUSED)
+    assert not unused, "granted but never used by the operator (remove, or list in GRANTED_UNUSED with why): " + repr(unused)
+
+
+async def test_secret_reads_can_be_confined_to_named_namespaces(recorded_calls: set[ApiCall]) -> None:
+    # The example tenants keep their keys in slaq-system, the release namespace, where the
+    # operator also keeps its cache-salt key: confining reads there must refuse nothing.
+    grants = grants_for(render({"rbac": {"secretNamespaces": [NAMESPACE]}}), SERVICE_ACCOUNT, NAMESPACE)
+    assert not _denied(grants, recorded_calls)
+    assert not grants.allows(ApiCall("get", "", "secrets", "kube-system"))
+    assert grants.allows(ApiCall("get", "", "secrets", NAMESPACE))
+
+
+def test_rules_have_no_wildcards() -> None:
+    for obj in render({"rbac": {"secretNamespaces": ["team-a"]}}):
+        for rule in obj.get("rules") or []:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []) and not any("*" in v for v in rule.get(key, [])), (obj["metadata"]["name"], rule)
+
+
+def test_checker_semantics() -> None:
+    rule = Rule.parse({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]})
+    assert rule.allows(ApiCall("get", "apps", "deployments", "x"))
+    assert not rule.allows(ApiCall("delete", "apps", "deployments", "x"))
+    assert not rule.allows(ApiCall("get", "", "deployments", "x"))
+    assert not rule.allows(ApiCall("patch", "apps", "deployments/status", "x"))
+    assert verbs_of("PATCH", "n", False, "application/apply-patch+yaml") == {"patch", "create"}
+    assert verbs_of("GET", None, True, "") == {"watch"} and verbs_of("GET", None, False, "") == {"list"}
+    namespaced = Grants(by_namespace={"a": [rule]})
+    assert namespaced.allows(ApiCall("get", "apps", "deployments", "a"))
+    assert not namespaced.allows(ApiCall("get", "apps", "deployments", "b"))
+    assert not namespaced.allows(ApiCall("get", "apps", "deployments", None))
+
+
+async def test_every_rule_is_needed_by_some_recorded_call(recorded_calls: set[ApiCall]) -> None:
+    objects = render()
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    for index, rule in enumerate(role["rules"]):
+        if all((g, r, v) in GRANTED_UNUSED for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]):
+            continue
+        trimmed = [o if o is not role else {**role, "rules": role["rules"][:index] + role["rules"][index + 1:]} for o in objects]
+        assert _denied(grants_for(trimmed, SERVICE_ACCOUNT, NAMESPACE), recorded_calls), f"no recorded call needs {rule}"
