@@ -10,9 +10,13 @@ the simulator) and the exact step-time model the simulator charges. With that it
   has received d of its N true output tokens and must keep (last - f) / (N - 1) <= TPOT, can
   afford steps of (f + TPOT x (N - 1) - now) / (N - d) on average from now on; the step time
   target is the smallest such figure (before a request's first token: its TPOT objective),
-  times a safety factor, capped at a few TPOTs so that slack is spent gradually. Requests that
-  can no longer make it are left out. Running decodes are scheduled first; when no running
-  request has a TPOT objective the step gets vLLM's full budget.
+  times a safety factor, and never longer than the request's TPOT objective (slack is not spent
+  on longer steps: they would delay the first tokens of urgent arrivals). Requests that can no
+  longer make it are left out. Running decodes are scheduled first; when no running
+  request has a TPOT objective the step gets vLLM's full budget;
+- lets a waiting request take the step from running prompt chunks of lower tiers: those are
+  held out of the step (and their slots out of admission) while a higher tier waits, instead
+  of the waiting request queueing behind their chunks.
 
 It reads SLA facts from the request contract (`sampling_params.extra_args`), like any policy.
 """
@@ -34,7 +38,7 @@ _WORK_STRIDE = 2**15  # more than max_model_len tokens
 _DEADLINE_ORIGIN_MS = 1_600_000_000_000  # 2020-09-13: keeps deadline x work stride below the tier stride
 _TIER_STRIDE = 10**20
 TPOT_SAFETY = 0.9
-MAX_TARGET_TPOTS = 2.0  # never plan a step longer than this many of the tightest TPOT objective
+MAX_TARGET_TPOTS = 1.0  # never plan a step longer than this many TPOT objectives
 LOST_FRACTION = 0.5  # a request that can only afford steps shorter than this x TPOT is given up
 MIN_PREFILL_TOKENS = 64
 
@@ -106,17 +110,31 @@ class OracleScheduler(AsyncScheduler):
         room = self._cost.prefill_tokens_within(target * TPOT_SAFETY, base, chunk_context)
         return min(self.max_num_scheduled_tokens, decodes + max(room, MIN_PREFILL_TOKENS))
 
+    def _lower_tier_prefills(self) -> list[Any]:
+        """Running prompt chunks of a lower tier than the most urgent waiting request."""
+        if not self.waiting or not self.running or len(self.running) >= self.max_num_active_reqs:
+            return []  # nothing waits, or no slot to admit it into: holding chunks back gains nothing
+        head_rank = self.waiting.peek_request().priority // _TIER_STRIDE
+        return [r for r in self.running if r.is_prefill_chunk and r.priority // _TIER_STRIDE > head_rank]
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         # Decodes first (by tier), then running prefill chunks by key: the running loop hands
         # out the budget in list order, so this is what keeps decodes from starving.
         self.running.sort(key=lambda r: (r.is_prefill_chunk, r.priority, r.arrival_time))
+        held = self._lower_tier_prefills()
         budget = self._shaped_budget()
-        if budget is None:
-            return super().schedule(*args, **kwargs)
-        full = self.max_num_scheduled_tokens
-        self.max_num_scheduled_tokens = budget
+        full, active = self.max_num_scheduled_tokens, self.max_num_active_reqs
+        if held:
+            # Out of self.running for this one call, so the running loop skips them; their
+            # slots stay taken (admission limit lowered by as many) and they come back after.
+            held_ids = {id(r) for r in held}
+            self.running[:] = [r for r in self.running if id(r) not in held_ids]
+            self.max_num_active_reqs = active - len(held)
+        if budget is not None:
+            self.max_num_scheduled_tokens = budget
         try:
             return super().schedule(*args, **kwargs)
         finally:
-            self.max_num_scheduled_tokens = full
-
+            self.max_num_scheduled_tokens, self.max_num_active_reqs = full, active
+            if held:
+                self.running.extend(held)
