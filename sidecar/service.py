@@ -146,12 +146,12 @@ class SidecarCore:
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
         """Check, charge and queue one request; returns once it is released to the engine."""
+        now = self.clock()  # arrival: parsing and token counting are part of the sidecar's latency
         try:
             if self.draining:
                 raise Draining("sidecar is draining; retry on another replica")
             payload = parse_payload(raw, kind, self.config.served_model_name)
             tenant = identity.tenant
-            now = self.clock()
             prompt_tokens = self.counter.count(kind, payload.body)
             predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
             view = RequestView(
