@@ -53,10 +53,17 @@ class LaunchPlan:
     environ: dict[str, str]
 
 
+def uses_tiny_model(options: EngineOptions) -> bool:
+    """No model, or the tiny model's served name (what a CPU InferencePool names, see crds/examples/pool-cpu.yaml)."""
+    from slaq.engine.tiny_model import SERVED_NAME
+
+    return options.model in (None, SERVED_NAME)
+
+
 def plan_launch(options: EngineOptions, model_path: str | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
     """vLLM server arguments and environment for `options` (pure; `model_path` is the tiny model's directory)."""
     environ = dict(os.environ if environ is None else environ)
-    tiny = options.model is None
+    tiny = uses_tiny_model(options)
     if tiny and model_path is None:
         raise LaunchError("the tiny built-in model needs its directory (ensure_tiny_model())")
     device = options.device or ("cpu" if tiny else "gpu")
@@ -114,7 +121,7 @@ def prepare_environment(plan: LaunchPlan, target: MutableMapping[str, str] | Non
 def run(options: EngineOptions) -> None:
     from slaq.engine.tiny_model import ensure_tiny_model
 
-    model_path = str(ensure_tiny_model()) if options.model is None else None
+    model_path = str(ensure_tiny_model()) if uses_tiny_model(options) else None
     plan = plan_launch(options, model_path)
     prepare_environment(plan)
     from slaq.engine import vllm_compat

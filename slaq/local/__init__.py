@@ -1,0 +1,56 @@
+"""`slaq up`: the whole system on one machine (engine + sidecar + tenants), and `slaq up --demo`.
+
+Modules: `tenants` (manifests → tenant table, via the operator's plan_tables), `processes`
+(child processes stopped by pid), `stack` (engine + sidecar lifecycle), `up` (serve until
+interrupted), `demo` (the report's A/B/C scenario, stock vLLM vs slaq).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "up",
+        help="run the engine and the sidecar on this machine (no cluster, no GPU needed)",
+        description="Start `slaq engine` (the tiny built-in model on CPU unless --model) and `slaq sidecar` in front of it, "
+        "serving the tenants of TenantSLA manifests and their key Secrets, until Ctrl-C. "
+        "--demo instead runs the design report's A/B/C scenario once with stock vLLM and once with slaq and prints both.",
+    )
+    parser.add_argument("--tenants", type=Path, action="append", default=None, metavar="PATH",
+                        help="TenantSLA manifests and their key Secrets, a file or a directory; repeatable (default: crds/examples/)")
+    parser.add_argument("--port", type=_port, default=8000, help="the sidecar's port (default 8000; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the sidecar listens on (default 127.0.0.1)")
+    parser.add_argument("--model", default=None, help="a real vLLM model (on GPU); default: the tiny built-in model on CPU")
+    parser.add_argument("--demo", action="store_true", help="run the A/B/C scenario, stock vLLM vs slaq, print the table, exit")
+    parser.add_argument("--demo-seconds", type=float, default=None, metavar="S",
+                        help="length of each demo run's arrivals (default 45)")
+    parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then further `slaq engine` flags")
+    parser.set_defaults(handler=_up)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from slaq.local.up import UpOptions, default_tenants, main
+
+    extra = list(args.engine_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    tenants = tuple(args.tenants or [default_tenants()])
+    if args.demo:
+        from slaq.local.demo import DemoOptions, run_demo_main
+
+        return run_demo_main(DemoOptions(tenants=tenants, model=args.model, engine_args=tuple(extra),
+                                         **({"run_seconds": args.demo_seconds} if args.demo_seconds else {})))
+    return main(UpOptions(tenants=tenants, host=args.host, port=args.port, model=args.model, engine_args=tuple(extra)))

@@ -1,0 +1,24 @@
+"""Errors of `slaq up` and the demo.
+
+LocalError
+├── TenantFileError   the --tenants manifests cannot make a tenant table (names file and field)
+└── StartupError      a child process exited or did not get ready (carries the child, for its log)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LocalError(Exception):
+    """Anything that stops `slaq up`; the message says what to fix."""
+
+
+class TenantFileError(LocalError):
+    pass
+
+
+class StartupError(LocalError):
+    def __init__(self, child: Any, message: str) -> None:
+        super().__init__(message)
+        self.child = child

@@ -1,0 +1,122 @@
+"""Tenants for a local run: TenantSLA manifests and their key Secrets → one tenant table file.
+
+The table comes from the operator's own `plan_tables` (one table builder in the project), for a
+single local pool with one replica, so the sidecar sees exactly what a pod would be handed.
+Keys are read from the Secrets to hash them; only the hashes go into the table file. The plain
+keys stay in memory so `slaq up` can print a ready-to-paste example and the demo can send
+traffic as each tenant.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+from slaq.api.common import API_VERSION, Tier
+from slaq.api.pool import InferencePool
+from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.tenant import TenantSLA
+from slaq.local.errors import TenantFileError
+
+LOCAL_POOL_NAMESPACE = "local"
+LOCAL_POOL_NAME = "slaq-up"
+TIER_ORDER = (Tier.CRITICAL, Tier.STANDARD, Tier.BATCH)
+
+
+@dataclass(frozen=True)
+class LocalTenants:
+    tenants: list[TenantSLA]
+    keys: dict[str, list[str]]  # tenant name → its plain API keys (memory only)
+
+    def example_key(self) -> tuple[str, str]:
+        """(tenant, key) of the most important tier, for the printed curl."""
+        ordered = sorted(self.tenants, key=lambda t: (TIER_ORDER.index(t.spec.tier), t.metadata.name))
+        name = ordered[0].metadata.name
+        return name, self.keys[name][0]
+
+
+def local_pool(model_name: str) -> InferencePool:
+    """The one pool of a local run; its empty tenant selector takes every tenant that selects it."""
+    return InferencePool.model_validate({
+        "apiVersion": API_VERSION, "kind": "InferencePool",
+        "metadata": {"name": LOCAL_POOL_NAME, "namespace": LOCAL_POOL_NAMESPACE},
+        "spec": {"model": {"name": model_name}, "engine": {"device": "cpu"}, "resources": {"gpus": 0}},
+    })
+
+
+def _secret_values(label: str, body: dict[str, Any]) -> dict[str, str]:
+    values = {str(k): str(v) for k, v in (body.get("stringData") or {}).items()}
+    for key, encoded in (body.get("data") or {}).items():
+        try:
+            values.setdefault(str(key), base64.b64decode(str(encoded), validate=True).decode("utf-8"))
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise TenantFileError(f"{label}: data.{key} is not base64 of UTF-8 text: {exc}") from exc
+    return values
+
+
+def read_tenants(paths: Sequence[Path]) -> LocalTenants:
+    """TenantSLAs and their keys from manifest files or directories (other kinds are ignored)."""
+    from slaq.manifests import load_manifests
+
+    for path in paths:
+        if not path.exists():
+            raise TenantFileError(f"--tenants: {path} does not exist")
+    tenants: list[TenantSLA] = []
+    secrets: dict[tuple[str | None, str | None], dict[str, str]] = {}
+    try:
+        manifests = list(load_manifests(paths))
+    except Exception as exc:  # YAML syntax errors name the file and line
+        raise TenantFileError(f"--tenants: cannot read the manifests: {exc}") from exc
+    for manifest in manifests:
+        body = manifest.body
+        if not isinstance(body, dict):
+            continue
+        if body.get("kind") == "TenantSLA":
+            try:
+                tenants.append(TenantSLA.model_validate(body))
+            except ValidationError as exc:
+                fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise TenantFileError(f"{manifest.label}: not a valid TenantSLA: {fields}") from exc
+        elif body.get("kind") == "Secret":
+            meta = body.get("metadata") or {}
+            secrets[(meta.get("namespace"), meta.get("name"))] = _secret_values(manifest.label, body)
+    if not tenants:
+        raise TenantFileError(f"--tenants: no TenantSLA documents in {', '.join(map(str, paths))}")
+    keys: dict[str, list[str]] = {}
+    for tenant in tenants:
+        ref = tenant.spec.api_key_secret_ref
+        values = secrets.get((ref.namespace, ref.name))
+        if not values:
+            raise TenantFileError(f"TenantSLA {tenant.metadata.name}: spec.apiKeySecretRef names Secret "
+                                  f"{ref.namespace}/{ref.name}, which is not in the --tenants files")
+        keys[tenant.metadata.name] = [values[k] for k in sorted(values) if values[k]]
+        if not keys[tenant.metadata.name]:
+            raise TenantFileError(f"Secret {ref.namespace}/{ref.name} (tenant {tenant.metadata.name}) holds no keys")
+    return LocalTenants(tenants, keys)
+
+
+def plan_local_table(local: LocalTenants, pool: InferencePool, salt_key: bytes | None = None) -> TenantTable:
+    """The pool's tenant table, as the operator would write it for one replica."""
+    from slaq.operator.tables import plan_tables, pool_key
+
+    hashes = {name: [hash_api_key(k) for k in values] for name, values in local.keys.items()}
+    plan = plan_tables([pool], local.tenants, hashes, salt_key or os.urandom(32), {pool_key(pool): 1}, {})
+    table = plan.tables[pool_key(pool)]
+    if not table.tenants:
+        raise TenantFileError(f"no tenant selects the local pool {pool_key(pool)} (check spec.poolSelector)")
+    return table
+
+
+def write_table(table: TenantTable, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(table.model_dump_json(by_alias=True, exclude_none=True), encoding="utf-8")
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)  # atomic: the sidecar reloads the file when it changes
+    return path
