@@ -117,3 +117,35 @@ async def test_label_selectors_filter_lists(kube: KubeEmulator) -> None:
 ])
 def test_label_selector_syntax(selector: str, labels: dict[str, str], expected: bool) -> None:
     assert label_selector_matches(selector, labels) is expected
+
+
+async def _next_events(resp, count: int) -> list[dict]:
+    import asyncio
+    import json
+
+    events = []
+    while len(events) < count:
+        line = await asyncio.wait_for(resp.content.readline(), timeout=5)
+        if line.strip():
+            events.append(json.loads(line))
+    return events
+
+
+async def test_watch_resumes_from_a_resource_version_without_replays(kube: KubeEmulator) -> None:
+    await kube.post(CM, json={"metadata": {"name": "a"}})
+    listing = await (await kube.get(CM)).json()
+    rv = listing["metadata"]["resourceVersion"]
+    await kube.post(CM, json={"metadata": {"name": "b"}})  # after the list: must arrive, once
+    async with kube.get(CM, params={"watch": "true", "resourceVersion": rv}) as resp:
+        await kube.patch(f"{CM}/a", json={"data": {"x": "1"}}, headers={"Content-Type": "application/merge-patch+json"})
+        events = await _next_events(resp, 2)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "b"), ("MODIFIED", "a")]
+
+
+async def test_watch_without_a_version_lists_then_streams_changes_once(kube: KubeEmulator) -> None:
+    await kube.post(CM, json={"metadata": {"name": "a"}})
+    async with kube.get(CM, params={"watch": "true"}) as resp:
+        await kube.delete(f"{CM}/a")
+        events = await _next_events(resp, 2)
+    assert [e["type"] for e in events] == ["ADDED", "DELETED"]
+    assert int(events[1]["object"]["metadata"]["resourceVersion"]) > int(events[0]["object"]["metadata"]["resourceVersion"])

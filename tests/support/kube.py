@@ -294,8 +294,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._watchers.add(inbox)  # subscribe before reading state or history: nothing falls in between
         try:
             listed: dict[tuple[str | None, str], int] = {}
+            resumed_from = 0
             if since_param != "0" and since_param.isdigit() and int(since_param) >= self._oldest_version:
-                backlog = [(rv, res, ev) for rv, res, ev in self._history if rv > int(since_param)]
+                resumed_from = int(since_param)
+                backlog = [(rv, res, ev) for rv, res, ev in self._history if rv > resumed_from]
             else:
                 backlog = []
                 for (res, ns, name), obj in self.objects.items():
@@ -309,8 +311,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             while True:
                 rv, res, event = await inbox.get()
                 meta = event["object"].get("metadata", {})
-                if rv <= listed.get((meta.get("namespace"), meta.get("name")), 0):
-                    continue  # already reflected in the listing this watch started with
+                if rv <= resumed_from or rv <= listed.get((meta.get("namespace"), meta.get("name")), 0):
+                    continue  # already before the version resumed from, or in the listing it started with
                 if self._watch_wants(request, res, event, selector):
                     yield event
         finally:
