@@ -1,0 +1,56 @@
+"""Reading usage from sidecars: the real HTTP source against a local stand-in sidecar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp.web
+import yaml
+
+from slaq.api.pool import InferencePool
+from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
+from slaq.operator.client import Connection, KubeClient
+from slaq.operator.usage import HttpUsageSource, PodObservation, mean_sla_risk, parse_sla_risk, sum_usage
+from tests.support.kube import KubeEmulator
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+METRICS = "# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\nslaq_sla_risk 0.75\n"
+
+
+async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) -> None:
+    report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=12.0, refused_per_minute=3.0)})
+    app = aiohttp.web.Application()
+    app.router.add_get(USAGE_PATH, lambda _: aiohttp.web.json_response(report.to_wire()))
+    app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=METRICS))
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    api = KubeClient(Connection(server=str(kube.url).rstrip("/")))
+    try:
+        pool = InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text()))
+        pool.spec.sidecar.port = port
+        labels = {"app.kubernetes.io/name": "slaq", "slaq.dev/pool": "tiny-cpu"}
+        pods = [("ready", labels, "Running", "127.0.0.1"), ("pending", labels, "Pending", None),
+                ("other-pool", {**labels, "slaq.dev/pool": "x"}, "Running", "127.0.0.1")]
+        for name, pod_labels, phase, ip in pods:
+            status = {"phase": phase, **({"podIP": ip} if ip else {})}
+            resp = await kube.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": name, "labels": pod_labels}, "status": status})
+            assert resp.status == 201
+        observations = await HttpUsageSource(api).observe(pool)
+    finally:
+        await api.close()
+        await runner.cleanup()
+    assert [(o.pod, o.sla_risk) for o in observations] == [("ready", 0.75)]
+    assert observations[0].usage == report
+
+
+def test_pool_usage_is_the_sum_over_pods_and_risk_the_mean() -> None:
+    def obs(rpm: float, risk: float | None) -> PodObservation:
+        return PodObservation("p", UsageReport(pool="p", tenants={"a": TenantUsage(requests_per_minute=rpm, concurrency=1)}), risk)
+
+    observations = [obs(1.0, 0.5), obs(2.0, None), obs(3.0, 1.0)]
+    assert sum_usage(observations)["a"] == TenantUsage(requests_per_minute=6.0, concurrency=3)
+    assert mean_sla_risk(observations) == 0.75 and mean_sla_risk([]) is None
+    assert parse_sla_risk(METRICS) == 0.75 and parse_sla_risk("other_metric 1\n") is None
