@@ -84,6 +84,26 @@ async def run_level(base: str, streams: int, per_stream: int, headers: dict[str,
         return samples
 
 
+def added_buckets(sidecar: str) -> dict[float, float]:
+    """Cumulative bucket counts of the sidecar's own `slaq_sidecar_added_seconds` histogram."""
+    buckets = {}
+    for line in httpx.get(sidecar + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("slaq_sidecar_added_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """Upper bound (bucket edge, ms) of the q-quantile of the observations between two scrapes."""
+    edges = sorted(after)
+    total = after[float("inf")] - before.get(float("inf"), 0.0)
+    for edge in edges:
+        if after[edge] - before.get(edge, 0.0) >= q * total:
+            return edge * 1000.0
+    return float("inf")
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
@@ -121,11 +141,19 @@ def main() -> None:
         body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True}
         print(f"load average {os.getloadavg()[0]:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
         print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
+        own = []
         for streams in args.streams:
             d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))
+            before = added_buckets(sidecar)
             s = asyncio.run(run_level(sidecar, streams, args.requests_per_stream, headers, body))
+            after = added_buckets(sidecar)
+            own.append((streams, bucket_quantile(before, after, 0.5), bucket_quantile(before, after, 0.99)))
             print(f"{streams:>8} {len(s):>6} {pct(d, .5):>11.2f} {pct(d, .99):>11.2f} {pct(s, .5):>12.2f} {pct(s, .99):>12.2f} "
                   f"{pct(s, .5) - pct(d, .5):>10.2f} {pct(s, .99) - pct(d, .99):>10.2f}  mean added {1000 * (statistics.fmean(s) - statistics.fmean(d)):.2f}")
+        print("the sidecar's own share of TTFT (slaq_sidecar_added_seconds: its work before the engine call + forwarding the first token),")
+        print("as bucket upper bounds in ms:")
+        for streams, p50, p99 in own:
+            print(f"{streams:>8} streams: p50 <= {p50:g} ms, p99 <= {p99:g} ms")
     finally:
         for process in processes:
             process.terminate()

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -193,11 +194,12 @@ class SidecarApp:
             await work
 
     async def _serve(self, scope: Scope, send: Send, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
+        started = time.perf_counter()
         flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
         observer = ResponseObserver(flight.payload.stream)
         status = 499  # client closed request, unless the response completes
         try:
-            status = await self._stream(scope, send, flight, headers, observer)
+            status = await self._stream(scope, send, flight, headers, observer, started)
         except EngineUnavailable as error:
             self.core.refused(error, identity)
             status = 503
@@ -210,7 +212,10 @@ class SidecarApp:
                 status=status,
             )
 
-    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver) -> int:
+    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver, started: float) -> int:
+        # The sidecar's own share of TTFT: its work before the request leaves (queue wait excluded)
+        # plus forwarding the first token; everything else is the engine's or the network's.
+        before_engine = time.perf_counter() - started - flight.entry.queue_wait_s
         response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight), headers=forward_request_headers(headers))
         try:
             if response.status_code >= 400:
@@ -222,9 +227,13 @@ class SidecarApp:
             await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
             try:
                 async for chunk in response.aiter_raw():
-                    if observer.feed(chunk):
+                    received = time.perf_counter()
+                    first = observer.feed(chunk)
+                    if first:
                         self.core.first_token(flight)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if first:
+                        self.core.metrics.added.observe(max(0.0, before_engine) + time.perf_counter() - received)
             except httpx.HTTPError as exc:
                 # Headers are gone already: all we can do is end the stream; the client sees it cut.
                 log.warning("engine stream broke for tenant %s: %s", flight.identity.tenant.name, exc)

@@ -17,6 +17,7 @@ from slaq.api.common import Tier
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
@@ -41,6 +42,7 @@ class SidecarMetrics:
         self.tpot = Histogram("slaq_tpot_seconds", "Mean time per output token after the first.", ["tenant", "tier"], buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("slaq_e2e_seconds", "End-to-end request latency at the sidecar.", ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("slaq_queue_wait_seconds", "Time spent in the sidecar queue before release to the engine.", ["tier"], buckets=LATENCY_BUCKETS, registry=r)
+        self.added = Histogram("slaq_sidecar_added_seconds", "The sidecar's own share of TTFT: its work before the request leaves for the engine (queue wait excluded) plus forwarding the first token.", buckets=ADDED_BUCKETS, registry=r)
         self.slo = Counter("slaq_slo_outcomes", "Finished requests with objectives, by outcome (met, ttft_missed, tpot_missed).", ["tenant", "tier", "outcome"], registry=r)
         self.rejections = Counter("slaq_rejections", "Refused requests by reason.", ["reason", "tier"], registry=r)
         self.tokens = Counter("slaq_tokens", "Tokens by direction (in: prompt, out: completion).", ["tenant", "tier", "direction"], registry=r)

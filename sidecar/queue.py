@@ -29,6 +29,13 @@ class QueuedRequest:
     queued: bool = False
     released: bool = False
     release_time: float | None = None
+    queued_at: float | None = None  # None: released without queueing
+
+    @property
+    def queue_wait_s(self) -> float:
+        if self.queued_at is None or self.release_time is None:
+            return 0.0
+        return max(0.0, self.release_time - self.queued_at)
 
 
 class RequestQueue:
@@ -163,6 +170,7 @@ class Dispatcher:
             self._release(entry, from_queue=False)
             return
         entry.waiter = asyncio.get_running_loop().create_future()
+        entry.queued_at = self.clock()
         self.queue.push(entry)
         try:
             await entry.waiter

@@ -51,6 +51,7 @@ def test_streaming_chat_records_ttft_and_tokens(sidecar) -> None:
     assert 'slaq_tokens_total{direction="out",tenant="std",tier="standard"} 5.0' in metrics
     assert 'slaq_ttft_seconds_count{tenant="std",tier="standard"} 1.0' in metrics
     assert 'slaq_queue_depth{tier="critical"} 0.0' in metrics
+    assert "slaq_sidecar_added_seconds_count 1.0" in metrics
     assert "slaq_sla_risk " in metrics
 
 
