@@ -1,0 +1,121 @@
+"""Run a pool pod's containers as local processes, exactly as the operator rendered them.
+
+What is taken from the rendered Deployment: each container's `command` + `args` (the `slaq`
+console script), its `env` (fieldRef values filled in as the kubelet would: pod name and
+namespace), and the tenant-table file content from the rendered table Secret.
+
+What is remapped, and only this:
+- ports: the sidecar's `--port` and the engine's `--port` (and the sidecar's `--engine-url`
+  that names it) become free ports on 127.0.0.1, so tests can run beside anything else;
+- volume mounts: each mounted path (`/etc/slaq/tenants`, `/var/cache/slaq`, `/tmp`) becomes a
+  temporary directory, as the kubelet would back it, and args/env values under a mount path
+  point into that directory. The tenant table is written there atomically (rename), as the
+  kubelet updates a Secret volume.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slaq.api.runtime import ENGINE_PORT, HEALTH_PATH, READY_PATH, TENANT_TABLE_KEY
+from slaq.local.processes import Child, free_port, start_child
+
+POD_NAME = "tiny-cpu-e2e-0"
+
+
+@dataclass
+class PodSpecRun:
+    """The local stand-in of one pod: a directory per volume and the two containers' processes."""
+
+    template: dict[str, Any]  # the Deployment's spec.template
+    namespace: str
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slaq-e2e-pod-")))
+    sidecar_port: int = field(default_factory=free_port)
+    engine_port: int = field(default_factory=free_port)
+    children: dict[str, Child] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar_port}"
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.engine_port}"
+
+    def container(self, name: str) -> dict[str, Any]:
+        return next(c for c in self.template["spec"]["containers"] if c["name"] == name)
+
+    def volume_dir(self, volume: str) -> Path:
+        path = self.root / "volumes" / volume
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _mounts(self, container: dict[str, Any]) -> list[tuple[str, Path]]:
+        mounts = [(m["mountPath"], self.volume_dir(m["name"])) for m in container.get("volumeMounts", [])]
+        return sorted(mounts, key=lambda m: -len(m[0]))  # the longest mount path wins
+
+    def _local_path(self, value: str, mounts: list[tuple[str, Path]]) -> str:
+        for mount_path, directory in mounts:
+            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                return str(directory) + value[len(mount_path.rstrip("/")):]
+        return value
+
+    def _remap_ports(self, name: str, args: list[str]) -> list[str]:
+        out = list(args)
+        for i, arg in enumerate(out[:-1]):
+            if arg == "--port":
+                out[i + 1] = str(self.sidecar_port if name == "sidecar" else self.engine_port)
+            if arg == "--engine-url":
+                assert out[i + 1].endswith(f":{ENGINE_PORT}"), out[i + 1]
+                out[i + 1] = out[i + 1][: -len(str(ENGINE_PORT))] + str(self.engine_port)
+        return out
+
+    def command(self, name: str) -> tuple[list[str], dict[str, str]]:
+        container = self.container(name)
+        mounts = self._mounts(container)
+        program = shutil.which(container["command"][0])
+        assert program, f"{container['command'][0]} is not on PATH (pip install -e .)"
+        argv = [program, *container["command"][1:], *self._remap_ports(name, container["args"])]
+        argv = [self._local_path(a, mounts) for a in argv]
+        env = dict(os.environ)  # the image's environment
+        field_values = {"metadata.name": POD_NAME, "metadata.namespace": self.namespace}
+        for entry in container.get("env", []):
+            if "value" in entry:
+                env[entry["name"]] = self._local_path(entry["value"], mounts)
+            else:
+                env[entry["name"]] = field_values[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        # envFrom: the optional model-hub credentials Secret does not exist here (optional: true).
+        assert all(src.get("secretRef", {}).get("optional") for src in container.get("envFrom", []))
+        return argv, env
+
+    def write_table(self, text: str) -> Path:
+        """The table Secret's content into the tenant-table volume (atomic, as the kubelet swaps it)."""
+        directory = self.volume_dir("tenant-table")
+        staging = directory / f".{TENANT_TABLE_KEY}.tmp"
+        staging.write_text(text, encoding="utf-8")
+        target = directory / TENANT_TABLE_KEY
+        staging.replace(target)
+        return target
+
+    def start(self, name: str) -> Child:
+        argv, env = self.command(name)
+        self.commands[name] = argv
+        ready = f"{self.url}{READY_PATH}" if name == "sidecar" else f"{self.engine_url}{HEALTH_PATH}"
+        child = start_child(name, argv, self.root / f"{name}.log", ready, env=env, stop_timeout_s=40.0)
+        self.children[name] = child
+        return child
+
+    def stop(self) -> None:
+        for name in ("sidecar", "engine"):
+            if name in self.children:
+                self.children[name].stop()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,181 @@
+"""The whole system without a cluster: the operator renders the CPU pool (crds/examples/pool-cpu.yaml)
+against the Kubernetes API emulator, and the pod's two containers run here exactly as rendered
+(e2e/pod.py says what is remapped: ports and volume mounts only). Traffic goes through the sidecar.
+
+The tests of this module share one pod (one engine start); they run in file order and leave the
+pod serving for the next one. The engine-kill test restarts the engine and comes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import pytest
+
+from e2e.cluster import ControlPlane, wait_for
+from e2e.conftest import ENGINE_START_TIMEOUT_S, POOL_NAME, POOL_NAMESPACE
+from e2e.pod import PodSpecRun
+from e2e.traffic import attainment, client, stream_completion
+from slaq.api.common import API_VERSION
+from slaq.api.table import hash_api_key
+from slaq.local.processes import wait_ready
+from slaq.operator.names import table_secret_name
+
+pytestmark = pytest.mark.engine
+
+KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standard-0123456789abcdef", "free": "sk-demo-free-0123456789abcdef"}
+HANG_LIMIT_S = 60.0  # a client still waiting after this long counts as hung
+
+
+def tenant_docs(name: str, tier: str, key: str, *, ttft_ms: float | None, quotas: dict | None = None) -> list[dict]:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"tenant-{name}-keys", "namespace": "slaq-system"},
+              "type": "Opaque", "stringData": {"main": key}}
+    spec: dict = {"tier": tier, "apiKeySecretRef": {"name": f"tenant-{name}-keys", "namespace": "slaq-system"}}
+    if ttft_ms is not None:
+        spec["objectives"] = {"ttftMs": ttft_ms}
+    if quotas:
+        spec["quotas"] = quotas
+    return [secret, {"apiVersion": API_VERSION, "kind": "TenantSLA", "metadata": {"name": name}, "spec": spec}]
+
+
+def add_tenant_and_sync(plane: ControlPlane, pod: PodSpecRun, docs: list[dict], name: str) -> None:
+    """Apply, wait for the operator's table Secret to hold the tenant, and hand it to the pod's volume."""
+    for doc in docs:
+        plane.create(doc)
+    text, _ = wait_for(lambda: (t := plane.table(POOL_NAMESPACE, table_secret_name(POOL_NAME))) and name in {e.name for e in t[1].tenants} and t,
+                       60, f"tenant {name} in the pool's table Secret")
+    pod.write_table(text)
+
+
+async def wait_status(url: str, key: str, expected: int, timeout_s: float = 30.0) -> None:
+    async with client(10.0) as http:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = await stream_completion(http, url, key, max_tokens=2)
+            if got.status == expected:
+                return
+            assert time.monotonic() < deadline, f"expected {expected}, still {got.status}: {got.error}"
+            await asyncio.sleep(0.5)
+
+
+def _strip_ports_and_mounts(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            out.append("<remapped>")
+            continue
+        out.append(arg)
+        skip = arg in ("--port", "--engine-url", "--tenant-table")
+    return out
+
+
+async def test_the_pod_runs_as_rendered_and_serves_every_tenant(pod: PodSpecRun, rendered: tuple[dict, str]) -> None:
+    template, table_text = rendered
+    for name in ("engine", "sidecar"):
+        container = pod.container(name)
+        assert container["command"] == ["slaq"]
+        assert _strip_ports_and_mounts(pod.commands[name][1:]) == _strip_ports_and_mounts(container["args"])
+    assert "sk-demo" not in table_text and hash_api_key(KEYS["vip"]) in table_text
+    assert httpx.get(pod.url + "/ready", timeout=5).status_code == 200
+    async with client() as http:
+        outcomes = await asyncio.gather(*(stream_completion(http, pod.url, key, max_tokens=8, seed=i) for i, key in enumerate(KEYS.values())))
+        refused = await stream_completion(http, pod.url, "sk-not-a-tenant-0000000000")
+    assert [(o.status, o.done, o.tokens) for o in outcomes] == [(200, True, 8)] * 3, [o.error for o in outcomes]
+    assert refused.status == 401 and "unknown" in (refused.error or "").lower() or refused.status == 401
+
+
+async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodSpecRun, control_plane: ControlPlane) -> None:
+    key = "sk-e2e-acme-0123456789abcdef"
+    pids = {name: child.pid for name, child in pod.children.items()}
+    await wait_status(pod.url, key, 401, timeout_s=5)
+    await asyncio.to_thread(add_tenant_and_sync, control_plane, pod, tenant_docs("acme", "standard", key, ttft_ms=2000), "acme")
+    await wait_status(pod.url, key, 200, timeout_s=30)
+    assert {name: child.pid for name, child in pod.children.items()} == pids
+    assert all(child.running() for child in pod.children.values())
+
+
+PROBE_TTFT_S = 3.0  # generous for a loaded 2-core machine: the test is about the noisy tenant, not raw speed
+PROBE_SECONDS = 12.0
+PROBE_RATE = 1.0  # requests per second per probe tenant
+NOISY_RPM = 30
+NOISY_RATE = 10 * NOISY_RPM / 60.0  # ten times its quota
+
+
+async def _probe_phase(url: str, keys: list[str], noisy_key: str | None) -> tuple[list, list]:
+    async with client() as http:
+        async def at(delay: float, key: str, seed: int, tokens: int):
+            await asyncio.sleep(delay)
+            return await stream_completion(http, url, key, prompt_tokens=32, max_tokens=tokens, seed=seed)
+
+        probes = [at(i / PROBE_RATE + j * 0.5 / PROBE_RATE, key, i * 10 + j, 16)
+                  for i in range(int(PROBE_SECONDS * PROBE_RATE)) for j, key in enumerate(keys)]
+        noisy = [at(i / NOISY_RATE, noisy_key, 9000 + i, 256) for i in range(int(PROBE_SECONDS * NOISY_RATE))] if noisy_key else []
+        results = await asyncio.gather(*probes, *noisy)
+    return list(results[: len(probes)]), list(results[len(probes):])
+
+
+async def test_a_noisy_tenant_at_ten_times_its_quota_leaves_the_others_attainment_alone(pod: PodSpecRun, control_plane: ControlPlane) -> None:
+    probe_keys = {"probe-a": "sk-e2e-probe-a-0123456789", "probe-b": "sk-e2e-probe-b-0123456789"}
+    noisy_key = "sk-e2e-noisy-0123456789abcdef"
+    docs = tenant_docs("probe-a", "critical", probe_keys["probe-a"], ttft_ms=PROBE_TTFT_S * 1000)
+    docs += tenant_docs("probe-b", "standard", probe_keys["probe-b"], ttft_ms=PROBE_TTFT_S * 1000)
+    docs += tenant_docs("noisy", "standard", noisy_key, ttft_ms=PROBE_TTFT_S * 1000,
+                        quotas={"requestsPerMinute": NOISY_RPM, "maxConcurrency": 2})
+    for name in ("probe-a", "probe-b"):
+        await asyncio.to_thread(add_tenant_and_sync, control_plane, pod, [d for d in docs if name in d["metadata"]["name"]], name)
+    await asyncio.to_thread(add_tenant_and_sync, control_plane, pod, [d for d in docs if "noisy" in d["metadata"]["name"]], "noisy")
+    for key in (*probe_keys.values(), noisy_key):
+        await wait_status(pod.url, key, 200, timeout_s=30)
+
+    quiet, _ = await _probe_phase(pod.url, list(probe_keys.values()), None)
+    loud, noisy = await _probe_phase(pod.url, list(probe_keys.values()), noisy_key)
+    before, after = attainment(quiet, PROBE_TTFT_S), attainment(loud, PROBE_TTFT_S)
+    refused = sum(1 for o in noisy if o.status == 429)
+    print(f"probe attainment quiet {before:.1%}, with the noisy tenant {after:.1%}; noisy: {len(noisy)} sent, "
+          f"{refused} refused 429, {sum(o.done for o in noisy)} completed")
+    assert refused >= len(noisy) // 2, "the noisy tenant's quota did not hold"
+    assert after >= before - 0.02, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
+
+
+async def test_sidecar_sigterm_lets_in_flight_requests_finish(pod: PodSpecRun) -> None:
+    sidecar = pod.children["sidecar"]
+    async with client() as http:
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(stream_completion(http, pod.url, KEYS["standard"], max_tokens=128, seed=i, first_token=started))
+                 for i in range(4)]
+        await asyncio.wait_for(started.wait(), 60)
+        sidecar.signal(signal.SIGTERM)
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)
+    assert [(o.status, o.done, o.tokens) for o in outcomes] == [(200, True, 128)] * 4, [o.error for o in outcomes]
+    assert await asyncio.to_thread(sidecar.process.wait, 40) == 0
+    # The next test needs the pod whole again: the kubelet would restart the container.
+    restarted = pod.start("sidecar")
+    await asyncio.to_thread(wait_ready, [restarted], 60.0)
+
+
+async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recovers(pod: PodSpecRun) -> None:
+    engine = pod.children["engine"]
+    async with client() as http:
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(stream_completion(http, pod.url, key, max_tokens=512, seed=i, first_token=started))
+                 for i, key in enumerate([*KEYS.values(), *KEYS.values()])]
+        await asyncio.wait_for(started.wait(), 60)
+        engine.signal(signal.SIGKILL)
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
+        for o in outcomes:
+            assert o.status == 503 or (o.status == 200 and o.terminated), (o.status, o.done, o.tokens, o.error)
+        assert any(o.status == 200 and o.tokens > 0 for o in outcomes), "no stream was in flight when the engine died"
+        await asyncio.to_thread(engine.process.wait, 30)
+        await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
+                                "the sidecar to report not ready")
+        after = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
+        assert after.status == 503 and not after.done
+
+        restarted = pod.start("engine")  # as the kubelet restarts a failed container
+        await asyncio.to_thread(wait_ready, [restarted, pod.children["sidecar"]], ENGINE_START_TIMEOUT_S)
+        back = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
+    assert (back.status, back.done, back.tokens) == (200, True, 4), back.error

@@ -1,0 +1,79 @@
+"""Client side of the e2e tests: streaming completions through the sidecar, with what each one got."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+
+MODEL = "slaq-tiny"
+
+
+@dataclass
+class Outcome:
+    status: int | None = None
+    ttft_s: float | None = None
+    tokens: int = 0
+    done: bool = False  # the stream ended with [DONE]
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def terminated(self) -> bool:
+        """Ended without completing: a refused request or a stream that was cut."""
+        return not self.done
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, prompt_tokens: int = 16,
+                            max_tokens: int = 16, seed: int = 0, first_token: asyncio.Event | None = None) -> Outcome:
+    rng = random.Random(seed)
+    body = {"model": MODEL, "prompt": [rng.randrange(10, 200) for _ in range(prompt_tokens)], "max_tokens": max_tokens,
+            "min_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    outcome = Outcome()
+    started = time.monotonic()
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+            outcome.status = response.status_code
+            if response.status_code != 200:
+                outcome.error = (await response.aread()).decode("utf-8", "replace")[:200]
+                return outcome
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    outcome.done = True
+                    break
+                data = json.loads(payload)
+                if "error" in data:
+                    outcome.error = str(data["error"])[:200]
+                    break
+                if data.get("usage"):  # the engine's own count: a token may decode to no text yet
+                    outcome.tokens = data["usage"].get("completion_tokens", outcome.tokens)
+                choices = data.get("choices") or []
+                if choices and choices[0].get("text"):
+                    if not data.get("usage"):
+                        outcome.tokens += 1
+                    if outcome.ttft_s is None:
+                        outcome.ttft_s = time.monotonic() - started
+                        if first_token is not None:
+                            first_token.set()
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        outcome.elapsed_s = time.monotonic() - started
+    return outcome
+
+
+def client(timeout_s: float = 120.0) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=httpx.Limits(max_connections=256))
+
+
+def attainment(outcomes: list[Outcome], ttft_objective_s: float) -> float:
+    met = sum(1 for o in outcomes if o.done and o.ttft_s is not None and o.ttft_s <= ttft_objective_s)
+    return met / len(outcomes)
