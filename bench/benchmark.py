@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from slaq.api.common import Tier
-from slaq.bench.capacity import CAPACITY_METHOD, Capacity, measure_capacity
+from slaq.bench.capacity import Capacity, measure_capacity
 from slaq.bench.errors import WorkloadError
 from slaq.bench.metrics import policy_figures
 from slaq.bench.policies import PolicySpec
@@ -37,6 +37,8 @@ class WorkloadSpec:
     mix: dict[Tier, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     tenants_per_tier: int = 3
     objectives: dict[Tier, TierObjectives] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
+    # Mean rate of the whole trace when the workload is a window of it (see scale_to_rate).
+    reference_rate: float | None = field(default=None, init=False)
 
     def rows(self) -> list[TraceRow]:
         if self.requests < 2:
@@ -46,7 +48,11 @@ class WorkloadSpec:
                 raise WorkloadError("without --trace the arrivals are synthetic: use --arrivals poisson")
             return poisson_rows(self.requests, seed=self.seed)
         if self.window_s is not None:
-            rows = densest_window(read_trace(self.trace), self.window_s)[: self.requests]
+            whole = read_trace(self.trace)
+            if len(whole) < 2 or whole[-1].arrival_s <= 0:
+                raise WorkloadError(f"{self.trace}: too few requests to cut a window from")
+            self.reference_rate = (len(whole) - 1) / whole[-1].arrival_s
+            rows = densest_window(whole, self.window_s)[: self.requests]
         else:
             rows = read_trace(self.trace, limit=self.requests)
         if self.arrivals == "poisson":
@@ -64,6 +70,9 @@ class WorkloadSpec:
             "trace_attribution": TRACE_ATTRIBUTION if self.trace else None,
             "arrivals": self.arrivals,
             "window_s": self.window_s,
+            # A window's arrival rate over the whole trace's: how much denser the slice is.
+            "window_density": None if self.reference_rate is None or len(requests) < 2
+            else round((len(requests) - 1) / max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9) / self.reference_rate, 4),
             "requests": len(requests),
             "seed": self.seed,
             "mix": {t.value: round(v, 6) for t, v in self.mix.items()},
@@ -95,7 +104,7 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
     entries = []
     for load in loads:
         rate = load * capacity.requests_per_s
-        scaled = scale_to_rate(requests, rate)
+        scaled = scale_to_rate(requests, rate, reference_rate=workload.reference_rate)
         results: dict[str, Any] = {}
         for spec in policies:
             progress = on_start(spec, load) if on_start else None
@@ -124,5 +133,3 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         report["sweep"] = entries
     return report
 
-
-__all__ = ["CAPACITY_METHOD", "WorkloadSpec", "run_benchmark"]

@@ -20,12 +20,23 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"loads must be positive numbers, got {text!r}")
+    return value
+
+
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=None,
                         help=f"Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default {DEFAULT_TRACE} when present")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
     parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
-                        help="take the trace's densest window of this many seconds (its bursts) instead of its start")
+                        help="take the trace's densest window of this many seconds (its bursts) instead of its start; "
+                             "--load then scales the whole trace, so the window keeps its extra density")
     parser.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
                         help="keep the trace's arrival pattern, or a Poisson process with the trace's lengths")
     parser.add_argument("--seed", type=int, default=1, help="seed for tenant/tier assignment and Poisson arrivals")
@@ -44,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "schedule()/update_from_output() in simulated time and compare SLO attainment.")
     _workload_arguments(sim)
     loads = sim.add_mutually_exclusive_group()
-    loads.add_argument("--load", type=_floats, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
+    loads.add_argument("--load", type=_positive, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
     loads.add_argument("--load-sweep", type=_floats, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
     sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
@@ -111,7 +122,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies)
     for spec in policies:
         spec.load()  # fail before any simulation when a policy is not available
-    loads = args.load_sweep or args.load or [1.0]
+    loads = args.load_sweep or [args.load or 1.0]
     workload = workload_from_args(args)
     profile = load_profile(args.profile)
     bars: dict[tuple[str, float], ProgressBar] = {}
@@ -127,8 +138,8 @@ def _run_sim(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['throughput_tok_s']:,.0f} tok/s")
 
-    if not args.quiet:
-        print("measuring capacity..." if args.capacity_rps is None else "", file=sys.stderr, end="\n" if args.capacity_rps is None else "")
+    if not args.quiet and args.capacity_rps is None:
+        print("measuring capacity...", file=sys.stderr)
     kept: list = [] if args.plots else None
     report = run_benchmark(workload, profile, policies, loads, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain,
                            on_start=on_start, on_done=on_done, keep_results=kept)

@@ -135,14 +135,17 @@ def mean_rate(requests: Sequence[BenchRequest]) -> float:
     return (len(requests) - 1) / span
 
 
-def scale_to_rate(requests: Sequence[BenchRequest], rate_rps: float) -> list[BenchRequest]:
+def scale_to_rate(requests: Sequence[BenchRequest], rate_rps: float, *, reference_rate: float | None = None) -> list[BenchRequest]:
     """The same requests with arrivals stretched or compressed to a mean rate of `rate_rps`.
 
     Bursts keep their shape relative to the mean: a window at 9x the mean rate stays at 9x.
+    With `reference_rate` (the mean rate of the whole trace a slice was cut from), the time
+    axis is scaled so that the *whole trace* would run at `rate_rps`: a dense slice keeps its
+    extra density.
     """
     if not (rate_rps > 0 and math.isfinite(rate_rps)):
         raise WorkloadError(f"rate must be a positive number, got {rate_rps}")
-    factor = mean_rate(requests) / rate_rps
+    factor = (reference_rate or mean_rate(requests)) / rate_rps
     origin = requests[0].arrival_s
     return [replace(r, arrival_s=round((r.arrival_s - origin) * factor, 9)) for r in requests]
 

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from slaq.cli import main
 
 from .conftest import SAMPLE_TRACE
 
@@ -19,10 +22,12 @@ def _slaq(*args: str, timeout: float = 110) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(120)
-def test_small_sweep_with_report_and_plots(tmp_path: Path) -> None:
-    out, plots = tmp_path / "report.json", tmp_path / "plots"
+def test_small_sweep_with_report_and_plots(tmp_path: Path, small_profile) -> None:
+    out, plots, profile = tmp_path / "report.json", tmp_path / "plots", tmp_path / "small.yaml"
+    profile.write_text(yaml.safe_dump(small_profile.model_dump(mode="json")))
     result = _slaq("sim", "--trace", str(SAMPLE_TRACE), "--requests", "80", "--load-sweep", "0.5,1.0,1.5,2.0",
-                   "--policies", "fcfs,priority,oracle", "--seed", "3", "--out", str(out), "--plots", str(plots), "--quiet")
+                   "--policies", "fcfs,priority,oracle", "--seed", "3", "--profile", str(profile),
+                   "--out", str(out), "--plots", str(plots), "--quiet")
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert [entry["load"] for entry in report["sweep"]] == [0.5, 1.0, 1.5, 2.0]
@@ -46,10 +51,11 @@ def test_small_sweep_with_report_and_plots(tmp_path: Path) -> None:
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.iterdir())
 
 
-def test_bad_input_is_named() -> None:
-    result = _slaq("sim", "--trace", "/no/such.csv", "--policies", "fcfs", "--quiet", timeout=60)
-    assert result.returncode == 2 and "trace file not found: /no/such.csv" in result.stderr
-    result = _slaq("sim", "--policies", "fcfs,edf", "--quiet", timeout=60)
-    assert result.returncode == 2 and "unknown policy 'edf'" in result.stderr
-    result = _slaq("sim", "--load", "-1", timeout=60)
-    assert result.returncode == 2 and "loads must be positive" in result.stderr
+def test_bad_input_is_named(capsys) -> None:
+    assert main(["bench", "sim", "--trace", "/no/such.csv", "--policies", "fcfs", "--quiet"]) == 2
+    assert "trace file not found: /no/such.csv" in capsys.readouterr().err
+    assert main(["bench", "sim", "--policies", "fcfs,edf", "--quiet"]) == 2
+    assert "unknown policy 'edf'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "sim", "--load", "-1"])
+    assert exit_info.value.code == 2 and "loads must be positive" in capsys.readouterr().err

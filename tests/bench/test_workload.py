@@ -105,3 +105,16 @@ def test_attainment_needs_both_objectives() -> None:
     assert not goal.met(0.6, 0.04)
     assert not goal.met(0.4, 0.06)
     assert TierObjectives(60.0, None).met(59.0, 5.0)
+
+
+def test_a_dense_window_keeps_its_extra_density_when_scaled() -> None:
+    from slaq.bench.benchmark import WorkloadSpec
+
+    spec = WorkloadSpec(trace=SAMPLE_TRACE, requests=1000, window_s=10.0)
+    requests = spec.build()
+    whole = read_trace(SAMPLE_TRACE)
+    assert spec.reference_rate == pytest.approx((len(whole) - 1) / whole[-1].arrival_s)
+    density = spec.describe(requests)["window_density"]
+    assert density > 1.0
+    scaled = scale_to_rate(requests, 20.0, reference_rate=spec.reference_rate)
+    assert mean_rate(scaled) == pytest.approx(20.0 * density, rel=1e-3)
