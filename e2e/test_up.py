@@ -1,0 +1,118 @@
+"""`slaq up` as a user runs it: the banner's curl works as printed, Ctrl-C stops both children, and a
+child that fails to start stops everything and shows its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slaq.local.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 420.0
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def _group_alive(pgid: int, grace_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + grace_s  # a killed grandchild is reaped by init a moment later
+    while _group_members(pgid):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _read_until(log: Path, process: subprocess.Popen, pattern: str, timeout_s: float) -> str:
+    """The output `process` wrote to `log`, once a line matches `pattern`."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if re.search(pattern, text):
+            return text
+        if process.poll() is not None:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"no {pattern!r} within {timeout_s:.0f}s (exit {process.poll()}); output:\n{text[-3000:]}")
+
+
+@pytest.mark.engine
+def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "up.log"
+    with open(log, "w") as out_file:
+        process = subprocess.Popen([sys.executable, "-u", "-m", "slaq", "up", "--port", str(port)], cwd=ROOT, stdout=out_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    children: list[int] = []
+    try:
+        out = _read_until(log, process, r"Ctrl-C stops both processes", START_TIMEOUT_S)
+        assert f"http://127.0.0.1:{port}" in out and "starting the engine" in out
+        children = _children(process.pid)
+        assert len(children) == 2, children
+        curl = out[out.index("curl "): out.index("\n\nCtrl-C")]
+        assert "sk-demo-vip-0123456789abcdef" in curl
+        answer = subprocess.run(["bash", "-c", curl + " -sS --fail-with-body"], capture_output=True, text=True, timeout=120)
+        assert answer.returncode == 0, answer.stdout + answer.stderr
+        body = json.loads(answer.stdout)
+        assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 16
+        refused = subprocess.run(["bash", "-c", curl.replace("sk-demo-vip-0123456789abcdef", "sk-wrong") + " -s -o /dev/null -w '%{http_code}'"],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.stdout == "401"
+        os.kill(process.pid, signal.SIGINT)  # what Ctrl-C sends
+        assert process.wait(timeout=90) == 0
+        assert "stopped (pids" in log.read_text()
+        for child in children:  # each child led its own process group; nothing of it is left
+            assert not _group_alive(child), f"process group {child} still has processes"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for child in children:
+            if _group_members(child):
+                os.killpg(child, signal.SIGKILL)
+
+
+def test_up_stops_everything_and_shows_the_log_when_the_engine_cannot_start() -> None:
+    port = free_port()
+    result = subprocess.run([sys.executable, "-m", "slaq", "up", "--port", str(port), "--", "--max-num-seqs", "lots"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "engine exited with status 2 while starting" in result.stderr
+    assert "--max-num-seqs: invalid int value: 'lots'" in result.stderr  # the tail of the engine's own log
+    # The sidecar it had started is gone: nothing listens on the port any more.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_up_names_a_missing_tenants_path() -> None:
+    result = subprocess.run([sys.executable, "-m", "slaq", "up", "--tenants", "/nonexistent/tenants"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--tenants: /nonexistent/tenants does not exist" in result.stderr
