@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from slaq.api.common import Tier
 from slaq.bench.capacity import Capacity, measure_capacity
-from slaq.bench.errors import WorkloadError
+from slaq.bench.errors import PolicyUnavailable, WorkloadError
 from slaq.bench.metrics import policy_figures
 from slaq.bench.policies import PolicySpec
 from slaq.bench.profile import PoolProfile
@@ -108,7 +109,17 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         results: dict[str, Any] = {}
         for spec in policies:
             progress = on_start(spec, load) if on_start else None
-            result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress)
+            try:
+                result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress)
+            except PolicyUnavailable:
+                raise
+            except Exception as exc:  # a scheduler that crashes is a result: report it, run the others
+                figures = {"scheduler": spec.summary, "error": f"{type(exc).__name__}: {exc}",
+                           "error_at": "".join(traceback.format_exception(exc)[-3:]).strip()}
+                results[spec.name] = figures
+                if on_done:
+                    on_done(spec, load, figures)
+                continue
             figures = policy_figures(result, workload.objectives)
             figures["scheduler"] = spec.summary
             results[spec.name] = figures

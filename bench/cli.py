@@ -136,7 +136,10 @@ def _run_sim(args: argparse.Namespace) -> int:
     def on_done(spec, load, figures):
         bar = bars.pop((spec.name, load), None)
         if bar is not None:
-            bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['throughput_tok_s']:,.0f} tok/s")
+            if "error" in figures:
+                bar.close(f"FAILED: {figures['error']}")
+            else:
+                bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['throughput_tok_s']:,.0f} tok/s")
 
     if not args.quiet and args.capacity_rps is None:
         print("measuring capacity...", file=sys.stderr)
@@ -175,4 +178,8 @@ def _run_sim(args: argparse.Namespace) -> int:
             written.append(ttft_cdf(ttfts, objectives, args.plots / f"ttft_cdf_load{entry['load']:g}.png", f"TTFT CDF at load {entry['load']:g}"))
         written.append(attainment_vs_load(entries, args.plots / "attainment_vs_load.png", "SLO attainment vs load"))
         print("plots: " + ", ".join(str(p) for p in written))
+    failed = sorted({name for entry in entries for name, figures in entry["policies"].items() if "error" in figures})
+    if failed:
+        print(f"\nfailed policies (their scheduler raised; see the report's `error`): {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0

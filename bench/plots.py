@@ -45,12 +45,14 @@ def ttft_cdf(ttfts: Mapping[str, Mapping[str, Sequence[float]]], objectives: Map
 
 def attainment_vs_load(sweep: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     plt = _pyplot()
-    loads = [entry["load"] for entry in sweep]
     names = list(sweep[0]["policies"]) if sweep else []
     fig, axes = plt.subplots(1, len(Tier), figsize=(5 * len(Tier), 4), squeeze=False)
     for ax, tier in zip(axes[0], Tier):
         for name in names:
-            ax.plot(loads, [entry["policies"][name]["tiers"][tier.value]["attainment"] for entry in sweep], marker="o", label=name)
+            points = [(entry["load"], entry["policies"][name]["tiers"][tier.value]["attainment"])
+                      for entry in sweep if "error" not in entry["policies"][name]]
+            if points:
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
         ax.set_title(tier.value)
         ax.set_xlabel("load (x measured capacity)")
         ax.set_ylabel("SLO attainment")

@@ -59,7 +59,12 @@ def format_table(policies: dict[str, Any], *, title: str = "") -> str:
     """Policies side by side: one block per policy, one row per tier, plus the policy's totals."""
     rows: list[list[str]] = []
     baseline = policies.get("fcfs")
+    if baseline is not None and "error" in baseline:
+        baseline = None
     for name, figures in policies.items():
+        if "error" in figures:
+            rows.append([f"{name}: FAILED: {figures['error']}"])
+            continue
         ratio = ""
         if baseline and name != "fcfs" and baseline["goodput_rps"] > 0:
             ratio = f"  goodput {figures['goodput_rps'] / baseline['goodput_rps']:.2f}x fcfs, throughput {figures['throughput_tok_s'] / baseline['throughput_tok_s']:.3f}x"
@@ -88,7 +93,10 @@ def sweep_table(sweep: Sequence[dict[str, Any]]) -> str:
     for name in names:
         cells = []
         for entry in sweep:
-            tiers = entry["policies"][name]["tiers"]
-            cells.append(" / ".join(f"{100 * tiers[t.value]['attainment']:.0f}" for t in Tier).rjust(22))
+            figures = entry["policies"][name]
+            if "error" in figures:
+                cells.append("failed".rjust(22))
+                continue
+            cells.append(" / ".join(f"{100 * figures['tiers'][t.value]['attainment']:.0f}" for t in Tier).rjust(22))
         lines.append(name.ljust(10) + "".join(cells))
     return "\n".join(lines)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from slaq.api.common import Tier
+from slaq.bench.benchmark import WorkloadSpec, run_benchmark
 from slaq.bench.errors import PolicyUnavailable
 from slaq.bench.policies import POLICIES, PolicySpec, parse_policies, policy
+from slaq.bench.report import format_table
 from slaq.bench.runner import run_policy
 from slaq.bench.trace import read_trace
 from slaq.bench.workload import DEFAULT_OBJECTIVES, assign_tenants, scale_to_rate
@@ -42,3 +45,25 @@ def test_every_registered_policy_serves_a_workload(name: str, small_profile) -> 
     assert all(r.finished and r.tokens_out == r.output_tokens for r in result.records)
     assert all(r.first_token_s is not None and r.first_token_s > r.arrival_s for r in result.records)
     assert {r.tier for r in result.records} == set(Tier)
+
+
+class CrashingScheduler(AsyncScheduler):
+    """A scheduler with a bug: its third step raises."""
+
+    def schedule(self, *args, **kwargs):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 3:
+            raise ZeroDivisionError("float division by zero")
+        return super().schedule(*args, **kwargs)
+
+
+def test_a_crashing_scheduler_is_reported_and_the_others_still_run(small_profile) -> None:
+    crashing = PolicySpec("crashing", "fcfs", "a scheduler with a bug", __name__, "CrashingScheduler")
+    workload = WorkloadSpec(trace=SAMPLE_TRACE, requests=40)
+    report = run_benchmark(workload, small_profile, [crashing, policy("fcfs")], [1.0], capacity_rps=5.0)
+    failed, fcfs = report["policies"]["crashing"], report["policies"]["fcfs"]
+    assert failed["error"] == "ZeroDivisionError: float division by zero"
+    assert "attainment" not in failed
+    assert fcfs["completed_fraction"] == 1.0
+    table = format_table(report["policies"])
+    assert "crashing: FAILED: ZeroDivisionError" in table and "fcfs: attainment" in table
