@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from slaq.engine.step_budget import BatchView
 
-SAFETY = 0.95  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
+PRIOR_COVARIANCE = ((1.0, 0.0), (0.0, 1e-6))  # (s², s²/token²): how far the prior may be off
+SAFETY = 0.85  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class StepTimeModel:
     fixed_s: float = 0.010
     per_token_s: float = 30e-6
     forget: float = 0.98
-    _p: list[list[float]] = field(default_factory=lambda: [[1.0, 0.0], [0.0, 1e-6]])
+    _p: list[list[float]] = field(default_factory=lambda: [list(row) for row in PRIOR_COVARIANCE])
     observations: int = 0
 
     def predict(self, tokens: int) -> float:
