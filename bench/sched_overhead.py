@@ -12,6 +12,8 @@ Scenarios:
   is topped up to its size after each step: admission and prefix-cache lookups every step.
 
 Each figure is the quietest of --repeats alternating measurements (other processes only add time).
+The two schedulers admit different requests, so a step can carry different work: "tok" is the mean
+tokens scheduled per step, and "p50/token" the ratio of p50 step time per scheduled token.
 
 Usage: python bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000] [--repeats R]
 """
@@ -43,7 +45,8 @@ def _request(index: int, tier: Tier, max_tokens: int):
     return make_request(tier, tenant=f"tenant{index % 7}", prompt_tokens=48 + index % 64, max_tokens=max_tokens, prompt_seed=index)
 
 
-def _measure(scheduler_cls: type, waiting: int, steps: int, scenario: str, max_num_seqs: int = MAX_NUM_SEQS) -> list[float]:
+def _measure(scheduler_cls: type, waiting: int, steps: int, scenario: str, max_num_seqs: int = MAX_NUM_SEQS) -> tuple[list[float], float]:
+    """Per-step schedule() seconds, and mean tokens scheduled per step (the work those steps did)."""
     from slaq.engine.standalone import Driver, build_scheduler
 
     scheduler = build_scheduler(
@@ -69,15 +72,17 @@ def _measure(scheduler_cls: type, waiting: int, steps: int, scenario: str, max_n
         for _ in range(20):
             driver.step()
     timings: list[float] = []
+    tokens = 0
     gc.collect()
     for _ in range(steps):
         started = time.perf_counter()
         output = scheduler.schedule()
         timings.append(time.perf_counter() - started)
+        tokens += output.total_num_scheduled_tokens
         driver.answer(output)
         if scenario == "churn":
             arrive(max(0, waiting - len(scheduler.waiting)))
-    return timings
+    return timings, tokens / steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"schedule() per step, max_num_seqs={args.max_num_seqs}, max_num_batched_tokens={MAX_BATCHED_TOKENS}, "
           f"{args.steps} steps, quietest of {args.repeats}")
-    print(f"{'scenario':<8} {'waiting':>8} {'stock mean µs':>14} {'slaq mean µs':>13} {'stock p50':>10} {'slaq p50':>9} {'ratio mean':>11} {'ratio p50':>10}")
+    print(f"{'scenario':<8} {'waiting':>8} {'stock mean µs':>14} {'slaq mean µs':>13} {'stock p50':>10} {'slaq p50':>9} {'ratio mean':>11} "
+          f"{'ratio p50':>10} {'stock tok':>10} {'slaq tok':>9} {'p50/token':>10}")
     for scenario in args.scenarios.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
             stock_runs, slaq_runs = [], []
@@ -103,9 +109,12 @@ def main(argv: list[str] | None = None) -> int:
                 stock_runs.append(_measure(AsyncScheduler, size, args.steps, scenario, args.max_num_seqs))
                 slaq_runs.append(_measure(SLAScheduler, size, args.steps, scenario, args.max_num_seqs))
             # the quietest repeat of each: noise only ever adds time
-            s_mean, q_mean = (min(statistics.fmean(run) for run in runs) * 1e6 for runs in (stock_runs, slaq_runs))
-            s_p50, q_p50 = (min(statistics.median(run) for run in runs) * 1e6 for runs in (stock_runs, slaq_runs))
-            print(f"{scenario:<8} {size:>8} {s_mean:>14.0f} {q_mean:>13.0f} {s_p50:>10.0f} {q_p50:>9.0f} {q_mean / s_mean:>11.2f} {q_p50 / s_p50:>10.2f}")
+            s_mean, q_mean = (min(statistics.fmean(run) for run, _ in runs) * 1e6 for runs in (stock_runs, slaq_runs))
+            s_p50, q_p50 = (min(statistics.median(run) for run, _ in runs) * 1e6 for runs in (stock_runs, slaq_runs))
+            s_tok, q_tok = (statistics.fmean(tok for _, tok in runs) for runs in (stock_runs, slaq_runs))
+            per_token = (q_p50 / max(q_tok, 1.0)) / (s_p50 / max(s_tok, 1.0))
+            print(f"{scenario:<8} {size:>8} {s_mean:>14.0f} {q_mean:>13.0f} {s_p50:>10.0f} {q_p50:>9.0f} {q_mean / s_mean:>11.2f} "
+                  f"{q_p50 / s_p50:>10.2f} {s_tok:>10.0f} {q_tok:>9.0f} {per_token:>10.2f}")
             sys.stdout.flush()
     return 0
 

@@ -17,4 +17,4 @@ def test_benchmark_prints_a_row_per_scenario_and_size(capsys: pytest.CaptureFixt
     assert module.main(["--steps", "3", "--sizes", "10,20", "--repeats", "1", "--max-num-seqs", "8"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("full", "churn"))]
     assert [(row[0], row[1]) for row in rows] == [("full", "10"), ("full", "20"), ("churn", "10"), ("churn", "20")]
-    assert all(float(row[-1]) > 0 for row in rows)
+    assert all(len(row) == 11 and float(row[7]) > 0 and float(row[-1]) > 0 for row in rows)
