@@ -85,7 +85,7 @@ async def test_the_pod_runs_as_rendered_and_serves_every_tenant(pod: PodSpecRun,
         outcomes = await asyncio.gather(*(stream_completion(http, pod.url, key, max_tokens=8, seed=i) for i, key in enumerate(KEYS.values())))
         refused = await stream_completion(http, pod.url, "sk-not-a-tenant-0000000000")
     assert [(o.status, o.done, o.tokens) for o in outcomes] == [(200, True, 8)] * 3, [o.error for o in outcomes]
-    assert refused.status == 401 and "unknown" in (refused.error or "").lower() or refused.status == 401
+    assert refused.status == 401 and '"error"' in (refused.error or ""), refused.error
 
 
 async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodSpecRun, control_plane: ControlPlane) -> None:
@@ -99,8 +99,8 @@ async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodS
 
 
 PROBE_TTFT_S = 3.0  # generous for a loaded 2-core machine: the test is about the noisy tenant, not raw speed
-PROBE_SECONDS = 12.0
-PROBE_RATE = 1.0  # requests per second per probe tenant
+PROBE_SECONDS = 12.5
+PROBE_RATE = 2.0  # requests per second per probe tenant: 50 probes a phase, so one miss is 2 points
 NOISY_RPM = 30
 NOISY_RATE = 10 * NOISY_RPM / 60.0  # ten times its quota
 
@@ -138,7 +138,7 @@ async def test_a_noisy_tenant_at_ten_times_its_quota_leaves_the_others_attainmen
     print(f"probe attainment quiet {before:.1%}, with the noisy tenant {after:.1%}; noisy: {len(noisy)} sent, "
           f"{refused} refused 429, {sum(o.done for o in noisy)} completed")
     assert refused >= len(noisy) // 2, "the noisy tenant's quota did not hold"
-    assert after >= before - 0.02, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
+    assert after >= before - 0.02 - 1e-9, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
 
 
 async def test_sidecar_sigterm_lets_in_flight_requests_finish(pod: PodSpecRun) -> None:
@@ -161,14 +161,16 @@ async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recove
     engine = pod.children["engine"]
     async with client() as http:
         started = asyncio.Event()
-        tasks = [asyncio.create_task(stream_completion(http, pod.url, key, max_tokens=512, seed=i, first_token=started))
+        # Long outputs (the pool allows 2048 tokens), so the streams are still running at the kill.
+        tasks = [asyncio.create_task(stream_completion(http, pod.url, key, max_tokens=1500, seed=i, first_token=started))
                  for i, key in enumerate([*KEYS.values(), *KEYS.values()])]
         await asyncio.wait_for(started.wait(), 60)
+        killed_at = time.monotonic()
         engine.signal(signal.SIGKILL)
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
-        for o in outcomes:
-            assert o.status == 503 or (o.status == 200 and o.terminated), (o.status, o.done, o.tokens, o.error)
-        assert any(o.status == 200 and o.tokens > 0 for o in outcomes), "no stream was in flight when the engine died"
+        for o in outcomes:  # cut, refused, or (only if it ended before the kill) complete
+            assert o.status == 503 or (o.status == 200 and (o.terminated or o.ended_at <= killed_at)), (o.status, o.done, o.tokens, o.error)
+        assert any(o.status == 200 and o.terminated and o.tokens > 0 for o in outcomes), "no stream was cut mid-way by the kill"
         await asyncio.to_thread(engine.process.wait, 30)
         await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
                                 "the sidecar to report not ready")

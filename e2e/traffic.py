@@ -21,6 +21,7 @@ class Outcome:
     done: bool = False  # the stream ended with [DONE]
     error: str | None = None
     elapsed_s: float = 0.0
+    ended_at: float = 0.0  # time.monotonic() when the response ended
 
     @property
     def terminated(self) -> bool:
@@ -56,7 +57,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, pr
                 if data.get("usage"):  # the engine's own count: a token may decode to no text yet
                     outcome.tokens = data["usage"].get("completion_tokens", outcome.tokens)
                 choices = data.get("choices") or []
-                if choices and choices[0].get("text"):
+                if choices:  # a chunk per new token, whose text may still be empty (partial UTF-8)
                     if not data.get("usage"):
                         outcome.tokens += 1
                     if outcome.ttft_s is None:
@@ -66,7 +67,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, pr
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     finally:
-        outcome.elapsed_s = time.monotonic() - started
+        outcome.ended_at = time.monotonic()
+        outcome.elapsed_s = outcome.ended_at - started
     return outcome
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from slaq.local.errors import LocalError, StartupError
+from slaq.local.processes import log_tail
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
 
@@ -98,8 +99,6 @@ def run_up(options: UpOptions) -> int:
             if failed is not None:
                 print(f"slaq up: the {failed.name} exited with status {failed.process.returncode}; stopping.\n"
                       f"--- last lines of {failed.log_path} ---", file=sys.stderr)
-                from slaq.local.processes import log_tail
-
                 print(log_tail(failed.log_path), file=sys.stderr)
                 return 1
             time.sleep(0.5)
