@@ -10,14 +10,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential libnuma1 libgomp1 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/slaq
-COPY pyproject.toml README.md ./
-COPY slaq slaq
-COPY operator operator
-COPY sidecar sidecar
-COPY engine engine
-COPY kernels kernels
-COPY bench bench
-COPY crds crds
+COPY . ./
 RUN pip install --no-cache-dir ".[cpu]" \
  && pip uninstall -y torchvision torchaudio torchcodec || true
 USER 10001
@@ -26,14 +19,7 @@ ENTRYPOINT ["slaq"]
 # vLLM's own release image carries vLLM 0.32.0 built for CUDA; slaq adds its plugin and front.
 FROM vllm/vllm-openai:v0.32.0 AS gpu
 WORKDIR /opt/slaq
-COPY pyproject.toml README.md ./
-COPY slaq slaq
-COPY operator operator
-COPY sidecar sidecar
-COPY engine engine
-COPY kernels kernels
-COPY bench bench
-COPY crds crds
+COPY . ./
 RUN python3 -m pip install --no-cache-dir ".[gpu]"
 USER 10001
 ENTRYPOINT ["slaq"]
