@@ -69,40 +69,17 @@ def credentials_from_keys(pairs: Iterable[str]) -> list[TenantCredential]:
 
 def credentials_from_manifests(paths: Sequence[Path]) -> list[TenantCredential]:
     """TenantSLA documents and the Secrets holding their keys (e.g. crds/examples/tenants.yaml, tenant-keys.yaml)."""
-    import base64
+    from slaq.manifests import ManifestError, read_tenant_keys
 
-    from pydantic import ValidationError
-
-    from slaq.api.tenant import TenantSLA
-    from slaq.manifests import load_manifests
-
-    tenants, secrets = [], {}
-    for manifest in load_manifests(paths):
-        body = manifest.body
-        if not isinstance(body, dict):
-            continue
-        if body.get("kind") == "TenantSLA":
-            try:
-                tenants.append(TenantSLA.model_validate(body))
-            except ValidationError as exc:
-                raise LiveError(f"{manifest.label}: not a valid TenantSLA: {exc}") from exc
-        elif body.get("kind") == "Secret":
-            meta = body.get("metadata") or {}
-            values = dict(body.get("stringData") or {})
-            for k, v in (body.get("data") or {}).items():
-                values.setdefault(k, base64.b64decode(v).decode("utf-8"))
-            secrets[(meta.get("namespace"), meta.get("name"))] = values
+    try:
+        found = read_tenant_keys(paths)
+    except ManifestError as exc:
+        raise LiveError(str(exc)) from exc
     credentials = []
-    for tenant in tenants:
-        ref = tenant.spec.api_key_secret_ref
-        keys = secrets.get((ref.namespace, ref.name))
-        if not keys:
-            raise LiveError(f"tenant {tenant.metadata.name}: Secret {ref.namespace}/{ref.name} with its keys is not in the given files")
+    for tenant in found.tenants:
         goal = tenant.spec.objectives
         objectives = TierObjectives(None if goal.ttft_ms is None else goal.ttft_ms / 1000.0, None if goal.tpot_ms is None else goal.tpot_ms / 1000.0)
-        credentials.append(TenantCredential(tenant.metadata.name, tenant.spec.tier, sorted(keys.items())[0][1], objectives))
-    if not credentials:
-        raise LiveError("no TenantSLA documents in the given files")
+        credentials.append(TenantCredential(tenant.metadata.name, tenant.spec.tier, found.keys[tenant.metadata.name][0], objectives))
     return credentials
 
 

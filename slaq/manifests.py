@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -102,3 +104,67 @@ def validate_paths(paths: Iterable[str | Path]) -> tuple[int, list[FieldError]]:
         errors += validate_manifest(manifest)
     return count, errors
 
+
+class ManifestError(ValueError):
+    """A set of manifests that cannot be used; the message names the file, document and field."""
+
+
+@dataclass(frozen=True)
+class TenantKeys:
+    """TenantSLAs and their plain API keys, as read from manifest files (memory only)."""
+
+    tenants: list[TenantSLA]
+    keys: dict[str, list[str]]  # tenant name -> its keys, ordered by the Secret's entry names
+
+
+def _secret_values(label: str, body: dict[str, Any]) -> dict[str, str]:
+    values = {str(k): str(v) for k, v in (body.get("stringData") or {}).items()}
+    for key, encoded in (body.get("data") or {}).items():
+        try:
+            values.setdefault(str(key), base64.b64decode(str(encoded), validate=True).decode("utf-8"))
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{label}: data.{key} is not base64 of UTF-8 text: {exc}") from exc
+    return values
+
+
+def read_tenant_keys(paths: Iterable[Path]) -> TenantKeys:
+    """TenantSLAs and the keys in the Secrets they reference, from files or directories.
+
+    Other kinds are ignored; a TenantSLA whose Secret is not among the files is an error.
+    """
+    paths = list(paths)
+    for path in paths:
+        if not path.exists():
+            raise ManifestError(f"{path} does not exist")
+    try:
+        manifests = list(load_manifests(paths))
+    except Exception as exc:  # YAML syntax errors name the file and line
+        raise ManifestError(f"cannot read the manifests: {exc}") from exc
+    tenants: list[TenantSLA] = []
+    secrets: dict[tuple[str | None, str | None], dict[str, str]] = {}
+    for manifest in manifests:
+        body = manifest.body
+        if not isinstance(body, dict):
+            continue
+        if body.get("kind") == "TenantSLA":
+            try:
+                tenants.append(TenantSLA.model_validate(body))
+            except ValidationError as exc:
+                fields = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors())
+                raise ManifestError(f"{manifest.label}: not a valid TenantSLA: {fields}") from exc
+        elif body.get("kind") == "Secret":
+            meta = body.get("metadata") or {}
+            secrets[(meta.get("namespace"), meta.get("name"))] = _secret_values(manifest.label, body)
+    if not tenants:
+        raise ManifestError(f"no TenantSLA documents in {', '.join(map(str, paths))}")
+    keys: dict[str, list[str]] = {}
+    for tenant in tenants:
+        ref = tenant.spec.api_key_secret_ref
+        values = secrets.get((ref.namespace, ref.name))
+        if not values:
+            raise ManifestError(f"TenantSLA {tenant.metadata.name}: spec.apiKeySecretRef names Secret "
+                                f"{ref.namespace}/{ref.name}, which is not in the given files")
+        keys[tenant.metadata.name] = [values[k] for k in sorted(values) if values[k]]
+        if not keys[tenant.metadata.name]:
+            raise ManifestError(f"Secret {ref.namespace}/{ref.name} (tenant {tenant.metadata.name}) holds no keys")
+    return TenantKeys(tenants, keys)

@@ -9,20 +9,17 @@ traffic as each tenant.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-from pydantic import ValidationError
+from typing import Sequence
 
 from slaq.api.common import API_VERSION, Tier
 from slaq.api.pool import InferencePool
 from slaq.api.table import TenantTable, hash_api_key
 from slaq.api.tenant import TenantSLA
 from slaq.local.errors import TenantFileError
+from slaq.manifests import ManifestError, read_tenant_keys
 
 LOCAL_POOL_NAMESPACE = "local"
 LOCAL_POOL_NAME = "slaq-up"
@@ -50,55 +47,13 @@ def local_pool(model_name: str) -> InferencePool:
     })
 
 
-def _secret_values(label: str, body: dict[str, Any]) -> dict[str, str]:
-    values = {str(k): str(v) for k, v in (body.get("stringData") or {}).items()}
-    for key, encoded in (body.get("data") or {}).items():
-        try:
-            values.setdefault(str(key), base64.b64decode(str(encoded), validate=True).decode("utf-8"))
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise TenantFileError(f"{label}: data.{key} is not base64 of UTF-8 text: {exc}") from exc
-    return values
-
-
 def read_tenants(paths: Sequence[Path]) -> LocalTenants:
     """TenantSLAs and their keys from manifest files or directories (other kinds are ignored)."""
-    from slaq.manifests import load_manifests
-
-    for path in paths:
-        if not path.exists():
-            raise TenantFileError(f"--tenants: {path} does not exist")
-    tenants: list[TenantSLA] = []
-    secrets: dict[tuple[str | None, str | None], dict[str, str]] = {}
     try:
-        manifests = list(load_manifests(paths))
-    except Exception as exc:  # YAML syntax errors name the file and line
-        raise TenantFileError(f"--tenants: cannot read the manifests: {exc}") from exc
-    for manifest in manifests:
-        body = manifest.body
-        if not isinstance(body, dict):
-            continue
-        if body.get("kind") == "TenantSLA":
-            try:
-                tenants.append(TenantSLA.model_validate(body))
-            except ValidationError as exc:
-                fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-                raise TenantFileError(f"{manifest.label}: not a valid TenantSLA: {fields}") from exc
-        elif body.get("kind") == "Secret":
-            meta = body.get("metadata") or {}
-            secrets[(meta.get("namespace"), meta.get("name"))] = _secret_values(manifest.label, body)
-    if not tenants:
-        raise TenantFileError(f"--tenants: no TenantSLA documents in {', '.join(map(str, paths))}")
-    keys: dict[str, list[str]] = {}
-    for tenant in tenants:
-        ref = tenant.spec.api_key_secret_ref
-        values = secrets.get((ref.namespace, ref.name))
-        if not values:
-            raise TenantFileError(f"TenantSLA {tenant.metadata.name}: spec.apiKeySecretRef names Secret "
-                                  f"{ref.namespace}/{ref.name}, which is not in the --tenants files")
-        keys[tenant.metadata.name] = [values[k] for k in sorted(values) if values[k]]
-        if not keys[tenant.metadata.name]:
-            raise TenantFileError(f"Secret {ref.namespace}/{ref.name} (tenant {tenant.metadata.name}) holds no keys")
-    return LocalTenants(tenants, keys)
+        found = read_tenant_keys(paths)
+    except ManifestError as exc:
+        raise TenantFileError(f"--tenants: {exc}") from exc
+    return LocalTenants(found.tenants, found.keys)
 
 
 def plan_local_table(local: LocalTenants, pool: InferencePool, salt_key: bytes | None = None) -> TenantTable:

@@ -62,7 +62,7 @@ def test_base64_data_keys_are_read(tmp_path: Path) -> None:
 
 
 def test_missing_secret_is_named(tmp_path: Path) -> None:
-    with pytest.raises(TenantFileError, match="Secret ns/acme-keys, which is not in the --tenants files"):
+    with pytest.raises(TenantFileError, match="Secret ns/acme-keys, which is not in the given files"):
         read_tenants([_write(tmp_path, TENANT)])
 
 
