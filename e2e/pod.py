@@ -81,8 +81,8 @@ class PodSpecRun:
         mounts = self._mounts(container)
         program = shutil.which(container["command"][0])
         assert program, f"{container['command'][0]} is not on PATH (pip install -e .)"
-        argv = [program, *container["command"][1:], *self._remap_ports(name, container["args"])]
-        argv = [self._local_path(a, mounts) for a in argv]
+        rest = [*container["command"][1:], *self._remap_ports(name, container["args"])]
+        argv = [program, *(self._local_path(a, mounts) for a in rest)]  # the program is this machine's, not the image's
         env = dict(os.environ)  # the image's environment
         field_values = {"metadata.name": POD_NAME, "metadata.namespace": self.namespace}
         for entry in container.get("env", []):
