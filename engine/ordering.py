@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
 from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.sla import RequestInfo
 from slaq.scoring import PoolView, RequestView, ScoreProfile
 
-REKEY_HEAD = 4  # requests per tier whose fairness credit is refreshed each step
+REKEY_HEAD = 4
+LOWEST_RANK = len(Tier) - 1  # the lowest tier is kept from starving by aging, not protected here
+MISSED_CLASS = 1 + LOWEST_RANK  # after the attainable requests of the protected tiers  # requests per tier whose fairness credit is refreshed each step
 
 
 @dataclass
@@ -50,8 +53,24 @@ class WaitingOrder:
         return info.deadline - credit * horizon
 
     def rank(self, info: RequestInfo, now: float) -> tuple[int, float]:
-        """Cross-tier rank (smaller runs earlier): starving first, then by descending formula-1 score."""
-        view = RequestView(
+        """Cross-tier rank (smaller runs earlier): starving first; then requests that can still meet
+        their TTFT objective, earliest deadline first; then the rest by descending formula-1 score.
+
+        Formula 1 alone lets a lower tier's backlog outrank fresh higher-tier arrivals under a
+        sustained overload (its urgency term saturates as the long objective runs out, so a batch
+        request 40 s into its 60 s objective outscores a fresh standard one), and every tier then
+        misses. Serving the attainable deadlines first (EDF) keeps the promises that can still be
+        kept; a request whose deadline has passed gains nothing from going ahead of one that can
+        still make it, and is ranked by formula 1 among the others that missed."""
+        starving, neg_score = self._profile.rank_key(self._view(info), now, self._pool)
+        if starving == 0:
+            return (0, neg_score)
+        if info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
+            return (1 + info.tier_rank, info.deadline)
+        return (MISSED_CLASS, neg_score)
+
+    def _view(self, info: RequestInfo) -> RequestView:
+        return RequestView(
             tier=info.tier,
             arrival=info.arrival,
             ttft_ms=info.ttft_s * 1000.0 if info.ttft_s is not None else None,
@@ -59,4 +78,3 @@ class WaitingOrder:
             predicted_output=info.predicted_output,
             tenant_service_share=self.fairness.service_share(info.tier.value, info.tenant),
         )
-        return self._profile.rank_key(view, now, self._pool)

@@ -27,6 +27,12 @@ from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
 Entry = tuple[int, float, int, Request]
 BAND_PREEMPTED, BAND_WAITING = 0, 1
 TIERS = tuple(Tier)
+# Starving requests (waited past the aging bound) are guaranteed at least this share of the
+# admissions contested with a higher tier, not all of them: under a sustained overload the
+# lower tier's backlog is always starving, and absolute precedence would make every
+# higher-tier arrival wait out the aging bound behind it.
+AGED_SHARE = 0.25
+AGED_SHARE_ALPHA = 0.05  # weight of one admission in the running share (about the last 20)
 
 
 class SLARequestQueue(RequestQueue):
@@ -38,7 +44,8 @@ class SLARequestQueue(RequestQueue):
         self._depth = [0] * len(TIERS)
         self._seq = itertools.count()
         self._now = time.time()
-        self._choice: tuple[int, Entry] | None = None
+        self._choice: tuple[int, Entry, bool] | None = None  # tier rank, entry, starving
+        self._aged_share = 0.0  # running share of admissions that went to starving requests
         self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
 
     # -- the scheduler's per-step hook ------------------------------------------------------
@@ -49,6 +56,10 @@ class SLARequestQueue(RequestQueue):
         self._ranks.clear()
         for heap in self._heaps:
             self._rekey_head(heap)
+
+    @property
+    def order(self) -> WaitingOrder:
+        return self._order
 
     def depth_by_tier(self) -> dict[Tier, int]:
         return {tier: self._depth[index] for index, tier in enumerate(TIERS)}
@@ -92,7 +103,8 @@ class SLARequestQueue(RequestQueue):
         self._choice = None
 
     def pop_request(self) -> Request:
-        tier_rank, entry = self._chosen()
+        tier_rank, entry, starving = self._chosen()
+        self._aged_share += AGED_SHARE_ALPHA * ((1.0 if starving else 0.0) - self._aged_share)
         heapq.heappop(self._heaps[tier_rank])
         del self._live[entry[3].request_id]
         self._depth[tier_rank] -= 1
@@ -142,10 +154,14 @@ class SLARequestQueue(RequestQueue):
             heapq.heappop(heap)  # stale: removed or re-added since it was pushed
         return None
 
-    def _chosen(self) -> tuple[int, Entry]:
+    def _chosen(self) -> tuple[int, Entry, bool]:
+        """The cross-tier choice: the best-ranked tier head, except that a starving head yields to
+        the best non-starving head of a higher tier while starving requests already have at least
+        AGED_SHARE of recent admissions (so they still get that share: no starvation)."""
         if self._choice is not None:
             return self._choice
         best: tuple[tuple[int, float], int, Entry] | None = None
+        fresh: tuple[tuple[int, float], int, Entry] | None = None  # best non-starving head
         for tier_rank, heap in enumerate(self._heaps):
             entry = self._head(heap)
             if entry is None:
@@ -155,9 +171,14 @@ class SLARequestQueue(RequestQueue):
                 rank = self._ranks[entry[2]] = self._order.rank(self._info_of(entry[3]), self._now)
             if best is None or rank < best[0]:
                 best = (rank, tier_rank, entry)
+            if rank[0] and (fresh is None or rank < fresh[0]):
+                fresh = (rank, tier_rank, entry)
         if best is None:
             raise IndexError("peek from an empty queue")
-        self._choice = (best[1], best[2])
+        starving = not best[0][0]
+        if starving and fresh is not None and fresh[1] < best[1] and self._aged_share >= AGED_SHARE:
+            best, starving = fresh, False
+        self._choice = (best[1], best[2], starving)
         return self._choice
 
     def _rekey_head(self, heap: list[Entry]) -> None:
