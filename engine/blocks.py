@@ -73,6 +73,10 @@ class BlockLedger:
 
     def tightest_tpot_s(self) -> float | None:
         return min(self.running_by_tpot) if self.running_by_tpot else None
+
+    def blocks_held(self) -> int:
+        """Blocks held by running requests, all tiers (O(tiers))."""
+        return sum(self.blocks_by_tier)
     reserved_by_tenant: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     prefix_hit_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))

@@ -62,7 +62,7 @@ class SLAScheduler(vc.AsyncScheduler):
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard)
         self.step_budget: StepBudgetPolicy = TpotStepBudget() if spec.tpot_budget_shaping else StockStepBudget()
-        self._in_flight: deque[tuple[SchedulerOutput, float]] = deque()  # outputs awaiting their model step
+        self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
@@ -110,13 +110,14 @@ class SLAScheduler(vc.AsyncScheduler):
             queue.begin_step(now)  # type: ignore[attr-defined]
         ours = self._preempt_for_urgent(now, running, limit)
         ledger = self.block_manager.ledger
-        cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self))), vc.step_token_limit(self), now)
+        kv_tokens = ledger.blocks_held() * vc.block_size(self)
+        cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self)), kv_tokens), vc.step_token_limit(self), now)
         if cap is not None:
             vc.decodes_first(self)
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
         with vc.step_token_budget(self, cap), vc.hold_back(self, held):
             output = super().schedule(*args, **kwargs)
-        self._in_flight.append((output, time.monotonic()))
+        self._in_flight.append((output, time.monotonic(), kv_tokens))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
@@ -192,14 +193,15 @@ class SLAScheduler(vc.AsyncScheduler):
         """A step's duration: from the later of its scheduling and the previous step's end, to now."""
         now = time.monotonic()
         scheduled_at = None
+        kv_tokens = 0
         while self._in_flight:
-            queued, at = self._in_flight.popleft()
+            queued, at, kv = self._in_flight.popleft()
             if queued is output:
-                scheduled_at = at
+                scheduled_at, kv_tokens = at, kv
                 break
         if scheduled_at is not None:
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
-            self.step_budget.observe(vc.total_scheduled_tokens(output), now - started)
+            self.step_budget.observe(vc.total_scheduled_tokens(output), now - started, kv_tokens)
         self._last_step_done = now
 
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:

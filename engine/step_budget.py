@@ -17,6 +17,7 @@ from typing import Protocol
 class BatchView:
     tightest_tpot_s: float | None  # the smallest TPOT objective among running requests, None if none has one
     running: int  # requests in the running batch
+    kv_tokens: int = 0  # tokens of KV cache the running batch holds (its attention reads them every step)
 
 
 class StepBudgetPolicy(Protocol):
@@ -24,8 +25,8 @@ class StepBudgetPolicy(Protocol):
         """Token cap for the next step (<= limit), or None for no cap."""
         ...
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Measured duration of a step that scheduled `tokens` tokens."""
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        """Measured duration of a step that scheduled `tokens` tokens while the batch held `kv_tokens` of KV."""
         ...
 
 
@@ -35,5 +36,5 @@ class StockStepBudget:
     def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
         return None
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
         return None

@@ -6,63 +6,95 @@ prefill chunk (vLLM's default budget, e.g. 8,192 tokens) takes far longer than a
 step, and every decoding request in it waits that long for its token. The rule:
 
     T      = min TPOT objective over running requests that have one
-    budget = (safety * T - a) / b   tokens, if some running request has a TPOT objective
+    budget = (safety * T - a - c * kv) / b   tokens, if some running request has a TPOT objective
            = vLLM's max_num_scheduled_tokens otherwise (throughput does not collapse)
-    budget is clamped to [running + 1, max_num_scheduled_tokens]: every decode keeps its token
-    (the scheduler also puts decodes ahead of prefill chunks whenever a cap applies)
+    budget is clamped to [running + MIN_PREFILL_TOKENS, max_num_scheduled_tokens]: every decode
+    keeps its token and admission always progresses (the scheduler also puts decodes ahead of
+    prefill chunks whenever a cap applies)
 
-where step time ≈ a + b * tokens is calibrated online from measured step durations
-(`StepTimeModel`, exponentially weighted least squares), starting from a prior. A step's
-duration is measured as the time from the later of (its scheduling, the previous step's
-completion) to its own completion, which is what a pipelined engine spends on it.
+where step time ≈ a + b * tokens + c * kv (kv: tokens of KV cache the running batch holds, which
+its attention kernels read every step) is calibrated online from measured step durations
+(`StepTimeModel`), starting from a prior. The KV term matters: at a burst's peak a batch of long
+contexts spends most of a 50 ms step reading KV, and a model linear in tokens alone is wrong by
+the difference. A step's duration is measured as the time from the later of (its scheduling, the
+previous step's completion) to its own completion, which is what a pipelined engine spends on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from slaq.engine.step_budget import BatchView
 
-PRIOR_COVARIANCE = ((1.0, 0.0), (0.0, 1e-6))  # (s², s²/token²): how far the prior may be off
 SAFETY = 0.85  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
+MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond the decodes: admission never stalls
+# Features are scaled so the three coefficients are of similar size (seconds per feature unit).
+TOKEN_UNIT = 1_000.0
+KV_UNIT = 100_000.0
+PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
+    """Solve the 3x3 system m x = v (m symmetric positive definite) by Gaussian elimination."""
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, 3):
+            factor = a[r][col] / a[col][col]
+            for c in range(col, 4):
+                a[r][c] -= factor * a[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    return x
 
 
 @dataclass
 class StepTimeModel:
-    """step seconds ≈ fixed + per_token * tokens, refined from observations.
+    """step seconds ≈ fixed + per_token * tokens + per_kv_token * kv_tokens, refined from observations.
 
-    Recursive least squares on (1, tokens) with forgetting factor `forget`, so the model follows
-    the hardware it runs on (or a simulator's cost model) within a few dozen steps.
+    Exponentially weighted least squares (forgetting factor `forget`) with a ridge pull towards
+    the prior, solved afresh from the weighted sums after each observation. The ridge is what
+    keeps the model stable when the steps stop exciting a direction (e.g. a run of decode-only
+    steps of the same size): plain recursive least squares with forgetting winds its covariance
+    up there and diverges; here an unexcited coefficient just stays where it was.
     """
 
     fixed_s: float = 0.010
     per_token_s: float = 30e-6
+    per_kv_token_s: float = 0.0
     forget: float = 0.98
-    _p: list[list[float]] = field(default_factory=lambda: [list(row) for row in PRIOR_COVARIANCE])
     observations: int = 0
+    _prior: list[float] = field(default_factory=list)
+    _s: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _r: list[float] = field(default_factory=lambda: [0.0] * 3)
 
-    def predict(self, tokens: int) -> float:
-        return self.fixed_s + self.per_token_s * tokens
+    def __post_init__(self) -> None:
+        self._prior = [self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT]
 
-    def tokens_within(self, seconds: float) -> float:
-        per_token = max(self.per_token_s, 1e-9)
-        return (seconds - self.fixed_s) / per_token
+    def predict(self, tokens: int, kv_tokens: int = 0) -> float:
+        return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def tokens_within(self, seconds: float, kv_tokens: int = 0) -> float:
+        return (seconds - self.fixed_s - self.per_kv_token_s * kv_tokens) / max(self.per_token_s, 1e-9)
+
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
         if tokens <= 0 or seconds <= 0.0:
             return
-        x0, x1 = 1.0, float(tokens)
-        p = self._p
-        px0 = p[0][0] * x0 + p[0][1] * x1
-        px1 = p[1][0] * x0 + p[1][1] * x1
-        denominator = self.forget + x0 * px0 + x1 * px1
-        k0, k1 = px0 / denominator, px1 / denominator
-        error = seconds - self.predict(tokens)
-        self.fixed_s = max(0.0, self.fixed_s + k0 * error)
-        self.per_token_s = max(1e-9, self.per_token_s + k1 * error)
-        self._p = [
-            [(p[0][0] - k0 * px0) / self.forget, (p[0][1] - k0 * px1) / self.forget],
-            [(p[1][0] - k1 * px0) / self.forget, (p[1][1] - k1 * px1) / self.forget],
-        ]
+        x = (1.0, tokens / TOKEN_UNIT, kv_tokens / KV_UNIT)
+        s, r, f = self._s, self._r, self.forget
+        for i in range(3):
+            r[i] = f * r[i] + x[i] * seconds
+            row = s[i]
+            for j in range(3):
+                row[j] = f * row[j] + x[i] * x[j]
+        lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(3)] for i in range(3)]
+        rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(3)]
+        fixed, per_unit, per_kv_unit = _solve3(lhs, rhs)
+        self.fixed_s = max(0.0, fixed)
+        self.per_token_s = max(1e-9, per_unit / TOKEN_UNIT)
+        self.per_kv_token_s = max(0.0, per_kv_unit / KV_UNIT)
         self.observations += 1
 
 
@@ -78,9 +110,9 @@ class TpotStepBudget:
         if batch.tightest_tpot_s is None:
             self.last_budget = None
             return None
-        tokens = int(self.model.tokens_within(self.safety * batch.tightest_tpot_s))
-        self.last_budget = max(batch.running + 1, min(limit, tokens))
+        tokens = int(self.model.tokens_within(self.safety * batch.tightest_tpot_s, batch.kv_tokens))
+        self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
         return self.last_budget
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        self.model.observe(tokens, seconds)
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        self.model.observe(tokens, seconds, kv_tokens)

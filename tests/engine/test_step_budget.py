@@ -11,7 +11,7 @@ from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
 from slaq.engine.config import EngineSchedulerConfig
 from slaq.engine.step_budget import BatchView, StockStepBudget
-from slaq.engine.tpot_budget import SAFETY, StepTimeModel, TpotStepBudget
+from slaq.engine.tpot_budget import MIN_PREFILL_TOKENS, SAFETY, StepTimeModel, TpotStepBudget
 from slaq.engine.scheduler import MAX_HOLD_BACK_STEPS
 from slaq.engine.vllm_compat import step_token_budget as vc_step_budget
 
@@ -27,13 +27,42 @@ def test_step_time_model_learns_the_hardware_from_measured_steps() -> None:
     assert model.per_token_s == pytest.approx(12e-6, rel=0.02)
 
 
+def test_step_time_model_separates_the_kv_read_from_the_token_cost() -> None:
+    model = StepTimeModel()
+    for step in range(300):
+        tokens = 256 + (step * 997) % 4000
+        kv = 50_000 + (step * 7919) % 900_000
+        model.observe(tokens, 0.002 + 28e-6 * tokens + 34e-9 * kv, kv)
+    assert model.per_token_s == pytest.approx(28e-6, rel=0.02)
+    assert model.per_kv_token_s == pytest.approx(34e-9, rel=0.05)
+    assert model.fixed_s == pytest.approx(0.002, abs=0.0005)
+
+
+def test_step_time_model_stays_put_when_steps_stop_varying() -> None:
+    # Thousands of identical decode-only steps excite one direction only; recursive least squares
+    # with forgetting used to wind up and diverge here (per-token cost ~1e76 on the bursty slice).
+    model = StepTimeModel()
+    for step in range(200):
+        tokens = 64 + (step * 997) % 8000
+        model.observe(tokens, 0.004 + 12e-6 * tokens)
+    for _ in range(5000):
+        model.observe(6, 0.0061)
+    assert model.predict(6) == pytest.approx(0.0061, rel=0.02)
+    assert 0.0 < model.per_token_s < 100e-6 and model.fixed_s < 0.01
+    assert model.predict(2000) < 0.2  # extrapolation stays physical
+
+
 def test_budget_is_shaped_only_while_a_tpot_objective_runs() -> None:
     policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
     assert policy.budget(BatchView(None, 200), 8192, 0.0) is None  # full budget: throughput unharmed
     expected = int((SAFETY * 0.05 - 0.01) / 20e-6)
     assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == expected
     assert policy.budget(BatchView(1.0, 10), 8192, 0.0) == 8192  # a loose objective never raises the limit
-    assert policy.budget(BatchView(0.011, 300), 8192, 0.0) == 301  # decode floor: every running request keeps its token
+    # floor: every running request keeps its token and admission still progresses
+    assert policy.budget(BatchView(0.011, 300), 8192, 0.0) == 300 + MIN_PREFILL_TOKENS
+    # KV the batch holds is read every step: it shrinks the room left for new tokens
+    with_kv = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6, per_kv_token_s=30e-9))
+    assert with_kv.budget(BatchView(0.05, 10, 500_000), 8192, 0.0) == int((SAFETY * 0.05 - 0.01 - 0.015) / 20e-6)
     assert StockStepBudget().budget(BatchView(0.05, 10), 8192, 0.0) is None
 
 
