@@ -73,7 +73,7 @@ def format_table(policies: dict[str, Any], *, title: str = "") -> str:
         for tier in Tier:
             tier_figures = figures["tiers"][tier.value]
             rows.append([f"  {tier.value}"] + [_fmt(tier_figures.get(key), kind) for _, key, kind in TABLE_COLUMNS[1:]])
-    widths = [max(len(c[0]), *(len(r[i]) for r in rows if len(r) > 1)) for i, c in enumerate(TABLE_COLUMNS)]
+    widths = [max([len(c[0]), *(len(r[i]) for r in rows if len(r) > 1)]) for i, c in enumerate(TABLE_COLUMNS)]
     header = "  ".join(c[0].rjust(w) if i else c[0].ljust(w) for i, (c, w) in enumerate(zip(TABLE_COLUMNS, widths)))
     lines = [title] if title else []
     lines.append(header)

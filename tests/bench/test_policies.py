@@ -67,3 +67,8 @@ def test_a_crashing_scheduler_is_reported_and_the_others_still_run(small_profile
     assert fcfs["completed_fraction"] == 1.0
     table = format_table(report["policies"])
     assert "crashing: FAILED: ZeroDivisionError" in table and "fcfs: attainment" in table
+
+
+def test_table_names_the_error_when_every_policy_failed() -> None:
+    table = format_table({"slaq": {"error": "OverflowError: cannot convert float infinity to integer"}})
+    assert "slaq: FAILED: OverflowError" in table
