@@ -22,6 +22,8 @@ previous step's completion) to its own completion, which is what a pipelined eng
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from slaq.engine.step_budget import BatchView
@@ -80,7 +82,7 @@ class StepTimeModel:
         return (seconds - self.fixed_s - self.per_kv_token_s * kv_tokens) / max(self.per_token_s, 1e-9)
 
     def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
-        if tokens <= 0 or seconds <= 0.0:
+        if tokens <= 0 or not 0.0 < seconds < math.inf:
             return
         x = (1.0, tokens / TOKEN_UNIT, kv_tokens / KV_UNIT)
         s, r, f = self._s, self._r, self.forget
@@ -92,6 +94,8 @@ class StepTimeModel:
         lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(3)] for i in range(3)]
         rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(3)]
         fixed, per_unit, per_kv_unit = _solve3(lhs, rhs)
+        if not all(math.isfinite(v) for v in (fixed, per_unit, per_kv_unit)):
+            return  # an ill-conditioned solve keeps the last good fit rather than poisoning budgets
         self.fixed_s = max(0.0, fixed)
         self.per_token_s = max(1e-9, per_unit / TOKEN_UNIT)
         self.per_kv_token_s = max(0.0, per_kv_unit / KV_UNIT)
@@ -110,7 +114,8 @@ class TpotStepBudget:
         if batch.tightest_tpot_s is None:
             self.last_budget = None
             return None
-        tokens = int(self.model.tokens_within(self.safety * batch.tightest_tpot_s, batch.kv_tokens))
+        estimate = self.model.tokens_within(self.safety * batch.tightest_tpot_s, batch.kv_tokens)
+        tokens = limit if math.isnan(estimate) else int(min(max(estimate, 0.0), limit))
         self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
         return self.last_budget
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -162,3 +163,17 @@ def test_nothing_sits_out_when_the_budget_holds_both() -> None:
     driver.add(critical)
     output = driver.step()
     assert output.num_scheduled_tokens[batch.request_id] == 800 and output.num_scheduled_tokens[critical.request_id] == 200
+
+
+def test_a_degenerate_fit_never_turns_into_an_infinite_budget() -> None:
+    model = StepTimeModel()
+    fixed, per_token = model.fixed_s, model.per_token_s
+    model.observe(10, float("inf"))  # a broken clock reading must not poison the fit
+    model.observe(10, float("nan"))
+    assert (model.fixed_s, model.per_token_s) == (fixed, per_token)
+    model.observe(100, 0.01)
+    assert math.isfinite(model.fixed_s) and math.isfinite(model.per_token_s) and model.observations == 1
+    policy = TpotStepBudget(model=StepTimeModel(fixed_s=0.0, per_token_s=float("nan")))
+    assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == 8192
+    policy = TpotStepBudget(model=StepTimeModel(fixed_s=float("inf")))
+    assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == 10 + MIN_PREFILL_TOKENS
