@@ -12,24 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.helm.chart import NAMESPACE, RELEASE, render
 from tests.helm.rbac import ApiCall, Grants, Rule, grants_for, verbs_of
+from tests.support import polling
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 SERVICE_ACCOUNT = f"{RELEASE}-operator"
 POOL = "llama3-8b"
 POOL_NAMESPACE = "inference"
-T = TypeVar("T")
 # The test's own requests to the emulator carry this header, so they are not counted as the operator's.
 TEST_CLIENT_HEADER = "X-Slaq-Test-Client"
 
@@ -37,21 +38,7 @@ TEST_CLIENT_HEADER = "X-Slaq-Test-Client"
 # (Empty: every granted verb is exercised.)
 GRANTED_UNUSED: dict[tuple[str, str, str], str] = {}
 
-
-async def eventually(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except (AssertionError, KeyError, TypeError, IndexError) as exc:
-            last = exc
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {last!r}")
-        await asyncio.sleep(0.05)
+eventually = functools.partial(polling.eventually, timeout=20.0)
 
 
 def call_of(request: Any) -> set[ApiCall]:

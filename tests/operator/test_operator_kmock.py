@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -20,28 +20,11 @@ from slaq.operator.names import SALT_SECRET_NAME
 from slaq.operator.runner import OperatorOptions, OperatorThread
 from slaq.operator.usage import PodObservation, StaticUsageSource
 from tests.support.kube import KubeEmulator
+from tests.support.polling import eventually
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 POOLS = "slaq.dev/v1alpha1/inferencepools"
 TENANTS = "slaq.dev/v1alpha1/tenantslas"
-T = TypeVar("T")
-
-
-async def eventually(check: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll `check` until it returns something truthy without raising; fail after `timeout`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except (AssertionError, KeyError, TypeError, IndexError) as exc:
-            last = exc
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {last!r}")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager
