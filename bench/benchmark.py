@@ -12,11 +12,11 @@ from slaq.bench.capacity import Capacity, measure_capacity
 from slaq.bench.errors import PolicyUnavailable, WorkloadError
 from slaq.bench.metrics import policy_figures
 from slaq.bench.policies import PolicySpec
-from slaq.bench.profile import PoolProfile
+from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.report import SCHEMA
 from slaq.bench.runner import run_policy
 from slaq.bench.simulator import ProgressCallback, RunResult
-from slaq.bench.trace import TRACE_ATTRIBUTION, TraceRow, densest_window, read_trace
+from slaq.bench.traces import TRACE_ATTRIBUTION, TraceRow, densest_window, read_trace
 from slaq.bench.workload import (
     DEFAULT_MIX,
     DEFAULT_OBJECTIVES,

@@ -17,7 +17,7 @@ from slaq.api.common import Tier
 from slaq.bench import engine_harness as harness
 from slaq.bench.errors import SimulationError
 from slaq.bench.policies import policy
-from slaq.bench.profile import PoolProfile
+from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.simulator import Simulator
 from slaq.bench.stepcost import StepCostModel
 from slaq.bench.workload import BenchRequest, TierObjectives, all_at_once

@@ -115,7 +115,7 @@ def _sim(args: argparse.Namespace) -> int:
 def _run_sim(args: argparse.Namespace) -> int:
     from slaq.bench.benchmark import run_benchmark
     from slaq.bench.policies import parse_policies
-    from slaq.bench.profile import load_profile
+    from slaq.bench.pool_profile import load_profile
     from slaq.bench.progress import ProgressBar
     from slaq.bench.report import format_table, sweep_table, write_report
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from slaq.bench.profile import PoolProfile
+from slaq.bench.pool_profile import PoolProfile
 
 # The "model" samples FILLER_TOKEN until the request's true output length, then STOP_TOKEN:
 # the scheduler learns the length only when the request stops, as with a real model.

@@ -7,7 +7,7 @@ from typing import Sequence
 from slaq.api.common import Tier
 from slaq.bench import engine_harness as harness
 from slaq.bench.policies import PolicySpec
-from slaq.bench.profile import PoolProfile
+from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.simulator import ProgressCallback, RunResult, Simulator
 from slaq.bench.stepcost import StepCostModel
 from slaq.bench.workload import BenchRequest, TierObjectives

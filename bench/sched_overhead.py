@@ -22,17 +22,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
 
-# Run as a script, this folder would head sys.path, and its modules (profile.py, trace.py) would
-# shadow the standard library's for everything imported after; the package is `slaq.bench`.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-from slaq.api.common import Tier  # noqa: E402
+from slaq.api.common import Tier
 
 MAX_NUM_SEQS = 256
 MAX_BATCHED_TOKENS = 8192

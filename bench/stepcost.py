@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from slaq.bench.profile import PoolProfile
+from slaq.bench.pool_profile import PoolProfile
 
 
 @dataclass(frozen=True, slots=True)

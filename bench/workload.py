@@ -16,7 +16,7 @@ from typing import Sequence
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.bench.errors import WorkloadError
-from slaq.bench.trace import TraceRow
+from slaq.bench.traces import TraceRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,7 +107,7 @@ def prompt_tokens(profile: TenantProfile) -> int:
 
 def reference_ttft_s(tokens: int) -> float:
     """Unloaded TTFT (one prefill step) of `tokens` on the reference GPU, from the step-time model."""
-    from slaq.bench.profile import load_profile
+    from slaq.bench.pool_profile import load_profile
     from slaq.bench.stepcost import ScheduledWork, StepCostModel
 
     return StepCostModel(load_profile(REFERENCE_PROFILE)).step_seconds([ScheduledWork(tokens, 0, True)])

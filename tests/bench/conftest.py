@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slaq.bench.profile import PoolProfile, load_profile
+from slaq.bench.pool_profile import PoolProfile, load_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 SAMPLE_TRACE = DATA / "azure_llm_conv_2023_first300.csv"

@@ -11,7 +11,7 @@ from slaq.bench.errors import PolicyUnavailable
 from slaq.bench.policies import POLICIES, PolicySpec, parse_policies, policy
 from slaq.bench.report import format_table
 from slaq.bench.runner import run_policy
-from slaq.bench.trace import read_trace
+from slaq.bench.traces import read_trace
 from slaq.bench.workload import DEFAULT_OBJECTIVES, assign_tenants, scale_to_rate
 
 from .conftest import SAMPLE_TRACE

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slaq.bench.errors import ProfileError
-from slaq.bench.profile import load_profile
+from slaq.bench.pool_profile import load_profile
 from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
 
 

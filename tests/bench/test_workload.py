@@ -8,7 +8,7 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.bench.errors import TraceError, WorkloadError
-from slaq.bench.trace import densest_window, read_trace
+from slaq.bench.traces import densest_window, read_trace
 from slaq.bench.workload import (
     DEFAULT_OBJECTIVES,
     TierObjectives,

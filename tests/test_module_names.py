@@ -1,0 +1,18 @@
+"""No module in a folder whose files run as scripts shadows a standard-library module.
+
+`python bench/sched_overhead.py` puts bench/ first on sys.path, so a bench/profile.py would
+replace the standard library's `profile` for everything imported after it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_script_folders_do_not_shadow_the_standard_library() -> None:
+    for folder in ("bench", "scripts"):
+        clashes = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.stem in sys.stdlib_module_names)
+        assert not clashes, f"{folder}/ has modules named like the standard library's: {clashes}"
