@@ -31,6 +31,7 @@ from slaq.engine.vllm_compat import KVCacheManager, Request
 
 TIERS = tuple(Tier)
 EVICT_FIRST_RANK = Tier.BATCH.rank
+_stock_allocate_slots = KVCacheManager.allocate_slots  # bound once: the running-request branch calls it every step
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class SLABlockManager(KVCacheManager):
 
     _slaq_rule: BlockBudgetRule
     _slaq_ledger: BlockLedger
+    _slaq_holdings: dict[str, _Holding]  # the ledger's holdings, one attribute lookup nearer (hot path)
     _slaq_info_of: Callable[[Request], RequestInfo]
     _slaq_on_allocated: Callable[[int, str, int], None]
     _slaq_block_size: int
@@ -106,6 +108,7 @@ class SLABlockManager(KVCacheManager):
         assert isinstance(manager, SLABlockManager)
         manager._slaq_rule = rule
         manager._slaq_ledger = BlockLedger()
+        manager._slaq_holdings = manager._slaq_ledger.holdings
         manager._slaq_info_of = info_of
         manager._slaq_on_allocated = on_allocated
         manager._slaq_block_size = vc.block_size(scheduler)
@@ -132,16 +135,20 @@ class SLABlockManager(KVCacheManager):
         num_lookahead_tokens: int = 0,
         **kwargs,
     ):
-        # Hot path: called for every scheduled request every step; running requests take the first branch.
-        ledger = self._slaq_ledger
-        holding = ledger.holdings.get(request.request_id)
+        # Hot path: called for every scheduled request every step; running requests take the first
+        # branch, and a decode that stays within the blocks it holds (all but one step in
+        # block_size) has nothing to check or record, so it goes straight to vLLM's allocation.
+        holding = self._slaq_holdings.get(request.request_id)
         size = self._slaq_block_size
         if holding is not None and not num_new_computed_tokens:
             wanted = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
+            if growth <= 0 and num_new_tokens <= 1:
+                return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+            ledger = self._slaq_ledger
             if growth > 0 and holding.tier_rank and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth):
                 return None
-            result = KVCacheManager.allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+            result = _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
             if result is not None:
                 if growth > 0:
                     ledger.blocks_by_tier[holding.tier_rank] += growth
@@ -149,6 +156,7 @@ class SLABlockManager(KVCacheManager):
                 if num_new_tokens > 1:  # prefill chunks; decodes are charged per step in bulk
                     self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
             return result
+        ledger = self._slaq_ledger
         info = self._slaq_info_of(request)
         wanted = -(-(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
         if info.tier_rank:

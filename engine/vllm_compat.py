@@ -8,6 +8,7 @@ has one test per touch point, so an upgrade shows exactly what broke.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 _INFO_ATTR = "_slaq_info"
+_IS_PREFILL_CHUNK = operator.attrgetter("is_prefill_chunk")
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def decodes_first(scheduler: AsyncScheduler) -> None:
     walks `running` in order, so a capped budget would otherwise go to a prefill chunk first and
     starve the decodes behind it. Rebinding `running` is what vLLM's own `remove_all` does."""
     running = scheduler.running
-    if any(r.is_prefill_chunk for r in running):
+    if any(map(_IS_PREFILL_CHUNK, running)):  # every step while a TPOT objective runs: no generator frame
         scheduler.running = [r for r in running if not r.is_prefill_chunk] + [r for r in running if r.is_prefill_chunk]
 
 
