@@ -9,7 +9,7 @@ vLLM's own `vllm:*` series) appear together on the server's `/metrics`. Without 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
 
@@ -30,6 +30,7 @@ class EngineMetrics:
     prefix_hit_tokens: Counter
     prefix_query_tokens: Counter
     info: Gauge
+    _prefix_children: dict = field(default_factory=dict, compare=False, repr=False)  # (id(counter), tier, tenant) -> label child
 
     def observe_step(self, seconds: float, queue_depth: Sequence[int], kv_blocks: Sequence[int]) -> None:
         """Per-tier values indexed by tier rank. Label children are looked up once (hot path)."""
@@ -46,9 +47,19 @@ class EngineMetrics:
 
     def count_prefix(self, tier: str, tenant: str, queried: int, hit: int) -> None:
         if queried:
-            self.prefix_query_tokens.labels(tier=tier, tenant=tenant).inc(queried)
+            self._prefix_child(self.prefix_query_tokens, tier, tenant).inc(queried)
         if hit:
-            self.prefix_hit_tokens.labels(tier=tier, tenant=tenant).inc(hit)
+            self._prefix_child(self.prefix_hit_tokens, tier, tenant).inc(hit)
+
+    def _prefix_child(self, counter: Counter, tier: str, tenant: str):
+        """A label child, looked up once per series: `labels()` takes a lock and builds the label
+        tuple on every call, and this runs for every admitting tenant every step. A series is still
+        created only when it is first counted."""
+        key = (id(counter), tier, tenant)
+        child = self._prefix_children.get(key)
+        if child is None:
+            child = self._prefix_children[key] = counter.labels(tier=tier, tenant=tenant)
+        return child
 
 
 @lru_cache(maxsize=1)

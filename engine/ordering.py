@@ -62,11 +62,14 @@ class WaitingOrder:
         misses. Serving the attainable deadlines first (EDF) keeps the promises that can still be
         kept; a request whose deadline has passed gains nothing from going ahead of one that can
         still make it, and is ranked by formula 1 among the others that missed."""
+        # The same starvation test as `ScoreProfile.rank_key`, made first: a non-starving request
+        # that can still meet its deadline is ranked by that deadline alone, so formula 1 (and its
+        # RequestView) is only computed for the ranks that use its score.
+        if now - info.arrival < self._pool.aging_bound_s and info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
+            return (1 + info.tier_rank, info.deadline)
         starving, neg_score = self._profile.rank_key(self._view(info), now, self._pool)
         if starving == 0:
             return (0, neg_score)
-        if info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
-            return (1 + info.tier_rank, info.deadline)
         return (MISSED_CLASS, neg_score)
 
     def _view(self, info: RequestInfo) -> RequestView:
