@@ -117,6 +117,8 @@ async def _one(client: Any, request: BenchRequest, credential: TenantCredential,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        # Token ids in every chunk: a first token that decodes to no text still marks the TTFT.
+        "return_token_ids": True,
         **settings.extra_body,
     }
     headers = {"Authorization": f"Bearer {credential.api_key}"}
