@@ -115,8 +115,9 @@ def decodes_first(scheduler: AsyncScheduler) -> None:
 
 
 def is_prefilling(request: Request) -> bool:
-    """Running with prompt tokens still to compute (its next chunk is a prefill chunk)."""
-    return request.status == RequestStatus.RUNNING and request.is_prefill_chunk
+    """Running with prompt tokens still to compute (its next chunk is a prefill chunk).
+    The plain flag is read first: most running requests decode, and the enum comparison costs more."""
+    return request.is_prefill_chunk and request.status == RequestStatus.RUNNING
 
 
 def prefill_tokens_left(request: Request) -> int:
