@@ -26,7 +26,7 @@ from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
 from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.sla import RequestInfo
-from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.scoring import TERMS, PoolView, RequestView, effective_weights
 
 REKEY_HEAD = 4
 LOWEST_RANK = len(Tier) - 1  # the lowest tier is kept from starving by aging, not protected here
@@ -40,11 +40,18 @@ class WaitingOrder:
     max_length_tokens: int
 
     def __post_init__(self) -> None:
-        self._profile = ScoreProfile(self.spec.weights)
-        self._pool = PoolView(load=0.0, max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
+        self.set_load(0.0)
 
     def set_load(self, load: float) -> None:
         self._pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
+        # ScoreProfile.score's weighted terms, resolved once per step (the load is fixed within a
+        # step): the same terms in the same order, so the sum is the same float.
+        self._weighted_terms = tuple((TERMS[name], w) for name, w in effective_weights(self.spec.weights, self._pool.load).items() if w)
+
+    def score(self, info: RequestInfo, now: float) -> float:
+        """Formula 1 at this step's load: equal to `ScoreProfile.score` (tests/engine/test_policies.py)."""
+        view, pool = self._view(info), self._pool
+        return sum(w * term(view, now, pool) for term, w in self._weighted_terms)
 
     def tier_key(self, info: RequestInfo) -> float:
         """Static heap key within a tier (smaller runs earlier): deadline minus a bounded fairness credit."""
@@ -67,8 +74,8 @@ class WaitingOrder:
         # RequestView) is only computed for the ranks that use its score.
         if now - info.arrival < self._pool.aging_bound_s and info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
             return (1 + info.tier_rank, info.deadline)
-        starving, neg_score = self._profile.rank_key(self._view(info), now, self._pool)
-        if starving == 0:
+        neg_score = -self.score(info, now)
+        if now - info.arrival >= self._pool.aging_bound_s:  # starving, as in ScoreProfile.rank_key
             return (0, neg_score)
         return (MISSED_CLASS, neg_score)
 

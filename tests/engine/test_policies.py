@@ -101,6 +101,40 @@ def test_missed_higher_tier_requests_compete_with_the_lower_tier_by_formula_1() 
     assert queue.peek_request() is missed  # urgency saturated + tier term outscore a fresh batch request
 
 
+@pytest.mark.parametrize("load", [0.0, 0.37, 1.0, 2.5])
+def test_rank_equals_formula_1_rank_key_of_slaq_scoring(load: float) -> None:
+    # WaitingOrder resolves formula 1's weighted terms once per step and tests for starvation
+    # before scoring; its ranks must stay exactly those built on ScoreProfile.rank_key.
+    from slaq.engine.ordering import LOWEST_RANK
+    from slaq.scoring import PoolView, ScoreProfile
+
+    spec = SchedulerSpec()
+    fairness = VirtualTokenCounters()
+    fairness.charge("batch", "t1", 500.0)
+    fairness.charge("batch", "t2", 100.0)
+    order = WaitingOrder(spec, fairness, max_length_tokens=1024)
+    order.set_load(load)
+    profile = ScoreProfile(spec.weights)
+    pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=1024, aging_bound_s=spec.aging_bound_seconds)
+    ranks = set()
+    for tier in Tier:
+        for ttft_ms in (None, 500, 60_000):
+            for waited in (0.0, 0.4, 3.0, 59.0, spec.aging_bound_seconds + 1.0):
+                for tenant in ("t1", "t2", "t3"):
+                    info = request_info(RequestSLA(tier=tier, tenant=tenant, ttft_ms=ttft_ms), arrival=NOW - waited,
+                                        prompt_tokens=300, max_tokens=200, aging_bound_s=spec.aging_bound_seconds)
+                    starving, neg_score = profile.rank_key(order._view(info), NOW, pool)
+                    if starving == 0:
+                        expected = (0, neg_score)
+                    elif info.ttft_s is not None and NOW < info.deadline and info.tier_rank < LOWEST_RANK:
+                        expected = (1 + info.tier_rank, info.deadline)
+                    else:
+                        expected = (MISSED_CLASS, neg_score)
+                    assert order.rank(info, NOW) == expected
+                    ranks.add(expected[0])
+    assert ranks == {0, 1, 2, MISSED_CLASS}  # every class was exercised
+
+
 def test_peek_and_pop_agree_and_empty_queue_raises() -> None:
     queue = _queue()
     with pytest.raises(IndexError):
