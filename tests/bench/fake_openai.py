@@ -11,6 +11,8 @@ import asyncio
 import json
 from typing import Any
 
+from tests.support.asgi import answer_lifespan, read_body
+
 
 class FakeOpenAI:
     def __init__(self, keys: set[str], delay_s: float = 0.002) -> None:
@@ -20,17 +22,11 @@ class FakeOpenAI:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await answer_lifespan(receive, send)
+            return
+        raw = await read_body(receive)
+        if raw is None:
+            return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         key = headers.get("authorization", "").removeprefix("Bearer ").strip()
         if scope["path"] != "/v1/completions" or key not in self.keys:

@@ -27,6 +27,8 @@ import httpx
 import pytest
 import uvicorn
 
+from tests.support.asgi import answer_lifespan, read_body
+
 
 class ServerThread:
     """An ASGI app served by uvicorn on 127.0.0.1:<free port> in a background thread."""
@@ -95,11 +97,8 @@ class FakeEngine:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await answer_lifespan(receive, send)
+            return
         path = scope["path"]
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         if path == "/health":
@@ -110,14 +109,9 @@ class FakeEngine:
         elif path == "/v1/models":
             await self._reply(send, *_json_response(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]}))
         elif path in ("/v1/completions", "/v1/chat/completions"):
-            raw = b""
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return  # the client gave up before sending its body
-                raw += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            raw = await read_body(receive)
+            if raw is None:
+                return  # the client gave up before sending its body
             body = json.loads(raw)
             self.received.append(body)
             self.received_headers.append(headers)
@@ -201,12 +195,9 @@ class RecordingPassthrough:
                 await send({"type": message["type"] + ".complete"})
                 if message["type"] == "lifespan.shutdown":
                     return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
+        if raw is None:
+            return
         if raw:
             try:
                 self.received.append(json.loads(raw))
