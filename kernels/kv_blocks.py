@@ -42,24 +42,34 @@ def _pages(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(cache.shape[0], -1)
 
 
-def _ids(block_ids: Sequence[int] | torch.Tensor, num_blocks: int, device: torch.device) -> torch.Tensor:
-    ids = torch.as_tensor(block_ids, dtype=torch.int64, device=device).flatten()
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+def _host_ids(block_ids: Sequence[int] | torch.Tensor, num_blocks: int) -> list[int]:
+    """Block ids as Python ints, range-checked on the host (one device read at most)."""
+    ids = block_ids.flatten().tolist() if isinstance(block_ids, torch.Tensor) else [int(b) for b in block_ids]
+    if ids and (min(ids) < 0 or max(ids) >= num_blocks):
         raise IndexError(f"block id out of range 0..{num_blocks - 1}")
     return ids
 
 
+def _copy_pairs(src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor, num_blocks: int) -> tuple[list[int], list[int]]:
+    src_ids, dst_ids = _host_ids(src, num_blocks), _host_ids(dst, num_blocks)
+    if len(src_ids) != len(dst_ids):
+        raise ValueError(f"{len(src_ids)} source blocks but {len(dst_ids)} destination blocks")
+    return src_ids, dst_ids
+
+
+def _on(ids: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.int64, device=device)
+
+
 def erase_blocks_reference(cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> None:
     pages = _pages(cache)
-    pages[_ids(block_ids, pages.shape[0], pages.device)] = 0
+    pages[_on(_host_ids(block_ids, pages.shape[0]), pages.device)] = 0
 
 
 def copy_blocks_reference(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:
     pages = _pages(cache)
-    src_ids, dst_ids = _ids(src, pages.shape[0], pages.device), _ids(dst, pages.shape[0], pages.device)
-    if src_ids.numel() != dst_ids.numel():
-        raise ValueError(f"{src_ids.numel()} source blocks but {dst_ids.numel()} destination blocks")
-    pages[dst_ids] = pages[src_ids].clone()
+    src_ids, dst_ids = _copy_pairs(src, dst, pages.shape[0])
+    pages[_on(dst_ids, pages.device)] = pages[_on(src_ids, pages.device)].clone()
 
 
 if triton is not None:
@@ -89,10 +99,10 @@ def erase_blocks(cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -
         erase_blocks_reference(cache, block_ids)
         return
     pages = _pages(cache)
-    ids = _ids(block_ids, pages.shape[0], pages.device)
-    if ids.numel():
-        grid = (ids.numel(), triton.cdiv(pages.shape[1], CHUNK))
-        _erase_kernel[grid](pages, ids, pages.shape[1], CHUNK_SIZE=CHUNK)
+    ids = _host_ids(block_ids, pages.shape[0])
+    if ids:
+        grid = (len(ids), triton.cdiv(pages.shape[1], CHUNK))
+        _erase_kernel[grid](pages, _on(ids, pages.device), pages.shape[1], CHUNK_SIZE=CHUNK)
 
 
 def copy_blocks(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:
@@ -102,21 +112,19 @@ def copy_blocks(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Seq
     copies into freshly allocated blocks), so the programs never race.
     """
     pages = _pages(cache)
-    src_ids, dst_ids = _ids(src, pages.shape[0], pages.device), _ids(dst, pages.shape[0], pages.device)
-    if src_ids.numel() != dst_ids.numel():
-        raise ValueError(f"{src_ids.numel()} source blocks but {dst_ids.numel()} destination blocks")
-    dst_set = set(dst_ids.tolist())
-    if len(dst_set) != dst_ids.numel() or dst_set & set(src_ids.tolist()):
+    src_ids, dst_ids = _copy_pairs(src, dst, pages.shape[0])
+    if len(set(dst_ids)) != len(dst_ids) or set(dst_ids) & set(src_ids):
         raise ValueError("destination blocks must be distinct and must not be sources")
     if not _use_triton(cache):
         copy_blocks_reference(cache, src_ids, dst_ids)
         return
-    if src_ids.numel():
-        grid = (src_ids.numel(), triton.cdiv(pages.shape[1], CHUNK))
-        _copy_kernel[grid](pages, src_ids, dst_ids, pages.shape[1], CHUNK_SIZE=CHUNK)
+    if src_ids:
+        grid = (len(src_ids), triton.cdiv(pages.shape[1], CHUNK))
+        _copy_kernel[grid](pages, _on(src_ids, pages.device), _on(dst_ids, pages.device), pages.shape[1], CHUNK_SIZE=CHUNK)
 
 
 def erase_blocks_all_layers(caches: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
     """Zero the given blocks in every layer (block ids are shared across layers of one KV group)."""
+    ids = list(block_ids)  # read once, whatever iterable the caller holds
     for cache in caches:
-        erase_blocks(cache, block_ids)
+        erase_blocks(cache, ids)

@@ -52,6 +52,9 @@ def test_reference_erase_zeroes_only_the_given_blocks() -> None:
     erase_blocks(cache, [1, 4])  # CPU tensor without the interpreter: the reference path
     assert torch.count_nonzero(cache[1]) == 0 and torch.count_nonzero(cache[4]) == 0
     assert torch.all(cache[[0, 2, 3, 5]] == 1)
+    erase_blocks(cache, torch.tensor([[0], [5]]))  # ids may come as a tensor of any shape
+    assert torch.count_nonzero(cache[0]) == 0 and torch.count_nonzero(cache[5]) == 0
+    assert torch.all(cache[[2, 3]] == 1)
 
 
 def test_copy_refuses_overlapping_or_mismatched_ids() -> None:
