@@ -27,7 +27,15 @@ from slaq.sidecar.errors import (
 )
 from slaq.sidecar.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from slaq.sidecar.monitor import EngineMonitor, watch_table
-from slaq.sidecar.proxy import EngineClient, ResponseObserver, forward_request_headers, forward_response_headers
+from slaq.sidecar.proxy import (
+    EngineClient,
+    EventFramer,
+    ResponseObserver,
+    broken_stream_event,
+    forward_request_headers,
+    forward_response_headers,
+    is_event_stream,
+)
 from slaq.sidecar.service import Flight, SidecarCore
 from slaq.sidecar.tenants import Identity
 
@@ -225,21 +233,26 @@ class SidecarApp:
                     self.core.first_token(flight)
                 return response.status_code
             await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
+            framer = EventFramer(observer.streaming and is_event_stream(response.headers))
             try:
                 async for chunk in response.aiter_raw():
                     received = time.perf_counter()
                     first = observer.feed(chunk)
                     if first:
                         self.core.first_token(flight)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    whole = framer.feed(chunk)
+                    if whole:
+                        await send({"type": "http.response.body", "body": whole, "more_body": True})
                     if first:
                         self.core.metrics.added.observe(max(0.0, before_engine) + time.perf_counter() - received)
             except httpx.HTTPError as exc:
-                # Headers are gone already: all we can do is end the stream; the client sees it cut.
+                # Headers are gone already: end the stream on an event boundary with an error event
+                # (a non-streaming body just ends short, which its JSON parser notices).
                 log.warning("engine stream broke for tenant %s: %s", flight.identity.tenant.name, exc)
-                await send({"type": "http.response.body", "body": b""})
+                tail = broken_stream_event(f"the engine stream broke: {type(exc).__name__}") if framer.enabled else b""
+                await send({"type": "http.response.body", "body": tail})
                 return 502
-            await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": framer.rest()})
             return response.status_code
         finally:
             await response.aclose()

@@ -1,13 +1,15 @@
 """The engine side: an httpx streaming client, and an observer that reads the bytes going past.
 
-Bytes are forwarded as they arrive; the observer only notes when the first token went by, counts
-streamed token events, and keeps a bounded tail of the body to read the `usage` object vLLM puts
-at the end of a response. Nothing is buffered beyond that tail.
+Bytes are forwarded as they arrive, a server-sent-event stream in whole events (vLLM writes each
+event in one piece, so this holds nothing back in practice); the observer only notes when the
+first token went by, counts streamed token events, and keeps a bounded tail of the body to read
+the `usage` object vLLM puts at the end of a response. Nothing is buffered beyond that.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import ssl
 from typing import Mapping
@@ -64,6 +66,55 @@ class ResponseObserver:
     def prompt_tokens(self) -> int | None:
         found = _PROMPT_TOKENS.findall(self._tail)
         return int(found[-1]) if found else None
+
+
+class EventFramer:
+    """Cuts a server-sent-event stream at event boundaries.
+
+    When the engine's stream breaks, what the client has is whole events, so the error event the
+    sidecar appends (`broken_stream_event`) parses, and no half token event reaches the client. An
+    event longer than `limit` bytes is passed on as it comes (framing is given up for that
+    stream), so a misbehaving upstream cannot make the sidecar buffer without bound.
+    """
+
+    __slots__ = ("enabled", "limit", "_pending")
+
+    def __init__(self, enabled: bool, limit: int = 1 << 20) -> None:
+        self.enabled = enabled
+        self.limit = limit
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to forward now: every whole event received so far."""
+        if not self.enabled:
+            return chunk
+        data = self._pending + chunk
+        end = data.rfind(b"\n\n") + 2
+        if end < 2:
+            if len(data) > self.limit:
+                self.enabled, self._pending = False, b""
+                return data
+            self._pending = data
+            return b""
+        self._pending = data[end:]
+        return data[:end]
+
+    def rest(self) -> bytes:
+        """What is left when the stream ended normally (an upstream that ended without a blank line)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+def broken_stream_event(message: str) -> bytes:
+    """The SSE event that ends a stream the engine broke: vLLM's in-stream error shape plus the
+    sidecar's `reason`, and no `[DONE]`, so an OpenAI client raises instead of taking a cut
+    answer as complete."""
+    error = {"object": "error", "message": message, "type": "engine_stream_broken", "param": None, "code": 502}
+    return b"data: " + json.dumps({"error": error, "reason": "engine_stream_broken"}).encode() + b"\n\n"
+
+
+def is_event_stream(headers: httpx.Headers) -> bool:
+    return headers.get("content-type", "").split(";")[0].strip().lower() == "text/event-stream"
 
 
 def forward_request_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -118,6 +118,19 @@ def test_engine_error_keeps_its_status_and_gains_a_reason(sidecar) -> None:
 
 
 
+def test_a_stream_the_engine_breaks_ends_with_an_error_event_not_done(sidecar) -> None:
+    body = {**COMPLETION, "stream": True}
+    with sidecar.client.stream("POST", "/v1/completions", json=body, headers={**bearer("vip"), "x-fake-break": "1"}) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    assert json.loads(events[0])["choices"][0]["text"] == "tok "  # the token sent before the break got through
+    last = json.loads(events[-1])
+    assert last["reason"] == "engine_stream_broken" and last["error"]["code"] == 502, last
+    wait_until(lambda: sidecar.app.core.quotas.in_flight("vip") == 0, what="the broken request to be settled")
+    assert 'slaq_requests_total{code="502",tenant="vip",tier="critical"} 1.0' in sidecar.client.get("/metrics").text
+
+
 def test_unreachable_engine(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1])
     fake_upstream[0].healthy = False

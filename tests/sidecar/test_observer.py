@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from slaq.sidecar.proxy import ResponseObserver, forward_request_headers
+from slaq.sidecar.proxy import EventFramer, ResponseObserver, broken_stream_event, forward_request_headers
 
 
 def sse(*events: dict) -> bytes:
@@ -43,3 +43,30 @@ def test_non_streaming_reads_usage_and_counts_first_byte() -> None:
 def test_credentials_and_gateway_headers_are_not_forwarded() -> None:
     forwarded = forward_request_headers({"authorization": "Bearer k", "x-llm-d-slo-ttft-ms": "1", "content-type": "application/json", "host": "x"})
     assert forwarded == {"content-type": "application/json"}
+
+
+def test_framer_forwards_whole_events_only() -> None:
+    body = sse({"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]})
+    framer = EventFramer(enabled=True)
+    pieces = [framer.feed(body[i:i + 5]) for i in range(0, len(body), 5)]
+    assert b"".join(pieces) + framer.rest() == body
+    for piece in filter(None, pieces):
+        assert piece.endswith(b"\n\n")  # never half an event
+    assert framer.rest() == b""
+
+
+def test_framer_holds_a_cut_event_back_and_the_error_event_parses() -> None:
+    whole = b'data: {"choices": [{"text": "a"}]}\n\n'
+    framer = EventFramer(enabled=True)
+    sent = framer.feed(whole + b'data: {"choices": [{"te')
+    assert sent == whole
+    events = [json.loads(line[6:]) for line in (sent + broken_stream_event("cut")).decode().split("\n\n") if line]
+    assert events[-1]["reason"] == "engine_stream_broken" and events[-1]["error"]["code"] == 502
+
+
+def test_framer_gives_up_on_an_event_longer_than_its_limit_and_when_disabled() -> None:
+    framer = EventFramer(enabled=True, limit=16)
+    assert framer.feed(b"data: " + b"x" * 8) == b""
+    assert framer.feed(b"y" * 8) == b"data: " + b"x" * 8 + b"y" * 8 and not framer.enabled
+    assert framer.feed(b"zz") == b"zz"
+    assert EventFramer(enabled=False).feed(b"data: partial") == b"data: partial"
