@@ -12,8 +12,13 @@ allocation:
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
   request larger than the cap runs when the tenant holds nothing else.
-- Eviction: cached prefix blocks freed by batch-tier requests go to the front of the free queue,
-  so they are reused (evicted) before any other tier's cached prefixes.
+- Eviction: cached prefix blocks freed by batch-tier requests are evicted before any other tier's
+  cached prefixes, and not before eviction is needed. While the pool has at least a step's worth
+  of free blocks that cache nothing (`vllm_compat.cached_free_floor`, a lower bound), they stay in
+  vLLM's LRU order and are only noted; once it has less, the noted ones still cached move to the
+  front of the free queue (`promote_evict_first`, once per step), and from then on batch-tier
+  prefixes go to the front as they are freed. Moving them at once would throw away the batch
+  tier's prefix cache while blocks that cache nothing are still free.
 - Prefix reuse is counted per tenant and tier when a request is admitted.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from slaq.api.common import Tier
 from slaq.engine.sla import RequestInfo
@@ -93,6 +98,8 @@ class SLABlockManager(KVCacheManager):
     _slaq_on_allocated: Callable[[int, str, int], None]
     _slaq_block_size: int
     _slaq_max_model_len: int
+    _slaq_low_water: int  # free uncached blocks below which eviction is near: a step's worth of allocation
+    _slaq_noted: dict[int, tuple[Any, Any]]  # block id -> (block, its cache key when freed): batch-tier prefixes not yet moved
 
     @classmethod
     def adopt(
@@ -113,6 +120,9 @@ class SLABlockManager(KVCacheManager):
         manager._slaq_on_allocated = on_allocated
         manager._slaq_block_size = vc.block_size(scheduler)
         manager._slaq_max_model_len = vc.max_model_len(scheduler)
+        # A step allocates at most its token budget in new blocks plus one block per running request.
+        manager._slaq_low_water = -(-vc.step_token_limit(scheduler) // manager._slaq_block_size) + vc.active_request_limit(scheduler)
+        manager._slaq_noted = {}
         return manager
 
     @property
@@ -191,8 +201,32 @@ class SLABlockManager(KVCacheManager):
         evict_first = self._release(request) and vc.attached_info(request) is not None
         blocks = vc.request_blocks(self, request.request_id) if evict_first and self._slaq_info_of(request).tier_rank >= EVICT_FIRST_RANK else None
         super().free(request)
-        if blocks:
+        if not blocks:
+            return
+        if self.eviction_near():
             vc.evict_first(self, blocks)
+            return
+        noted = self._slaq_noted
+        for block in blocks:
+            key = vc.cached_hash(block)
+            if key is not None:
+                noted[block.block_id] = (block, key)
+
+    def eviction_near(self) -> bool:
+        return vc.cached_free_floor(self) < self._slaq_low_water
+
+    def promote_evict_first(self) -> int:
+        """Once per step: when eviction is near, move the noted batch-tier prefixes that are still
+        free and still hold what they cached to the front of the free queue. Returns how many moved."""
+        if not self._slaq_noted or not self.eviction_near():
+            return 0
+        still = [block for block, key in self._slaq_noted.values() if vc.cached_hash(block) is key]
+        self._slaq_noted.clear()
+        return vc.evict_first(self, still)
+
+    @property
+    def noted_blocks(self) -> int:
+        return len(self._slaq_noted)
 
     def pop_blocks_for_free(self, request: Request):  # type: ignore[override]
         self._release(request)

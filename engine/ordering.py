@@ -69,15 +69,21 @@ class WaitingOrder:
         misses. Serving the attainable deadlines first (EDF) keeps the promises that can still be
         kept; a request whose deadline has passed gains nothing from going ahead of one that can
         still make it, and is ranked by formula 1 among the others that missed."""
-        # The same starvation test as `ScoreProfile.rank_key`, made first: a non-starving request
-        # that can still meet its deadline is ranked by that deadline alone, so formula 1 (and its
-        # RequestView) is only computed for the ranks that use its score.
-        if now - info.arrival < self._pool.aging_bound_s and info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
-            return (1 + info.tier_rank, info.deadline)
-        neg_score = -self.score(info, now)
-        if now - info.arrival >= self._pool.aging_bound_s:  # starving, as in ScoreProfile.rank_key
-            return (0, neg_score)
-        return (MISSED_CLASS, neg_score)
+        rank_class = self.rank_class(info, now)
+        if 0 < rank_class < MISSED_CLASS:
+            return (rank_class, info.deadline)
+        return (rank_class, -self.score(info, now))
+
+    def rank_class(self, info: RequestInfo, now: float) -> int:
+        """The first element of `rank`, without formula 1: 0 starving (the same test as
+        `ScoreProfile.rank_key`), 1 + tier rank for a request that can still meet its TTFT
+        objective, MISSED_CLASS for the rest. Classes 1..LOWEST_RANK hold one tier each, so two
+        tier heads can only tie in class 0 or MISSED_CLASS, and only a tie needs the score."""
+        if now - info.arrival >= self._pool.aging_bound_s:
+            return 0
+        if info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
+            return 1 + info.tier_rank
+        return MISSED_CLASS
 
     def _view(self, info: RequestInfo) -> RequestView:
         return RequestView(

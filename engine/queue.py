@@ -47,6 +47,7 @@ class SLARequestQueue(RequestQueue):
         self._choice: tuple[int, Entry, bool] | None = None  # tier rank, entry, starving
         self._aged_share = 0.0  # running share of admissions that went to starving requests
         self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
+        self._classes: dict[int, int] = {}  # entry seq -> rank class, this step
 
     # -- the scheduler's per-step hook ------------------------------------------------------
     def begin_step(self, now: float) -> None:
@@ -54,6 +55,7 @@ class SLARequestQueue(RequestQueue):
         self._now = now
         self._choice = None
         self._ranks.clear()
+        self._classes.clear()
         for heap in self._heaps:
             self._rekey_head(heap)
 
@@ -157,29 +159,49 @@ class SLARequestQueue(RequestQueue):
     def _chosen(self) -> tuple[int, Entry, bool]:
         """The cross-tier choice: the best-ranked tier head, except that a starving head yields to
         the best non-starving head of a higher tier while starving requests already have at least
-        AGED_SHARE of recent admissions (so they still get that share: no starvation)."""
+        AGED_SHARE of recent admissions (so they still get that share: no starvation).
+
+        A head's rank class is computed once per step (clock and load are fixed within it), and
+        its full rank (formula 1 for classes 0 and MISSED_CLASS) only when it ties with another
+        head's class: the choice is the one `WaitingOrder.rank` gives over the heads."""
         if self._choice is not None:
             return self._choice
-        best: tuple[tuple[int, float], int, Entry] | None = None
-        fresh: tuple[tuple[int, float], int, Entry] | None = None  # best non-starving head
+        heads: list[tuple[int, int, Entry]] = []  # (rank class, tier rank, entry)
         for tier_rank, heap in enumerate(self._heaps):
             entry = self._head(heap)
             if entry is None:
                 continue
-            rank = self._ranks.get(entry[2])
-            if rank is None:  # a head is ranked once per step: clock and load are fixed within it
-                rank = self._ranks[entry[2]] = self._order.rank(self._info_of(entry[3]), self._now)
-            if best is None or rank < best[0]:
-                best = (rank, tier_rank, entry)
-            if rank[0] and (fresh is None or rank < fresh[0]):
-                fresh = (rank, tier_rank, entry)
-        if best is None:
+            rank_class = self._classes.get(entry[2])
+            if rank_class is None:
+                rank_class = self._classes[entry[2]] = self._order.rank_class(self._info_of(entry[3]), self._now)
+            heads.append((rank_class, tier_rank, entry))
+        if not heads:
             raise IndexError("peek from an empty queue")
-        starving = not best[0][0]
-        if starving and fresh is not None and fresh[1] < best[1] and self._aged_share >= AGED_SHARE:
-            best, starving = fresh, False
+        best = self._best(heads)
+        starving = best[0] == 0
+        if starving and self._aged_share >= AGED_SHARE:
+            fresh = self._best([head for head in heads if head[0]])  # the best non-starving head
+            if fresh is not None and fresh[1] < best[1]:
+                best, starving = fresh, False
         self._choice = (best[1], best[2], starving)
         return self._choice
+
+    def _best(self, heads: list[tuple[int, int, Entry]]) -> tuple[int, int, Entry] | None:
+        """The head with the smallest rank (the first in tier order among equals), or None."""
+        if not heads:
+            return None
+        lowest = min(head[0] for head in heads)
+        tied = [head for head in heads if head[0] == lowest]
+        if len(tied) == 1:
+            return tied[0]
+        return min(tied, key=self._full_rank)
+
+    def _full_rank(self, head: tuple[int, int, Entry]) -> tuple[int, float]:
+        entry = head[2]
+        rank = self._ranks.get(entry[2])
+        if rank is None:
+            rank = self._ranks[entry[2]] = self._order.rank(self._info_of(entry[3]), self._now)
+        return rank
 
     def _rekey_head(self, heap: list[Entry]) -> None:
         taken: list[Entry] = []

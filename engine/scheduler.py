@@ -109,6 +109,7 @@ class SLAScheduler(vc.AsyncScheduler):
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         ours = self._preempt_for_urgent(now, running, limit)
+        self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger
         kv_tokens = ledger.blocks_held() * vc.block_size(self)
         cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self)), kv_tokens), vc.step_token_limit(self), now)

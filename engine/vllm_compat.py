@@ -198,6 +198,20 @@ def evict_first(manager: KVCacheManager, blocks: Sequence["KVCacheBlock"]) -> in
     return len(movable)
 
 
+def cached_free_floor(manager: KVCacheManager) -> int:
+    """A lower bound on the free blocks that hold no cached prefix: free blocks less every prefix-cache
+    key (keys of blocks in use and partial-prefix keys included, so never an overestimate of what is
+    cached, except where two blocks share a key). Allocation takes these before evicting anything."""
+    pool = manager.block_pool
+    return pool.get_num_free_blocks() - len(pool.cached_block_hash_to_block)
+
+
+def cached_hash(block: "KVCacheBlock") -> Any:
+    """The block's prefix-cache key (None when it holds no cached prefix); a new object whenever
+    the block is evicted and cached again."""
+    return block.block_hash
+
+
 def free_queue_order(manager: KVCacheManager) -> list[int]:
     """Block ids in eviction order (for tests and debugging; O(blocks))."""
     return [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]

@@ -101,6 +101,32 @@ def test_missed_higher_tier_requests_compete_with_the_lower_tier_by_formula_1() 
     assert queue.peek_request() is missed  # urgency saturated + tier term outscore a fresh batch request
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> None:
+    # The queue computes formula 1 only for heads whose rank class ties; the reference ranks every
+    # head fully, as `WaitingOrder.rank` defines the order, with the AGED_SHARE rule on top.
+    import random
+
+    rng = random.Random(seed)
+    queue = _queue(SchedulerSpec(aging_bound_seconds=10.0))
+    for _ in range(60):
+        tier = rng.choice(list(Tier))
+        ttft_ms = rng.choice([None, 500, 2000, 60_000]) if tier is not Tier.CRITICAL else rng.choice([500, 2000])
+        queue.add_request(make_request(tier, ttft_ms=ttft_ms, arrival=NOW - rng.uniform(0, 14), prompt_tokens=rng.randint(1, 400),
+                                       max_tokens=rng.randint(1, 400), tenant=f"t{rng.randint(0, 3)}"))
+    order = queue.order
+    while queue:
+        heads = [(tier_rank, queue._head(heap)) for tier_rank, heap in enumerate(queue._heaps)]
+        ranked = [(order.rank(vc.attached_info(entry[3]), NOW), tier_rank, entry[3]) for tier_rank, entry in heads if entry is not None]
+        best = min(ranked, key=lambda r: r[0])
+        fresh = [r for r in ranked if r[0][0]]
+        if not best[0][0] and fresh and queue._aged_share >= AGED_SHARE:
+            candidate = min(fresh, key=lambda r: r[0])
+            if candidate[1] < best[1]:
+                best = candidate
+        assert queue.pop_request() is best[2]
+
+
 @pytest.mark.parametrize("load", [0.0, 0.37, 1.0, 2.5])
 def test_rank_equals_formula_1_rank_key_of_slaq_scoring(load: float) -> None:
     # WaitingOrder resolves formula 1's weighted terms once per step and tests for starvation
@@ -265,19 +291,49 @@ def test_block_budget_rule() -> None:
     assert rule.within_tenant_cap("whole", reserved=99, footprint=99)
 
 
-def test_batch_tier_prefixes_are_evicted_before_other_tiers() -> None:
-    scheduler = build_scheduler(num_blocks=60)
-    driver = Driver(scheduler)
-    standard = make_request(Tier.STANDARD, prompt_tokens=48, max_tokens=2, prompt_seed=1)
-    batch = make_request(Tier.BATCH, prompt_tokens=48, max_tokens=2, prompt_seed=2)
+def _finished_prefixes(scheduler, driver: Driver) -> tuple[set[int], set[int]]:
+    """A standard and a batch request with 48-token prompts run to the end; their cached blocks."""
+    standard = make_request(Tier.STANDARD, tenant="s", prompt_tokens=48, max_tokens=2, prompt_seed=1)
+    batch = make_request(Tier.BATCH, tenant="b", prompt_tokens=48, max_tokens=2, prompt_seed=2)
     driver.add(standard, batch)
     driver.step()
     standard_blocks = {b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, standard.request_id)[:3]}
     batch_blocks = {b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, batch.request_id)[:3]}
     driver.run_until_idle()
+    return standard_blocks, batch_blocks
+
+
+def test_batch_tier_prefixes_are_evicted_before_other_tiers_once_eviction_is_near() -> None:
+    scheduler = build_scheduler(num_blocks=60)  # a step's worth: 512 / 16 + 4 seqs = 36 blocks
+    driver = Driver(scheduler)
+    standard_blocks, batch_blocks = _finished_prefixes(scheduler, driver)
+    manager = scheduler.block_manager
+    assert not manager.eviction_near() and manager.noted_blocks == 3
+    # A long prompt takes 20 blocks and caches 19 of them (its decodes fit in the 20th): fewer than a
+    # step's worth of free blocks now cache nothing, so the next step moves the batch tier's
+    # prefixes to the front.
+    driver.add(make_request(Tier.STANDARD, tenant="long", prompt_tokens=312, max_tokens=4, prompt_seed=3))
+    driver.step()
+    assert manager.eviction_near()
+    driver.step()
     order = vc.free_queue_order(scheduler.kv_cache_manager)
-    assert set(order[:3]) == batch_blocks
+    assert set(order[:3]) == batch_blocks and manager.noted_blocks == 0
     assert standard_blocks <= set(order[-4:])
+    driver.run_until_idle()
+
+
+def test_batch_tier_prefixes_stay_cached_while_uncached_blocks_are_free() -> None:
+    scheduler = build_scheduler(num_blocks=400)
+    driver = Driver(scheduler)
+    _finished_prefixes(scheduler, driver)
+    for seed in range(10, 30):  # 20 requests, 80 blocks: the free blocks that cache nothing go first
+        driver.add(make_request(Tier.STANDARD, tenant="other", prompt_tokens=48, max_tokens=2, prompt_seed=seed))
+    driver.run_until_idle()
+    hits = scheduler.metrics.prefix_hit_tokens.labels(tier="batch", tenant="b")
+    before = hits._value.get()
+    driver.add(make_request(Tier.BATCH, tenant="b", prompt_tokens=48, max_tokens=2, prompt_seed=2))
+    driver.run_until_idle()
+    assert hits._value.get() - before == 32  # both full blocks before the last: nothing was evicted
 
 
 def test_prefix_reuse_is_counted_per_tenant_and_tier() -> None:

@@ -145,6 +145,20 @@ def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> Non
     assert vc.free_blocks(manager) == 49
 
 
+def test_cached_free_floor_and_cached_hash() -> None:
+    scheduler = _stock(num_blocks=50)
+    manager = scheduler.kv_cache_manager
+    assert vc.cached_free_floor(manager) == 49
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=48, max_tokens=3)
+    driver.add(request)
+    driver.step()
+    blocks = vc.request_blocks(manager, request.request_id)
+    driver.run_until_idle()
+    assert [vc.cached_hash(b) is not None for b in blocks] == [True, True, True]
+    assert vc.cached_free_floor(manager) == 49 - 3
+
+
 def test_parse_server_args_accepts_the_slaq_scheduler() -> None:
     args = vc.parse_server_args(["--model", "/tmp/m", "--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority", "--port", "9"])
     assert args.scheduler_cls == SCHEDULER_CLS and args.scheduling_policy == "priority" and args.port == 9
