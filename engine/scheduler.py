@@ -155,8 +155,8 @@ class SLAScheduler(vc.AsyncScheduler):
         if not self.waiting:
             return []
         running = vc.running_requests(self)
-        if vc.active_request_limit(self) - len(running) <= 0:
-            return []
+        if vc.active_request_limit(self) - len(running) <= 0 or not vc.any_prefill_chunk(running):
+            return []  # no slot to take, or no prefill chunk to hold back
         urgent = self.waiting_queue.urgent_heads(1)
         if not urgent:
             return []

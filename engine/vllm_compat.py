@@ -110,8 +110,13 @@ def decodes_first(scheduler: AsyncScheduler) -> None:
     walks `running` in order, so a capped budget would otherwise go to a prefill chunk first and
     starve the decodes behind it. Rebinding `running` is what vLLM's own `remove_all` does."""
     running = scheduler.running
-    if any(map(_IS_PREFILL_CHUNK, running)):  # every step while a TPOT objective runs: no generator frame
+    if any_prefill_chunk(running):  # every step while a TPOT objective runs
         scheduler.running = [r for r in running if not r.is_prefill_chunk] + [r for r in running if r.is_prefill_chunk]
+
+
+def any_prefill_chunk(requests: Sequence[Request]) -> bool:
+    """Whether any of `requests` has a prompt chunk left (C-speed scan: no Python frame per request)."""
+    return any(map(_IS_PREFILL_CHUNK, requests))
 
 
 def is_prefilling(request: Request) -> bool:

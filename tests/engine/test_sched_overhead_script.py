@@ -15,6 +15,8 @@ def test_benchmark_prints_a_row_per_scenario_and_size(capsys: pytest.CaptureFixt
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # in-process: vLLM is imported once per test session
     assert module.main(["--steps", "3", "--sizes", "10,20", "--repeats", "1", "--max-num-seqs", "8"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("full", "churn"))]
-    assert [(row[0], row[1]) for row in rows] == [("full", "10"), ("full", "20"), ("churn", "10"), ("churn", "20")]
-    assert all(len(row) == 11 and float(row[7]) > 0 and float(row[-1]) > 0 for row in rows)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("full", "same", "churn"))]
+    assert [(row[0], row[1]) for row in rows] == [(s, n) for s in ("full", "same", "churn") for n in ("10", "20")]
+    assert all(len(row) == 13 and float(row[7]) > 0 and float(row[-1]) > 0 for row in rows)
+    same = [row for row in rows if row[0] == "same"]
+    assert all(row[8] == row[9] and row[10] == row[11] and "/0.0/" in row[10] for row in same)  # the same decisions
