@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ from e2e.conftest import ENGINE_START_TIMEOUT_S, POOL_NAME, POOL_NAMESPACE
 from e2e.pod import PodSpecRun
 from e2e.traffic import attainment, client, stream_completion
 from slaq.api.common import API_VERSION
+from slaq.api.runtime import TENANT_TABLE_ENV, TENANT_TABLE_KEY
 from slaq.api.table import hash_api_key
 from slaq.local.processes import wait_ready
 from slaq.operator.names import table_secret_name
@@ -96,6 +98,12 @@ async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodS
     await wait_status(pod.url, key, 200, timeout_s=30)
     assert {name: child.pid for name, child in pod.children.items()} == pids
     assert all(child.running() for child in pod.children.values())
+    # The engine reads the same table (its KV shares), from the same mount, and follows it too.
+    _, engine_env = pod.command("engine")
+    assert Path(engine_env[TENANT_TABLE_ENV]).read_text() == (pod.volume_dir("tenant-table") / TENANT_TABLE_KEY).read_text()
+    applied = 'slaq_engine_tenant_table_reloads_total{outcome="applied"}'
+    await asyncio.to_thread(wait_for, lambda: applied in httpx.get(f"http://127.0.0.1:{pod.engine_port}/metrics", timeout=5).text, 30,
+                            "the engine to apply the changed tenant table")
 
 
 PROBE_TTFT_S = 3.0  # generous for a loaded 2-core machine: the test is about the noisy tenant, not raw speed

@@ -129,6 +129,11 @@ class SLABlockManager(KVCacheManager):
     def rule(self) -> BlockBudgetRule:
         return self._slaq_rule
 
+    def set_rule(self, rule: BlockBudgetRule) -> None:
+        """New tenant caps (a changed tenant table). Blocks already reserved stay reserved; a tenant
+        now over its cap admits nothing more until it is under."""
+        self._slaq_rule = rule
+
     @property
     def ledger(self) -> BlockLedger:
         return self._slaq_ledger

@@ -30,6 +30,7 @@ class EngineMetrics:
     prefix_hit_tokens: Counter
     prefix_query_tokens: Counter
     info: Gauge
+    table_reloads: Counter
     _prefix_children: dict = field(default_factory=dict, compare=False, repr=False)  # (id(counter), tier, tenant) -> label child
 
     def observe_step(self, seconds: float, queue_depth: Sequence[int], kv_blocks: Sequence[int]) -> None:
@@ -72,5 +73,6 @@ def engine_metrics() -> EngineMetrics:
         step_seconds=Histogram(PREFIX + "schedule_step_seconds", "Wall time of one schedule() call of the slaq scheduler.", buckets=STEP_BUCKETS),
         prefix_hit_tokens=Counter(PREFIX + "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache at admission, by tier and tenant.", ["tier", "tenant"]),
         prefix_query_tokens=Counter(PREFIX + "prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache at admission, by tier and tenant.", ["tier", "tenant"]),
+        table_reloads=Counter(PREFIX + "tenant_table_reloads", "Changed tenant tables the scheduler read while running, by outcome (applied, kept_previous).", ["outcome"]),
         info=Gauge(PREFIX + "scheduler_info", "The scheduler class serving this engine (value 1).", ["scheduler", "vllm"], multiprocess_mode="mostrecent"),
     )

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
-from slaq.engine.config import EngineSchedulerConfig
+from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, TenantShareWatcher
 from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
@@ -66,6 +67,15 @@ class SLAScheduler(vc.AsyncScheduler):
         self._last_step_done: float | None = None
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
+        self.table_watcher = self.watch_tenant_table(config.tenant_table) if config.tenant_table is not None else None
+
+    def watch_tenant_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> TenantShareWatcher:
+        reloads = self.metrics.table_reloads
+        return TenantShareWatcher(path, interval_s=interval_s, on_reload=lambda outcome: reloads.labels(outcome=outcome).inc())
+
+    def apply_tenant_shares(self, tenant_kv_share: dict[str, float]) -> None:
+        rule = BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
+        self.block_manager.set_rule(rule)
 
     # -- request facts -----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -108,6 +118,10 @@ class SLAScheduler(vc.AsyncScheduler):
         self.order.set_load(max(len(running) / max(1, limit), self.kv_cache_manager.usage))
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
+        if self.table_watcher is not None:
+            shares = self.table_watcher.poll()
+            if shares is not None:
+                self.apply_tenant_shares(shares)
         ours = self._preempt_for_urgent(now, running, limit)
         self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger

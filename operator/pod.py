@@ -20,6 +20,7 @@ from slaq.api.runtime import (
     SCHEDULER_CONFIG_ENV,
     SIDECAR_PORT_NAME,
     TENANT_TABLE_DIR,
+    TENANT_TABLE_ENV,
     TENANT_TABLE_KEY,
 )
 from slaq.operator.names import pool_labels, table_secret_name
@@ -154,6 +155,7 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
         "args": ["engine", *engine_args(pool)],
         "env": [
             {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
+            {"name": TENANT_TABLE_ENV, "value": f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}"},
             {"name": "HOME", "value": CACHE_DIR},
             {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
@@ -172,6 +174,8 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
+            # The scheduler reads tenants' KV shares from the table (and follows its updates).
+            {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True},
         ],
     }
 

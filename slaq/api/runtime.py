@@ -21,6 +21,9 @@ TENANT_TABLE_KEY = "tenants.json"  # the Secret's data key, and the file name un
 
 # Environment variable carrying the pool's SchedulerSpec (wire JSON) into the engine core process.
 SCHEDULER_CONFIG_ENV = "SLAQ_SCHEDULER_CONFIG"
+# The engine reads tenants' KV shares from the tenant table at this path (default: the mount above),
+# and re-reads it when it changes.
+TENANT_TABLE_ENV = "SLAQ_TENANT_TABLE"
 
 HEALTH_PATH = "/health"  # liveness: the sidecar process answers
 READY_PATH = "/ready"  # readiness: the engine behind it answers and the tenant table is loaded

@@ -7,6 +7,7 @@ shown. Every child is stopped by its pid (process group), the sidecar first so i
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from slaq.api.runtime import READY_PATH
+from slaq.api.runtime import READY_PATH, TENANT_TABLE_ENV
 from slaq.local.errors import StartupError
 from slaq.local.processes import Child, free_port, last_log_line, log_tail, slaq_command, start_child, wait_ready
 
@@ -72,8 +73,10 @@ class LocalStack:
             engine_cmd += ["--served-model-name", opts.served_model_name]
         engine_cmd += list(opts.engine_args)
         try:
+            # The engine's scheduler reads tenants' KV shares from the same table the sidecar serves.
+            engine_env = {**os.environ, TENANT_TABLE_ENV: str(opts.tenant_table)} if opts.tenant_table is not None else None
             self.engine = start_child("engine", engine_cmd, self.workdir / f"engine-{opts.scheduler}.log",
-                                      f"http://127.0.0.1:{self.engine_port}/health")
+                                      f"http://127.0.0.1:{self.engine_port}/health", env=engine_env)
             if opts.tenant_table is not None:
                 self.port = opts.port or free_port(opts.host)
                 sidecar_cmd = slaq_command(

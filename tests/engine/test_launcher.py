@@ -12,10 +12,11 @@ import pytest
 from slaq.api.runtime import SCHEDULER_CONFIG_ENV
 from slaq.api.table import TenantEntry, TenantTable
 from slaq.api.common import Tier
-from slaq.engine.config import TENANT_TABLE_ENV, EngineSchedulerConfig, read_scheduler_config_argument
+from slaq.engine.config import TENANT_TABLE_ENV, EngineSchedulerConfig, TenantShareWatcher, read_scheduler_config_argument
 from slaq.engine.errors import LaunchError, SchedulerConfigError
 from slaq.engine.launcher import SCHEDULER_CLS, EngineOptions, plan_launch, prepare_environment
 from slaq.engine.tiny_model import ensure_tiny_model
+from tests.engine.harness import build_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,3 +117,54 @@ def test_cli_help_lists_every_operator_flag() -> None:
                  "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--load-format",
                  "--served-model-name", "--revision", "--scheduler-config", "--scheduler"):
         assert flag in result.stdout, flag
+
+
+def _write_table(path: Path, shares: dict[str, float]) -> None:
+    """As the kubelet updates a Secret volume: a new file swapped in atomically."""
+    table = TenantTable(pool="ns/pool", tenants=[TenantEntry(name=name, tier=Tier.STANDARD, cache_salt="s" * 16, kv_cache_share=share)
+                                                 for name, share in shares.items()])
+    staged = path.with_suffix(".new")
+    staged.write_text(table.model_dump_json(by_alias=True))
+    staged.replace(path)
+
+
+def test_tenant_share_watcher_reads_a_changed_table_and_keeps_the_shares_on_a_bad_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "tenants.json"
+    _write_table(path, {"acme": 0.25})
+    now = [0.0]
+    watcher = TenantShareWatcher(path, interval_s=2.0, clock=lambda: now[0])
+    assert watcher.poll() is None  # unchanged, and not looked at before the interval
+    _write_table(path, {"acme": 0.5, "beta": 0.1})
+    assert watcher.poll() is None
+    now[0] = 2.0
+    assert watcher.poll() == {"acme": 0.5, "beta": 0.1}
+    now[0] = 4.0
+    assert watcher.poll() is None  # seen already
+    path.write_text("{not a table")
+    now[0] = 6.0
+    assert watcher.poll() is None and "cannot be read" in caplog.text
+    path.unlink()
+    now[0] = 8.0
+    assert watcher.poll() is None and "is gone" in caplog.text
+    _write_table(path, {"acme": 1.0})
+    now[0] = 10.0
+    assert watcher.poll() == {"acme": 1.0}
+
+
+def test_the_scheduler_applies_a_changed_tenant_table_without_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.json"
+    _write_table(path, {"small": 0.25})
+    config = EngineSchedulerConfig.from_environment({TENANT_TABLE_ENV: str(path)})
+    scheduler = build_scheduler(config=config, num_blocks=41)
+    assert scheduler.block_manager.rule.tenant_cap_blocks == {"small": 10}
+    assert scheduler.table_watcher is not None and scheduler.table_watcher.path == path
+    scheduler.table_watcher = scheduler.watch_tenant_table(path, interval_s=0.0)  # look at every step
+    applied = scheduler.metrics.table_reloads.labels(outcome="applied")
+    before = applied._value.get()
+    _write_table(path, {"small": 0.5, "new": 0.1})
+    scheduler.schedule()
+    assert scheduler.block_manager.rule.tenant_cap_blocks == {"small": 20, "new": 4}
+    assert applied._value.get() == before + 1
+    _write_table(path, {"small": 1.0})
+    scheduler.schedule()
+    assert scheduler.block_manager.rule.tenant_cap_blocks == {}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from slaq.api.pool import InferencePool
-from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV, TENANT_TABLE_DIR, TENANT_TABLE_ENV, TENANT_TABLE_KEY
 from slaq.api.table import TenantTable
 from slaq.operator.children import milli_quantity, owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.names import pool_selector_labels
@@ -67,7 +67,9 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
     # The tenant table Secret is mounted read-only as a directory (a subPath mount would never update).
     assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in sidecar["volumeMounts"]
     assert volumes["tenant-table"]["secret"]["secretName"] == "llama3-8b-tenants"
-    assert all(m["name"] != "tenant-table" for m in engine["volumeMounts"])
+    # The engine reads the tenants' KV shares from the same table, at the path its env names.
+    assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in engine["volumeMounts"]
+    assert {e["name"]: e.get("value") for e in engine["env"]}[TENANT_TABLE_ENV] == f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}"
     # The scheduler knobs travel to the engine as wire JSON.
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert json.loads(env[SCHEDULER_CONFIG_ENV])["agingBoundSeconds"] == 60
