@@ -129,7 +129,9 @@ def test_block_counts_and_request_blocks() -> None:
     assert vc.free_blocks(manager) == 46
 
 
-def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> None:
+def _finished_batch_request():
+    """A stock scheduler after one 48-token batch request ran to the end; its manager, and the
+    blocks the request's prompt held (three full blocks, cached)."""
     scheduler = _stock(num_blocks=50)
     manager = scheduler.kv_cache_manager
     driver = Driver(scheduler)
@@ -138,6 +140,11 @@ def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> Non
     driver.step()
     blocks = vc.request_blocks(manager, request.request_id)
     driver.run_until_idle()
+    return manager, blocks
+
+
+def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> None:
+    manager, blocks = _finished_batch_request()
     order = vc.free_queue_order(manager)
     assert order[0] not in {b.block_id for b in blocks}  # vLLM keeps cached prefixes at the back
     assert vc.evict_first(manager, blocks) == 3
@@ -146,15 +153,8 @@ def test_evict_first_moves_cached_blocks_to_the_front_of_the_free_queue() -> Non
 
 
 def test_cached_free_floor_and_cached_hash() -> None:
-    scheduler = _stock(num_blocks=50)
-    manager = scheduler.kv_cache_manager
-    assert vc.cached_free_floor(manager) == 49
-    driver = Driver(scheduler)
-    request = make_request(Tier.BATCH, prompt_tokens=48, max_tokens=3)
-    driver.add(request)
-    driver.step()
-    blocks = vc.request_blocks(manager, request.request_id)
-    driver.run_until_idle()
+    assert vc.cached_free_floor(_stock(num_blocks=50).kv_cache_manager) == 49
+    manager, blocks = _finished_batch_request()
     assert [vc.cached_hash(b) is not None for b in blocks] == [True, True, True]
     assert vc.cached_free_floor(manager) == 49 - 3
 
