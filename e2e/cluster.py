@@ -11,39 +11,23 @@ import asyncio
 import base64
 import json
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import httpx
 
 from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.api.table import TenantTable
+from tests.support.polling import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLURALS = {"Secret": "secrets", "Namespace": "namespaces", "InferencePool": "inferencepools", "TenantSLA": "tenantslas"}
-T = TypeVar("T")
 
 
 def resource_url(api_version: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
     return f"{path}/{name}" if name else path
-
-
-def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, poll_s: float = 0.2) -> T:
-    """Poll until `check` returns something truthy; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except (AssertionError, KeyError, httpx.HTTPError) as exc:
-            last = exc
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last!r})")
 
 
 class ControlPlane:

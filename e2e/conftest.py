@@ -9,7 +9,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-from e2e.cluster import ControlPlane, wait_for
+from e2e.cluster import ControlPlane
+from tests.support.polling import wait_for
 from e2e.pod import PodSpecRun
 from slaq.local.processes import wait_ready
 

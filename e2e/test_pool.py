@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from e2e.cluster import ControlPlane, wait_for
+from e2e.cluster import ControlPlane
+from tests.support.polling import wait_for
 from e2e.conftest import ENGINE_START_TIMEOUT_S, POOL_NAME, POOL_NAMESPACE
 from e2e.pod import PodSpecRun
 from e2e.traffic import attainment, client, stream_completion

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from e2e.cluster import wait_for
+from tests.support.polling import wait_for
 from slaq.local.processes import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.engine]

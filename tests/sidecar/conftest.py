@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -14,20 +13,13 @@ from slaq.api.table import TenantTable
 from slaq.sidecar.server import SidecarOptions, build_app
 from tests.sidecar.tables import abc_table
 from tests.support.fake_upstream import FakeEngine, ServerThread
+from tests.support.polling import wait_for
 
 
 def write_table(path: Path, table: TenantTable) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(table.model_dump_json(by_alias=True))
     os.replace(tmp, path)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class RunningSidecar:
@@ -53,7 +45,7 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
         server = ServerThread(app).start()
         sidecar = RunningSidecar(server, path, app)
         started.append(sidecar)
-        wait_until(lambda: sidecar.client.get("/ready").status_code == 200, what="sidecar ready")
+        wait_for(lambda: sidecar.client.get("/ready").status_code == 200, what="sidecar ready")
         return sidecar
 
     yield start

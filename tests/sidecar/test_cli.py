@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.sidecar.conftest import wait_until, write_table
+from tests.sidecar.conftest import write_table
+from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
 from tests.support.fake_upstream import _free_port
 
@@ -50,7 +51,7 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> N
             except httpx.HTTPError:
                 return False
 
-        wait_until(ready, 60.0, "sidecar process ready")
+        wait_for(ready, 60.0, "sidecar process ready")
         body = {"model": "fake-model", "prompt": "x", "max_tokens": 16, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, headers={**bearer("std"), "x-fake-delay-ms": "150"}, timeout=30) as response:
             lines = response.iter_lines()

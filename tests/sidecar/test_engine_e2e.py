@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from slaq.sidecar.server import SidecarOptions, build_app
-from tests.sidecar.conftest import RunningSidecar, wait_until, write_table
+from tests.sidecar.conftest import RunningSidecar, write_table
+from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
 from tests.support.fake_upstream import RecordingPassthrough, ServerThread
 
@@ -43,7 +44,7 @@ def real(tmp_path_factory, wiretap, slaq_engine) -> Iterator[RunningSidecar]:
     app = build_app(options)
     running = RunningSidecar(ServerThread(app).start(), path, app)
     running.client.timeout = httpx.Timeout(120.0)
-    wait_until(lambda: running.client.get("/ready").status_code == 200, 60.0, "sidecar ready in front of the engine")
+    wait_for(lambda: running.client.get("/ready").status_code == 200, 60.0, "sidecar ready in front of the engine")
     yield running
     running.stop()
 
@@ -133,7 +134,7 @@ def test_unauthorized_through_the_real_path(real) -> None:
 def test_rate_limit_429(real) -> None:
     table = abc_table("tight", std={"requests_per_minute": 1.0})
     write_table(real.table_path, table)
-    wait_until(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "tight", what="reload")
+    wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "tight", what="reload")
     try:
         statuses = [real.client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, headers=bearer("std")) for _ in range(2)]
         assert statuses[0].status_code in (200, 429)
@@ -141,7 +142,7 @@ def test_rate_limit_429(real) -> None:
         assert int(statuses[1].headers["retry-after"]) >= 1
     finally:
         write_table(real.table_path, abc_table("loose", std={"requests_per_minute": 600.0}))
-        wait_until(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "loose", what="reload")
+        wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "loose", what="reload")
 
 
 async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None:
@@ -150,13 +151,13 @@ async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None
     the gate opens again (the engine monitor pumps the queue on every poll). The queued tenant has
     no TTFT objective here, so the deadline guard (its own tests) cannot refuse it first."""
     write_table(real.table_path, abc_table("noslo", std={"ttft_ms": None, "tpot_ms": None, "requests_per_minute": 600.0}))
-    wait_until(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "noslo", what="reload")
+    wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "noslo", what="reload")
     gate = real.app.core.gate
     gate.max_in_flight = 0
     try:
         async with httpx.AsyncClient(base_url=real.url, timeout=120) as client:
             queued = asyncio.create_task(client.post("/v1/completions", json={"model": MODEL, "prompt": "next", "max_tokens": 2}, headers=bearer("std")))
-            await asyncio.to_thread(wait_until, lambda: len(real.app.core.queue) == 1 or queued.done(), 30.0, "one queued")
+            await asyncio.to_thread(wait_for, lambda: len(real.app.core.queue) == 1 or queued.done(), 30.0, "one queued")
             assert not queued.done(), queued.result().text
             shed = await client.post("/v1/completions", json={"model": MODEL, "prompt": "cheap", "max_tokens": 2}, headers=bearer("free"))
             assert shed.status_code == 503 and shed.json()["reason"] == "shedding"

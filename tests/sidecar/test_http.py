@@ -8,7 +8,8 @@ import json
 import httpx
 import pytest
 
-from tests.sidecar.conftest import wait_until, write_table
+from tests.sidecar.conftest import write_table
+from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -97,7 +98,7 @@ async def test_concurrency_429_and_batch_shed_503_when_saturated(start_sidecar, 
             return await client.post("/v1/chat/completions", json=slow, headers={**bearer(tenant), "x-fake-delay-ms": str(delay_ms)})
 
         holders = [asyncio.create_task(call("std")) for _ in range(4)]  # 2 at the engine, 2 queued
-        await asyncio.to_thread(wait_until, lambda: len(sidecar.app.core.queue) == 2, 10.0, "two queued")
+        await asyncio.to_thread(wait_for, lambda: len(sidecar.app.core.queue) == 2, 10.0, "two queued")
         shed = await call("free", 0)
         refusal(shed, 503, "shedding")
         assert int(shed.headers["retry-after"]) >= 1
@@ -127,18 +128,18 @@ def test_a_stream_the_engine_breaks_ends_with_an_error_event_not_done(sidecar) -
     assert json.loads(events[0])["choices"][0]["text"] == "tok "  # the token sent before the break got through
     last = json.loads(events[-1])
     assert last["reason"] == "engine_stream_broken" and last["error"]["code"] == 502, last
-    wait_until(lambda: sidecar.app.core.quotas.in_flight("vip") == 0, what="the broken request to be settled")
+    wait_for(lambda: sidecar.app.core.quotas.in_flight("vip") == 0, what="the broken request to be settled")
     assert 'slaq_requests_total{code="502",tenant="vip",tier="critical"} 1.0' in sidecar.client.get("/metrics").text
 
 
 def test_unreachable_engine(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1])
     fake_upstream[0].healthy = False
-    wait_until(lambda: sidecar.client.get("/ready").status_code == 503, what="not ready")
+    wait_for(lambda: sidecar.client.get("/ready").status_code == 503, what="not ready")
     assert sidecar.client.get("/ready").json()["engine"] is False
     assert sidecar.client.get("/health").status_code == 200
     fake_upstream[0].healthy = True
-    wait_until(lambda: sidecar.client.get("/ready").status_code == 200, what="ready again")
+    wait_for(lambda: sidecar.client.get("/ready").status_code == 200, what="ready again")
 
 
 def test_no_engine_listening_is_503_engine_unavailable(start_sidecar, fake_upstream, tmp_path) -> None:
@@ -158,7 +159,7 @@ def test_table_reload_keeps_in_flight_and_applies_to_new_requests(sidecar) -> No
         table = abc_table("r2")
         table.tenants = [t for t in table.tenants if t.name != "vip"]
         write_table(sidecar.table_path, table)
-        wait_until(lambda: sidecar.client.get("/slaq/usage").json()["tableRevision"] == "r2", what="reload")
+        wait_for(lambda: sidecar.client.get("/slaq/usage").json()["tableRevision"] == "r2", what="reload")
         rest = [line for line in lines if line]
     assert first.startswith("data: ") and rest[-1] == "data: [DONE]"
     refusal(sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")), 401, "unauthorized")
@@ -171,13 +172,13 @@ async def test_client_leaving_the_queue_frees_its_place(start_sidecar, fake_upst
     core.gate.max_in_flight = 1
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
         holder = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={**bearer("std"), "x-fake-delay-ms": "800"}))
-        await asyncio.to_thread(wait_until, lambda: core.gate.in_flight == 1, 10.0, "holder released")
+        await asyncio.to_thread(wait_for, lambda: core.gate.in_flight == 1, 10.0, "holder released")
         leaver = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=bearer("std")))
-        await asyncio.to_thread(wait_until, lambda: len(core.queue) == 1, 10.0, "queued")
+        await asyncio.to_thread(wait_for, lambda: len(core.queue) == 1, 10.0, "queued")
         leaver.cancel()
-        await asyncio.to_thread(wait_until, lambda: len(core.queue) == 0, 10.0, "left the queue")
+        await asyncio.to_thread(wait_for, lambda: len(core.queue) == 0, 10.0, "left the queue")
         assert (await holder).status_code == 200
-    wait_until(lambda: core.quotas.in_flight("std") == 0, what="settled")
+    wait_for(lambda: core.quotas.in_flight("std") == 0, what="settled")
 
 
 def test_unknown_route_and_wrong_method(sidecar) -> None:

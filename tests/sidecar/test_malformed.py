@@ -67,7 +67,8 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
 def shared_sidecar(tmp_path_factory, _fake_upstream_server):
     """One sidecar for all cases: it must survive every one of them in turn."""
     from slaq.sidecar.server import SidecarOptions, build_app
-    from tests.sidecar.conftest import RunningSidecar, wait_until, write_table
+    from tests.sidecar.conftest import RunningSidecar, write_table
+    from tests.support.polling import wait_for
     from tests.sidecar.tables import abc_table
     from tests.support.fake_upstream import ServerThread
 
@@ -76,7 +77,7 @@ def shared_sidecar(tmp_path_factory, _fake_upstream_server):
     options = SidecarOptions(host="127.0.0.1", port=0, engine_url=_fake_upstream_server[1].url, tenant_table=path, served_model_name="fake-model")
     app = build_app(options)
     running = RunningSidecar(ServerThread(app).start(), path, app)
-    wait_until(lambda: running.client.get("/ready").status_code == 200, what="ready")
+    wait_for(lambda: running.client.get("/ready").status_code == 200, what="ready")
     yield running
     running.stop()
 
