@@ -31,6 +31,7 @@ pytestmark = pytest.mark.engine
 
 KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standard-0123456789abcdef", "free": "sk-demo-free-0123456789abcdef"}
 HANG_LIMIT_S = 60.0  # a client still waiting after this long counts as hung
+KILL_STREAMS = 16  # the CPU pool's maxNumSeqs
 
 
 def tenant_docs(name: str, tier: str, key: str, *, ttft_ms: float | None, quotas: dict | None = None) -> list[dict]:
@@ -102,9 +103,14 @@ async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodS
     # The engine reads the same table (its KV shares), from the same mount, and follows it too.
     _, engine_env = pod.command("engine")
     assert Path(engine_env[TENANT_TABLE_ENV]).read_text() == (pod.volume_dir("tenant-table") / TENANT_TABLE_KEY).read_text()
+    # The scheduler looks at the table when it schedules (an idle engine, with its next request).
     applied = 'slaq_engine_tenant_table_reloads_total{outcome="applied"}'
-    await asyncio.to_thread(wait_for, lambda: applied in httpx.get(f"http://127.0.0.1:{pod.engine_port}/metrics", timeout=5).text, 30,
-                            "the engine to apply the changed tenant table")
+    deadline = time.monotonic() + 60
+    async with client(10.0) as http:
+        while applied not in httpx.get(f"http://127.0.0.1:{pod.engine_port}/metrics", timeout=5).text:
+            assert time.monotonic() < deadline, "the engine did not apply the changed tenant table"
+            await stream_completion(http, pod.url, key, max_tokens=1)
+            await asyncio.sleep(0.5)
 
 
 PROBE_TTFT_S = 3.0  # generous for a loaded 2-core machine: the test is about the noisy tenant, not raw speed
@@ -186,19 +192,26 @@ async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recove
     engine = pod.children["engine"]
     async with client() as http:
         started = asyncio.Event()
-        # Long outputs (the pool allows 2048 tokens), so the streams are still running at the kill.
-        tasks = [asyncio.create_task(stream_completion(http, pod.url, key, max_tokens=1500, seed=i, first_token=started))
-                 for i, key in enumerate([*KEYS.values(), *KEYS.values()])]
+        # A full batch (the pool's maxNumSeqs) of long outputs (the pool allows 2048 tokens): the
+        # engine needs seconds for them, so they are still running at the kill even when the
+        # client, on a loaded machine, reads their events late. vip and standard keys only: the
+        # free tenant's maxConcurrency is 8.
+        keys = [KEYS["vip"], KEYS["standard"]]
+        tasks = [asyncio.create_task(stream_completion(http, pod.url, keys[i % 2], max_tokens=1500, seed=i, first_token=started))
+                 for i in range(KILL_STREAMS)]
         await asyncio.wait_for(started.wait(), 60)
         engine.signal(signal.SIGKILL)
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
         # Each stream is refused, cut with the sidecar's error event (never silently, never with
         # [DONE]), or whole: every token and [DONE], which only the engine can have produced before
         # it died (the client's clock cannot order that: on a loaded machine it reads events late).
+        kinds = []
         for o in outcomes:
             cut = o.status == 200 and not o.done and "engine_stream_broken" in (o.error or "")
             whole = o.status == 200 and o.done and o.tokens == 1500
             assert o.status == 503 or cut or whole, (o.status, o.done, o.tokens, o.error)
+            kinds.append("refused" if o.status == 503 else "cut" if cut else "whole")
+        print(f"engine kill: {len(outcomes)} streams, " + ", ".join(f"{kinds.count(k)} {k}" for k in ("whole", "cut", "refused")))
         assert any(o.status == 200 and o.terminated and o.tokens > 0 for o in outcomes), "no stream was cut mid-way by the kill"
         await asyncio.to_thread(engine.process.wait, 30)
         await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
