@@ -166,31 +166,18 @@ class SLARequestQueue(RequestQueue):
         head's class: the choice is the one `WaitingOrder.rank` gives over the heads."""
         if self._choice is not None:
             return self._choice
-        live, classes = self._live, self._classes
         heads: list[tuple[int, int, Entry]] = []  # (rank class, tier rank, entry)
-        best: tuple[int, int, Entry] | None = None
-        tied = False
         for tier_rank, heap in enumerate(self._heaps):
-            while heap:  # drop stale heads (removed or re-added since pushed), as `_head` does
-                entry = heap[0]
-                if live.get(entry[3].request_id) is entry:
-                    break
-                heapq.heappop(heap)
-            else:
+            entry = self._head(heap)
+            if entry is None:
                 continue
-            rank_class = classes.get(entry[2])
+            rank_class = self._classes.get(entry[2])
             if rank_class is None:
-                rank_class = classes[entry[2]] = self._order.rank_class(self._info_of(entry[3]), self._now)
-            head = (rank_class, tier_rank, entry)
-            heads.append(head)
-            if best is None or rank_class < best[0]:
-                best, tied = head, False
-            elif rank_class == best[0]:
-                tied = True
+                rank_class = self._classes[entry[2]] = self._order.rank_class(self._info_of(entry[3]), self._now)
+            heads.append((rank_class, tier_rank, entry))
+        best = self._best(heads)
         if best is None:
             raise IndexError("peek from an empty queue")
-        if tied:
-            best = self._best(heads)
         starving = best[0] == 0
         if starving and self._aged_share >= AGED_SHARE:
             fresh = self._best([head for head in heads if head[0]])  # the best non-starving head

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
@@ -56,7 +56,7 @@ class SLAScheduler(vc.AsyncScheduler):
         vc.install_waiting_queues(self, lambda: SLARequestQueue(self.order, self.info_of))
         self.block_manager = SLABlockManager.adopt(
             self,
-            BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), spec.critical_kv_headroom, config.tenant_kv_share),
+            self._block_rule(config.tenant_kv_share),
             self.info_of,
             on_allocated=self._charge_fairness,
         )
@@ -73,9 +73,11 @@ class SLAScheduler(vc.AsyncScheduler):
         reloads = self.metrics.table_reloads
         return TenantShareWatcher(path, interval_s=interval_s, on_reload=lambda outcome: reloads.labels(outcome=outcome).inc())
 
-    def apply_tenant_shares(self, tenant_kv_share: dict[str, float]) -> None:
-        rule = BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
-        self.block_manager.set_rule(rule)
+    def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
+        self.block_manager.set_rule(self._block_rule(tenant_kv_share))
+
+    def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
+        return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
 
     # -- request facts -----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
