@@ -37,13 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _engine(args: argparse.Namespace) -> int:
+    from slaq.cli import passthrough_args
     from slaq.engine.config import read_scheduler_config_argument
     from slaq.engine.errors import EngineError
     from slaq.engine.launcher import EngineOptions, run
 
-    extra = list(args.vllm_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = passthrough_args(args.vllm_args)
     try:
         options = EngineOptions(
             host=args.host,

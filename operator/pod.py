@@ -112,14 +112,21 @@ def _engine_health_probe(period: int, failures: int, timeout: int) -> dict[str, 
             "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
+def _slaq_container(pool: InferencePool, subcommand: str, args: list[str]) -> dict[str, Any]:
+    """Both containers run the pool's one image: `slaq <subcommand> <args>`, named after it."""
+    return {
+        "name": subcommand,
+        "image": pool.spec.engine.image,
+        "imagePullPolicy": pool.spec.engine.image_pull_policy,
+        "command": ["slaq"],
+        "args": [subcommand, *args],
+    }
+
+
 def render_sidecar_container(pool: InferencePool) -> dict[str, Any]:
     spec = pool.spec
     return {
-        "name": "sidecar",
-        "image": spec.engine.image,
-        "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": ["slaq"],
-        "args": ["sidecar", *sidecar_args(pool)],
+        **_slaq_container(pool, "sidecar", sidecar_args(pool)),
         "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"}],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -148,11 +155,7 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
         limits["nvidia.com/gpu"] = str(spec.resources.gpus)
         requests["nvidia.com/gpu"] = str(spec.resources.gpus)
     return {
-        "name": "engine",
-        "image": spec.engine.image,
-        "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": ["slaq"],
-        "args": ["engine", *engine_args(pool)],
+        **_slaq_container(pool, "engine", engine_args(pool)),
         "env": [
             {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
             {"name": TENANT_TABLE_ENV, "value": f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}"},

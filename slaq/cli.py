@@ -43,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.handler(args) or 0)
 
 
+def passthrough_args(values: Sequence[str]) -> list[str]:
+    """An `argparse.REMAINDER` list without the `--` that separates it from slaq's own flags."""
+    values = list(values)
+    return values[1:] if values and values[0] == "--" else values
+
+
 def repo_root() -> Path:
     """The source checkout this package runs from (crds/, helm/ live there)."""
     return Path(__file__).resolve().parent.parent

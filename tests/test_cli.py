@@ -52,3 +52,11 @@ def test_validate_reports_yaml_syntax_errors(tmp_path: Path) -> None:
 def test_validate_reports_missing_files(tmp_path: Path) -> None:
     result = _slaq("validate", str(tmp_path / "nope.yaml"))
     assert result.returncode == 1 and "no such file" in result.stderr
+
+
+def test_passthrough_args_drop_only_the_leading_separator() -> None:
+    from slaq.cli import passthrough_args
+
+    assert passthrough_args(["--", "--enforce-eager", "--", "x"]) == ["--enforce-eager", "--", "x"]
+    assert passthrough_args(["--enforce-eager"]) == ["--enforce-eager"]
+    assert passthrough_args([]) == []

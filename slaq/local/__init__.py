@@ -42,11 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from slaq.cli import passthrough_args
     from slaq.local.up import UpOptions, default_tenants, main
 
-    extra = list(args.engine_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = passthrough_args(args.engine_args)
     tenants = tuple(args.tenants or [default_tenants()])
     if args.demo:
         from slaq.local.demo import DemoOptions, run_demo_main

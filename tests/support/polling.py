@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Generator, TypeVar
 
 import httpx
 
@@ -13,9 +13,10 @@ T = TypeVar("T")
 NOT_YET = (AssertionError, KeyError, TypeError, IndexError, httpx.HTTPError)
 
 
-def wait_for(check: Callable[[], T | None], timeout_s: float = 10.0, what: str = "condition", poll_s: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout_s`
-    (blocking: for test code outside an event loop)."""
+def _attempts(check: Callable[[], T | None], timeout_s: float, what: str) -> Generator[None, None, T]:
+    """The polling policy both waits share: call `check` until it returns something truthy,
+    retrying what NOT_YET lists; yields between attempts (the caller sleeps) and returns the
+    result, or fails naming `what` and the last error once `timeout_s` has passed."""
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
     while True:
@@ -27,21 +28,26 @@ def wait_for(check: Callable[[], T | None], timeout_s: float = 10.0, what: str =
             last = exc
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last!r})")
+        yield
+
+
+def wait_for(check: Callable[[], T | None], timeout_s: float = 10.0, what: str = "condition", poll_s: float = 0.05) -> T:
+    """Poll `check` until it returns something truthy (blocking: for test code outside an event loop)."""
+    attempts = _attempts(check, timeout_s, what)
+    while True:
+        try:
+            next(attempts)
+        except StopIteration as done:
+            return done.value
         time.sleep(poll_s)
 
 
 async def eventually(check: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll `check` until it returns something truthy without raising; fail after `timeout`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: BaseException | None = None
+    """Poll `check` until it returns something truthy without raising (inside an event loop)."""
+    attempts = _attempts(check, timeout, what)
     while True:
         try:
-            result = check()
-            if result:
-                return result
-        except NOT_YET as exc:
-            last = exc
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {last!r}")
+            next(attempts)
+        except StopIteration as done:
+            return done.value
         await asyncio.sleep(0.05)
