@@ -96,7 +96,7 @@ class Reconciler:
         """The secret every cache salt derives from: read it, or create it on first start."""
         if self._salt_key is not None:
             return self._salt_key
-        secret = await self.api.get("v1", "secrets", SALT_SECRET_NAME, self.namespace)
+        secret = await self.api.get("secrets", SALT_SECRET_NAME, self.namespace)
         if secret is None:
             try:
                 secret = await self.api.create(render_salt_secret(self.namespace, secrets.token_bytes(SALT_KEY_BYTES)))
@@ -104,7 +104,7 @@ class Reconciler:
             except RetryableApiError as exc:
                 if exc.status != 409:
                     raise
-                secret = await self.api.get("v1", "secrets", SALT_SECRET_NAME, self.namespace)  # another start won the race
+                secret = await self.api.get("secrets", SALT_SECRET_NAME, self.namespace)  # another start won the race
         try:
             key = base64.b64decode((secret or {}).get("data", {}).get(SALT_SECRET_KEY, ""), validate=True)
         except (binascii.Error, ValueError):
@@ -122,7 +122,7 @@ class Reconciler:
         self._key_problems = {}
         for tenant in tenants:
             ref = tenant.spec.api_key_secret_ref
-            secret = await self.api.get("v1", "secrets", ref.name, ref.namespace)
+            secret = await self.api.get("secrets", ref.name, ref.namespace)
             if secret is None:
                 self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name} (spec.apiKeySecretRef) not found"
                 hashes[tenant.metadata.name] = []
@@ -143,13 +143,13 @@ class Reconciler:
 
     async def _snapshot(self) -> tuple[list[tuple[InferencePool, dict[str, Any]]], list[tuple[TenantSLA, dict[str, Any]]]]:
         pools, tenants = [], []
-        for body in await self.api.list(API_VERSION, "inferencepools"):
+        for body in await self.api.list("inferencepools"):
             if not _deleting(body):
                 try:
                     pools.append((parse_pool(body), body))
                 except SpecError as exc:
                     log.warning("skipping pool: %s", exc)
-        for body in await self.api.list(API_VERSION, "tenantslas"):
+        for body in await self.api.list("tenantslas"):
             if not _deleting(body):
                 try:
                     tenants.append((parse_tenant(body), body))
@@ -200,7 +200,7 @@ class Reconciler:
     async def _patch_pool_tenants(self, body: dict[str, Any], names: list[str]) -> None:
         if (body.get("status") or {}).get("tenants") != names:
             meta = body["metadata"]
-            await self.api.patch_status(API_VERSION, "inferencepools", meta["name"], meta["namespace"], {"tenants": names})
+            await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
 
     async def _write_tenant_status(self, tenant: TenantSLA, body: dict[str, Any], plan: TablePlan, key_count: int) -> None:
         name, generation = tenant.metadata.name, body["metadata"].get("generation")
@@ -217,7 +217,7 @@ class Reconciler:
         status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools,
                   "conditions": merge_conditions(old.get("conditions"), conditions)}
         if any(old.get(k) != v for k, v in status.items()):
-            await self.api.patch_status(API_VERSION, "tenantslas", name, None, status)
+            await self.api.patch_status("tenantslas", name, None, status)
 
     # ------------------------------------------------------------------ pools
 
@@ -228,7 +228,7 @@ class Reconciler:
         conditions = [condition("Ready", False, "InvalidSpec", str(error), generation),
                       condition("Degraded", True, "InvalidSpec", f"fix {error.field}: {error.message}", generation)]
         old = body.get("status") or {}
-        await self.api.patch_status(API_VERSION, plural, meta["name"], meta.get("namespace"),
+        await self.api.patch_status(plural, meta["name"], meta.get("namespace"),
                                     {"observedGeneration": generation, "conditions": merge_conditions(old.get("conditions"), conditions)})
 
     async def reconcile_pool(self, body: dict[str, Any]) -> None:
@@ -245,8 +245,8 @@ class Reconciler:
         if hpa is not None:
             await self.api.apply(owned_by(hpa, body))
         else:
-            await self.api.delete("autoscaling/v2", "horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
-        deployment = await self.api.get("apps/v1", "deployments", pool.metadata.name, pool.metadata.namespace)
+            await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment, plan)
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
@@ -256,11 +256,11 @@ class Reconciler:
         observations = await self.usage_source.observe(pool)
         self._usage[key] = sum_usage(observations)
         self._risk[key] = mean_sla_risk(observations)
-        deployment = await self.api.get("apps/v1", "deployments", pool.metadata.name, pool.metadata.namespace)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
         plan = await self.sync_tables()
-        fresh = await self.api.get(API_VERSION, "inferencepools", pool.metadata.name, pool.metadata.namespace) or body
+        fresh = await self.api.get("inferencepools", pool.metadata.name, pool.metadata.namespace) or body
         await self._write_pool_status(pool, fresh, deployment, plan, observed_pods=len(observations))
 
     def forget_pool(self, namespace: str, name: str) -> None:
@@ -299,7 +299,7 @@ class Reconciler:
         if self._risk.get(key) is not None:
             status["slaRisk"] = self._risk[key]
         if any(old.get(k) != v for k, v in status.items()):
-            await self.api.patch_status(API_VERSION, "inferencepools", pool.metadata.name, pool.metadata.namespace, status)
+            await self.api.patch_status("inferencepools", pool.metadata.name, pool.metadata.namespace, status)
 
     # ------------------------------------------------------------------ tenants
 
