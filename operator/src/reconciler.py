@@ -18,15 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slaq.api.common import API_VERSION
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
 from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
@@ -88,6 +88,8 @@ class Reconciler:
         self._observed_replicas: dict[str, int] = {}
         self._written: dict[str, TenantTable] = {}
         self._key_problems: dict[str, str] = {}
+        self._key_refs: set[tuple[str, str]] = set()
+        self.keys = KeyWatch(api, self.on_key_secret_change)
         self.last_plan: TablePlan | None = None
 
     # ------------------------------------------------------------------ cache-salt key
@@ -118,28 +120,30 @@ class Reconciler:
     # ------------------------------------------------------------------ tenant tables
 
     async def _read_keys(self, tenants: Sequence[TenantSLA]) -> dict[str, list[str]]:
+        """Key hashes from the watched Secrets (keys.py): no Secret is read per event."""
         hashes: dict[str, list[str]] = {}
         self._key_problems = {}
+        refs: set[tuple[str, str]] = set()
         for tenant in tenants:
             ref = tenant.spec.api_key_secret_ref
-            secret = await self.api.get("secrets", ref.name, ref.namespace)
-            if secret is None:
-                self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name} (spec.apiKeySecretRef) not found"
-                hashes[tenant.metadata.name] = []
-                continue
-            keys = []
-            for entry, value in sorted((secret.get("data") or {}).items()):
-                try:
-                    key = base64.b64decode(value, validate=True).decode("utf-8").strip()
-                except (binascii.Error, ValueError):
-                    self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name}: data.{entry} is not base64 UTF-8"
-                    continue
-                if key:
-                    keys.append(hash_api_key(key))
-            if not keys and tenant.metadata.name not in self._key_problems:
-                self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name} holds no API keys"
-            hashes[tenant.metadata.name] = sorted(set(keys))
+            await self.keys.ensure(ref.namespace)
+            found = self.keys.get(ref.namespace, ref.name)
+            refs.add((ref.namespace, ref.name))
+            if found.problem is not None:
+                self._key_problems[tenant.metadata.name] = found.problem
+            hashes[tenant.metadata.name] = list(found.hashes)
+        self._key_refs = refs
         return hashes
+
+    async def on_key_secret_change(self, namespace: str, name: str) -> None:
+        """A watched Secret changed: when a tenant names it, its tables are rewritten now."""
+        if (namespace, name) not in self._key_refs:
+            return
+        log.info("key Secret %s/%s changed: rewriting the tenant tables", namespace, name)
+        try:
+            await self.sync_tables()
+        except OperatorError as exc:  # the next event or usage tick tries again
+            log.warning("after key Secret %s/%s changed: %s", namespace, name, exc)
 
     async def _snapshot(self) -> tuple[list[tuple[InferencePool, dict[str, Any]]], list[tuple[TenantSLA, dict[str, Any]]]]:
         pools, tenants = [], []
