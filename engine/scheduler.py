@@ -5,10 +5,12 @@
 2. preempts lower-tier running decodes for SLA-urgent waiting requests when the batch or the
    KV cache is full (`UrgentPreemption`) — before vLLM's schedule(), whose waiting admission is
    skipped in any step where its own running loop preempted,
-3. caps the step's token budget (`StepBudgetPolicy`: by default shaped to the tightest running
+3. lets the waiting queue pass over requests refused for a reason of their own and backfill
+   past a head that does not fit in the free KV cache (`SLARequestQueue`, `admission_refusal`),
+4. caps the step's token budget (`StepBudgetPolicy`: by default shaped to the tightest running
    TPOT objective, see tpot_budget.py) and, while an urgent request waits, lets running prefill
    chunks of lower tiers sit out the step so it takes their share,
-4. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
+5. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
    block manager, then charges the scheduled tokens to the tenants' fairness counters and
    records metrics.
 
@@ -60,6 +62,7 @@ class SLAScheduler(vc.AsyncScheduler):
             self.info_of,
             on_allocated=self._charge_fairness,
         )
+        self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
         self.step_budget: StepBudgetPolicy = self.policy.step_budget()
@@ -132,8 +135,11 @@ class SLAScheduler(vc.AsyncScheduler):
         if cap is not None:
             vc.decodes_first(self)
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
-        with vc.step_token_budget(self, cap), vc.hold_back(self, held):
-            output = super().schedule(*args, **kwargs)
+        try:
+            with vc.step_token_budget(self, cap), vc.hold_back(self, held):
+                output = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting_queue.end_step()
         self._in_flight.append((output, time.monotonic(), kv_tokens))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
