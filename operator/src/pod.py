@@ -59,6 +59,8 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
         "--max-queue-depth", str(spec.sidecar.max_queue_depth),
         "--drain-timeout", str(drain_seconds(pool)),
+        # The same scheduler spec the engine reads from its environment: both containers host one policy.
+        "--scheduler-config", json.dumps(spec.scheduler.to_wire(), sort_keys=True),
     ]
     if spec.sidecar.trust_gateway_headers:
         args.append("--trust-gateway-headers")
