@@ -1,4 +1,4 @@
-"""Prometheus metrics of one sidecar (its own registry, served on /metrics).
+"""Prometheus metrics of one sidecar (its own registry, served on the metrics port's /metrics).
 
 Histograms are per tenant and tier (tenants are bounded by the tenant table); gauges that
 describe the pod right now (queue depth per tier, SLA risk, in-flight) are read at scrape time.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -47,6 +47,7 @@ class SidecarMetrics:
         self.rejections = Counter("slaq_rejections", "Refused requests by reason.", ["reason", "tier"], registry=r)
         self.tokens = Counter("slaq_tokens", "Tokens by direction (in: prompt, out: completion).", ["tenant", "tier", "direction"], registry=r)
         self.requests = Counter("slaq_requests", "Requests answered after admission, by upstream status class.", ["tenant", "tier", "code"], registry=r)
+        self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
         r.register(_PodGauges(depth, risk, in_flight))
 
     def render(self) -> bytes:

@@ -42,6 +42,20 @@ class CoreConfig:
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
 
 
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How one admitted request ended, as the access log writes it (no text, no key)."""
+
+    status: int
+    prompt_tokens: int
+    output_tokens: int | None
+    queue_wait_s: float
+    e2e_s: float
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    slo_outcome: str | None = None  # met, ttft_missed, tpot_missed, e2e_missed; None without objectives
+
+
 @dataclass(slots=True, eq=False)
 class Flight:
     """One admitted request, from admission to settlement."""
@@ -56,6 +70,7 @@ class Flight:
     arrival: float
     first_token_time: float | None = None
     done: bool = False
+    settlement: Settlement | None = None
 
     @property
     def tier(self) -> Tier:
@@ -217,9 +232,12 @@ class SidecarCore:
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         used = None if output_tokens is None else prompt + output_tokens
         self.quotas.settle(flight.ticket, used, now)
+        e2e = now - flight.arrival
+        queue_wait = flight.entry.queue_wait_s
         if status >= 400 or output_tokens is None:
             if status != 499:
                 self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
+            flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e)
             return
         self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
         self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
@@ -227,7 +245,6 @@ class SidecarCore:
         self.usage.tokens(tenant.name, prompt + output_tokens, now)
         self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
         self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
-        e2e = now - flight.arrival
         self.metrics.e2e.labels(tenant.name, tier).observe(e2e)
         ttft = tpot = None
         if flight.payload.stream and flight.first_token_time is not None:
@@ -236,12 +253,13 @@ class SidecarCore:
             if output_tokens > 1:
                 tpot = (now - flight.first_token_time) / (output_tokens - 1)
                 self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
-        self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
+        outcome = self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
+        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome)
 
-    def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> None:
+    def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> str | None:
         identity = flight.identity
         if identity.ttft_ms is None and identity.tpot_ms is None:
-            return
+            return None
         tenant, tier = identity.tenant.name, identity.tenant.tier.value
         if ttft is None:
             # Non-streaming: the whole answer meets both objectives if it arrives by the time a
@@ -256,6 +274,8 @@ class SidecarCore:
             outcome = "ttft_missed" if ttft_missed else "tpot_missed" if tpot_missed else "met"
             self.risk.finished(now, ttft, tpot, identity.ttft_ms, identity.tpot_ms)
         self.metrics.slo.labels(tenant, tier, outcome).inc()
+        self.usage.outcome(tenant, outcome == "met", now)
+        return outcome
 
     def usage_report(self) -> dict:
         index = self.directory.index
