@@ -82,6 +82,9 @@ def test_streaming_completion_and_chat(real, path: str, body: dict) -> None:
     metrics = real.metrics.get("/metrics").text
     assert 'slaq_ttft_seconds_count{tenant="vip",tier="critical"}' in metrics and metrics.count("slaq_ttft_seconds_count") >= before
     assert 'slaq_slo_outcomes_total{outcome=' in metrics
+    # The engine's series, fetched through the sidecar's metrics port (what a cluster's Prometheus scrapes).
+    assert "vllm:num_requests_waiting{" in metrics and "vllm:kv_cache_usage_perc{" in metrics and "slaq_engine_queue_depth{" in metrics
+    assert "python_gc_objects_collected_total" not in metrics
 
 
 def test_client_priority_and_salt_never_reach_the_engine(real, wiretap) -> None:
