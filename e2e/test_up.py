@@ -80,7 +80,7 @@ def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Pat
         assert f"http://127.0.0.1:{port}" in out and "starting the engine" in out
         children = _children(process.pid)
         assert len(children) == 2, children
-        curl = out[out.index("curl "): out.index("\n\nCtrl-C")]
+        curl = out[out.index("curl ", out.index("Try it as tenant")): out.index("\n\nCtrl-C")]
         assert "sk-demo-vip-0123456789abcdef" in curl
         answer = subprocess.run(["bash", "-c", curl + " -sS --fail-with-body"], capture_output=True, text=True, timeout=120)
         assert answer.returncode == 0, answer.stdout + answer.stderr

@@ -112,7 +112,8 @@ class SidecarCore:
         self.draining = False
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
-        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight)
+        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
+                                      targets=self.attainment_targets)
 
     # pod state -----------------------------------------------------------------------------
 
@@ -141,6 +142,11 @@ class SidecarCore:
             self._risk_cache = (now, value)
         return value
 
+    def attainment_targets(self) -> list[tuple[str, str, float]]:
+        """(tenant, tier, target) for the tenants whose requests have objectives to meet."""
+        return [(t.name, t.tier.value, t.attainment_target) for t in self.directory.index.by_name.values()
+                if t.ttft_ms is not None or t.tpot_ms is not None]
+
     def pressure(self) -> PodPressure:
         return PodPressure(queue_depth=len(self.queue), max_queue_depth=self.config.max_queue_depth, waiting_risk=self.current_risk())
 
@@ -158,6 +164,7 @@ class SidecarCore:
         self.metrics.rejections.labels(error.reason, tier).inc()
         if identity is not None and isinstance(error, QuotaExceeded):
             self.usage.refused(identity.tenant.name, self.clock())
+            self.metrics.quota_refusals.labels(identity.tenant.name, tier, error.reason).inc()
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
         """Check, charge and queue one request; returns once it is released to the engine."""

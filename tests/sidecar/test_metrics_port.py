@@ -153,3 +153,14 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path, fake_upstream) ->
             capture_output=True, text=True, timeout=60,
         )
     assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{busy}" in result.stderr
+
+
+def test_attainment_targets_and_quota_refusals_are_exported(start_sidecar, fake_upstream) -> None:
+    sidecar = start_sidecar(fake_upstream[1], abc_table(std={"requests_per_minute": 1.0, "attainment_target": 0.95}), served_model_name="fake-model")
+    assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std")).status_code == 200
+    assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std")).status_code == 429
+    text = sidecar.metrics.get("/metrics").text
+    assert 'slaq_attainment_target{tenant="std",tier="standard"} 0.95' in text
+    assert 'slaq_attainment_target{tenant="vip",tier="critical"} 0.99' in text
+    assert 'tenant="free"' not in text.split("# HELP slaq_attainment_target")[1].split("# HELP")[0]  # no objectives, no target
+    assert 'slaq_quota_refusals_total{quota="request_rate",tenant="std",tier="standard"} 1.0' in text
