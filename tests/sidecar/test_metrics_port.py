@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from slaq.local.processes import answers
 from slaq.sidecar.metrics_port import engine_families
 from slaq.sidecar.server import ConfigError, SidecarOptions, serve
 from tests.sidecar.conftest import write_table
@@ -112,13 +113,7 @@ def test_the_process_keeps_metrics_off_the_tenant_port_and_logs_each_request(tmp
     )
     url, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
     try:
-        def ready() -> bool:
-            try:
-                return httpx.get(url + "/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 60.0, "sidecar process ready")
+        wait_for(lambda: answers(url + "/ready", 1.0), 60.0, "sidecar process ready")
         assert httpx.post(url + "/v1/chat/completions", json=CHAT, headers=bearer("vip"), timeout=10).status_code == 200
         assert httpx.post(url + "/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-wrong"}, timeout=10).status_code == 401
         assert httpx.get(url + "/metrics", timeout=10).status_code == 404
