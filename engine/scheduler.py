@@ -76,6 +76,14 @@ class SLAScheduler(vc.AsyncScheduler):
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
 
+    def _reload_kv_security(self) -> None:
+        """slaq's KV connector (when vLLM runs it) reads the changed table's erase modes and salts."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            connector.reload_tenants()
+
     def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
         return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
 
@@ -124,6 +132,7 @@ class SLAScheduler(vc.AsyncScheduler):
             shares = self.table_watcher.poll()
             if shares is not None:
                 self.apply_tenant_shares(shares)
+                self._reload_kv_security()
         ours = self._preempt_for_urgent(now, running, limit)
         self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger
