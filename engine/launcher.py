@@ -21,7 +21,7 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0
-KV_TEST_HOOKS = ("inspectPath", "tamperLoads")
+KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
 # "stock" leaves vLLM's defaults (its own scheduler, FCFS): the baseline slaq is compared against.
 SCHEDULERS: dict[str, tuple[str, ...]] = {
     "slaq": ("--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority"),
@@ -48,7 +48,7 @@ class EngineOptions:
     scheduler: str = "slaq"  # "stock": vLLM's own FCFS scheduler, for comparisons
     kv_erase: bool = True  # zero KV blocks before another tenant gets them (False: comparisons, negative controls)
     kv_host_cache_gib: float = KV_HOST_CACHE_GIB_DEFAULT  # host memory for preempted requests' sealed KV; 0: recompute instead
-    kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperLoads: tests only
+    kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag: tests only
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
 
@@ -132,7 +132,7 @@ def kv_transfer_config(options: EngineOptions) -> str | None:
         return None
     hooks = options.kv_test_hooks
     settings = KVSecuritySettings(erase=options.kv_erase, host_cache_bytes=host_bytes,
-                                  inspect_path=hooks.get("inspectPath"), tamper_loads=bool(hooks.get("tamperLoads", False)))  # type: ignore[arg-type]
+                                  inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"))  # type: ignore[arg-type]
     return transfer_config_json(settings)
 
 

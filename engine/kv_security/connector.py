@@ -9,7 +9,7 @@ between its children's worker hooks that slaq could rely on.
 
 Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
 `erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
-`inspectPath` and `tamperLoads` (see worker.py).
+`inspectPath` and `tamperFlag` (see worker.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ class KVSecuritySettings:
     erase: bool = True
     host_cache_bytes: int = 0
     inspect_path: str | None = None
-    tamper_loads: bool = False
+    tamper_flag: str | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
-        known = {"erase", "hostCacheBytes", "inspectPath", "tamperLoads"}
+        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -43,15 +43,15 @@ class KVSecuritySettings:
             erase=bool(extra.get("erase", True)),
             host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
             inspect_path=extra.get("inspectPath"),
-            tamper_loads=bool(extra.get("tamperLoads", False)),
+            tamper_flag=extra.get("tamperFlag"),
         )
 
     def to_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
         if self.inspect_path:
             extra["inspectPath"] = self.inspect_path
-        if self.tamper_loads:
-            extra["tamperLoads"] = True
+        if self.tamper_flag:
+            extra["tamperFlag"] = self.tamper_flag
         return extra
 
 
@@ -95,7 +95,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
                 tenant_table=tenant_table_path(os.environ),
             )
         else:
-            self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_loads=settings.tamper_loads)
+            self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -13,14 +13,15 @@ which recomputes the request from there.
 
 Test hooks, off in production (`kv_connector_extra_config`): `inspectPath` appends one JSON line
 per block handed to another tenant, with its non-zero element count before and after the erase
-(both before the forward pass writes it); `tamperLoads` flips one ciphertext byte of every host
-copy before it is opened.
+(both before the forward pass writes it); `tamperFlag` names a file: while it exists, one
+ciphertext byte of every host copy is flipped before the copy is opened.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
@@ -75,12 +76,12 @@ class KVBlockPages:
 
 
 class KVSecurityWorker:
-    def __init__(self, *, num_blocks: int, inspect_path: str | None = None, tamper_loads: bool = False) -> None:
+    def __init__(self, *, num_blocks: int, inspect_path: str | None = None, tamper_flag: str | None = None) -> None:
         self.num_blocks = num_blocks
         self.vault = Vault()
         self.pages: KVBlockPages | None = None
         self.inspect_path = inspect_path
-        self.tamper_loads = tamper_loads
+        self.tamper_flag = Path(tamper_flag) if tamper_flag else None
         self._failed: set[int] = set()
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -112,7 +113,7 @@ class KVSecurityWorker:
         if pages is None:
             return
         for order in plan.loads:
-            if self.tamper_loads:
+            if self.tamper_flag is not None and self.tamper_flag.exists():
                 for sealed in self.vault.sealed(order.request_id).values():
                     sealed.ciphertext[len(sealed.ciphertext) // 2] ^= 0x01
             for offset, block in enumerate(order.block_ids):
