@@ -195,6 +195,19 @@ def free_blocks(manager: KVCacheManager) -> int:
     return manager.block_pool.get_num_free_blocks()
 
 
+def admission_blocks(scheduler: AsyncScheduler, request: Request) -> int:
+    """Free blocks `allocate_slots` wants before it admits a waiting request without prefix hits:
+    with `scheduler_reserve_full_isl` (vLLM's default) its whole sequence, else its first chunk,
+    plus the watermark vLLM keeps free whenever a request is already running."""
+    manager = scheduler.kv_cache_manager
+    if scheduler.scheduler_reserve_full_isl:
+        tokens = min(request.num_tokens, scheduler.max_model_len)
+    else:
+        tokens = request.num_computed_tokens + min(request.num_tokens - request.num_computed_tokens, scheduler.max_num_scheduled_tokens)
+    watermark = manager.watermark_blocks if scheduler.running else 0
+    return -(-tokens // scheduler.block_size) - -(-request.num_computed_tokens // scheduler.block_size) + watermark
+
+
 def request_blocks(manager: KVCacheManager, request_id: str) -> list["KVCacheBlock"]:
     """The blocks a request holds, all KV cache groups."""
     return [block for group in manager.get_blocks(request_id).blocks for block in group]

@@ -184,10 +184,42 @@ def test_parse_server_args_accepts_the_slaq_scheduler() -> None:
     assert args.scheduler_cls == SCHEDULER_CLS and args.scheduling_policy == "priority" and args.port == 9
 
 
-def test_run_server_is_vllms_server_entry() -> None:
-    from vllm.entrypoints.launchers.api_server.entry import run_server
+def test_run_server_runs_vllms_server_coroutine_with_the_parsed_args(monkeypatch) -> None:
+    import inspect
 
-    assert callable(run_server)  # the running-engine tests (test_engine_server.py) exercise vc.run_server itself
+    import vllm.entrypoints.launchers.api_server.entry as entry
+    import vllm.entrypoints.serve.utils.api_utils as api_utils
+
+    assert inspect.iscoroutinefunction(entry.run_server) and next(iter(inspect.signature(entry.run_server).parameters)) == "args"
+    calls: list[object] = []
+
+    async def fake_server(args) -> None:
+        calls.append(args)
+
+    monkeypatch.setattr(entry, "run_server", fake_server)
+    monkeypatch.setattr(api_utils, "cli_env_setup", lambda: calls.append("env"))
+    args = vc.parse_server_args(["--model", "/tmp/m", "--scheduler-cls", SCHEDULER_CLS, "--port", "9"])
+    vc.run_server(args)
+    assert calls == ["env", args]  # environment set up first, then vLLM's server on an event loop, to its end
+
+
+def test_admission_blocks_is_what_allocate_slots_wants_for_a_waiting_request() -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler = _stock(num_blocks=121, max_num_seqs=4, max_model_len=2048, max_num_batched_tokens=2048)
+    watermark = scheduler.kv_cache_manager.watermark_blocks  # what vLLM keeps free for admissions (0 by default in 0.32)
+    driver = Driver(scheduler)
+    driver.add(make_request(Tier.BATCH, prompt_tokens=150, max_tokens=8))  # 10 blocks; its decodes stay in them
+    driver.step()
+    free = vc.free_blocks(scheduler.kv_cache_manager)
+    too_big = make_request(Tier.BATCH, prompt_tokens=BLOCK_SIZE * (free - watermark + 1), max_tokens=1)
+    fits = make_request(Tier.BATCH, prompt_tokens=BLOCK_SIZE * (free - watermark), max_tokens=1)
+    assert vc.admission_blocks(scheduler, too_big) == free + 1 and vc.admission_blocks(scheduler, fits) == free
+    driver.add(too_big)
+    assert too_big.request_id not in driver.step().num_scheduled_tokens
+    scheduler.finish_requests(too_big.request_id, RequestStatus.FINISHED_ABORTED)
+    driver.add(fits)
+    assert fits.request_id in driver.step().num_scheduled_tokens
 
 
 def test_decodes_first_is_a_stable_partition_of_running() -> None:
