@@ -125,6 +125,14 @@ def is_prefilling(request: Request) -> bool:
     return request.is_prefill_chunk and request.status == RequestStatus.RUNNING
 
 
+def decoded_tokens(request: Request) -> int:
+    """Output tokens delivered so far (async placeholders not counted) while the request runs and
+    decodes; 0 while it has prompt (or, after a preemption, recomputed) tokens left to prefill."""
+    if request.is_prefill_chunk or request.status != RequestStatus.RUNNING:
+        return 0
+    return request.num_output_tokens
+
+
 def prefill_tokens_left(request: Request) -> int:
     """Tokens still to compute: the rest of the prompt (and, after a preemption, of the output); 1 for a decode."""
     return max(0, request.num_tokens - request.num_computed_tokens)

@@ -45,6 +45,26 @@ def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:
     assert vc.is_preempted(request) and not vc.is_decoding(request)
 
 
+def test_decoded_tokens_counts_delivered_outputs_only_while_decoding() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
+    driver.add(request)
+    with vc.step_token_budget(scheduler, 16):
+        driver.step()  # a prompt chunk: nothing to pace yet
+    assert vc.decoded_tokens(request) == 0
+    driver.step()  # the rest of the prompt: first token delivered
+    assert vc.decoded_tokens(request) == 1
+    driver.step()
+    driver.step()
+    assert vc.decoded_tokens(request) == 3
+    output = scheduler.schedule()  # async: the in-flight step's token is a placeholder, not delivered
+    assert vc.decoded_tokens(request) == 3
+    driver.answer(output)
+    vc.preempt(scheduler, request, 0.0)
+    assert request.num_output_tokens == 4 and vc.decoded_tokens(request) == 0  # preempted: not paced
+
+
 def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> None:
     scheduler = _stock()
     queues = []
