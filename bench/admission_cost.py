@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, hash_api_key  # noqa: E402
 from slaq.api.common import Tier  # noqa: E402
-from slaq.scoring import RequestView  # noqa: E402
+from slaq.policy.views import RequestView  # noqa: E402
 from slaq.sidecar.queue import QueuedRequest  # noqa: E402
 from slaq.sidecar.service import CoreConfig, SidecarCore  # noqa: E402
 from slaq.sidecar.tenants import TenantDirectory  # noqa: E402
@@ -55,7 +55,7 @@ async def measure(core: SidecarCore, keys: list[str], decisions: int, queued: in
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 128}).encode()
     core.gate.engine_queue_target = 10**9 if queued == 0 else 1
     if queued:
-        core.gate.on_release()  # hold the gate closed and fill the queue with waiting requests
+        core.gate.on_release(0)  # a critical request not started: hold the gate closed for every tier and fill the queue with waiting requests
         rng0 = random.Random(3)
         now = core.clock()
         for i in range(queued):
@@ -72,7 +72,7 @@ async def measure(core: SidecarCore, keys: list[str], decisions: int, queued: in
             # the deadline estimate and a release scan over the queue, as an arrival pays them
             view = core.queue._entries[next(iter(core.queue._entries))].view
             core.dispatcher.predicted_wait_s(view)
-            core.queue.best(core.profile, core.clock(), core.pool_view())
+            core.queue.best(core.policy.ranking, core.clock(), core.pool_view())
             core.quotas.admit(identity.tenant, 528, core.clock())
             samples.append(time.perf_counter() - start)
             continue

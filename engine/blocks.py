@@ -20,6 +20,10 @@ allocation:
   prefixes go to the front as they are freed. Moving them at once would throw away the batch
   tier's prefix cache while blocks that cache nothing are still free.
 - Prefix reuse is counted per tenant and tier when a request is admitted.
+
+`admission_refusal` answers, before vLLM's waiting loop tries a request, whether its allocation
+would be refused and why; the waiting queue uses it to skip a request refused for a reason of its
+own (tenant cap, headroom) and to backfill past one that does not fit (see engine/queue.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import KVCacheManager, Request
 
 TIERS = tuple(Tier)
+REFUSED_TENANT_CAP, REFUSED_HEADROOM, REFUSED_KV_FULL = "tenant_cap", "headroom", "kv_full"
 EVICT_FIRST_RANK = Tier.BATCH.rank
 _stock_allocate_slots = KVCacheManager.allocate_slots  # bound once: the running-request branch calls it every step
 
@@ -124,6 +129,26 @@ class SLABlockManager(KVCacheManager):
         manager._slaq_low_water = -(-vc.step_token_limit(scheduler) // manager._slaq_block_size) + vc.active_request_limit(scheduler)
         manager._slaq_noted = {}
         return manager
+
+    def admission_refusal(self, request: Request, scheduler: Any) -> str | None:
+        """Why admitting waiting `request` now would be refused: REFUSED_TENANT_CAP, REFUSED_KV_FULL
+        (vLLM's own test: what `allocate_slots` wants exceeds the free blocks), REFUSED_HEADROOM;
+        None when it would be admitted. Prefix-cache hits are not counted, so a request they would
+        let in may be judged too big: it is then passed over, never admitted wrongly."""
+        info = self._slaq_info_of(request)
+        if request.request_id not in self._slaq_holdings:
+            footprint = -(-min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) // self._slaq_block_size)
+            if not self._slaq_rule.within_tenant_cap(info.tenant, self._slaq_ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
+                return REFUSED_TENANT_CAP
+        free = vc.free_blocks(self)
+        if vc.admission_blocks(scheduler, request) > free:
+            return REFUSED_KV_FULL
+        if info.tier_rank:
+            chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
+            new_blocks = -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
+            if not self._slaq_rule.leaves_headroom(info.tier_rank, free, new_blocks):
+                return REFUSED_HEADROOM
+        return None
 
     @property
     def rule(self) -> BlockBudgetRule:

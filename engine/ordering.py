@@ -1,96 +1,62 @@
-"""Waiting-queue ordering: which waiting request the engine admits next.
+"""The engine's view of the pod ranking (`slaq.policy.ranking`): which waiting request goes next.
 
-The order is the report's formula 1 (`slaq.scoring`), computed so that a step costs the same at
-100 and at 10,000 waiting requests:
-
-- Within a tier, requests wait in a heap whose key is static: the request's deadline (arrival +
-  TTFT objective, or arrival + aging bound when it has none) minus a bounded fairness credit.
-  Urgency (slack = deadline - now) and aging (now - arrival) are linear in time with the same
-  slope for every request, so between two requests of a tier their difference is a constant:
-  folding them into the key keeps the heap order correct as time passes, without re-keying.
-  Only the tenant fairness credit changes the order over time; it is recomputed each step for
-  a bounded head of each tier's heap (`REKEY_HEAD`), and it is bounded (a fraction of the
-  request's own objective), so it can delay a request by at most that much: no starvation
-  inside a tier.
-- Across tiers there are only three candidates, the head of each tier's heap, and they are
-  ranked with the full formula 1 of `slaq.scoring` at the current time and load (nonlinear
-  urgency, load-adaptive weights), with its starvation rule: a request that has waited longer
-  than the aging bound outranks every request that has not.
+The ranking is computed so that a step costs the same at 100 and at 10,000 waiting requests:
+within a tier, requests wait in a heap keyed by the ranking's static `within_tier_key` (fairness
+credit refreshed each step for a bounded head, `REKEY_HEAD`); across tiers only the three tier
+heads are compared, with the ranking's class order and, between heads of the same class, its
+formula 1 at the step's time and load. This module only turns the engine's `RequestInfo` into
+the policy's `RequestView` and fixes the step's load; it decides nothing itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
-from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.sla import RequestInfo
-from slaq.scoring import TERMS, PoolView, RequestView, effective_weights
+from slaq.policy import PodPolicy
+from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, Rank
+from slaq.policy.views import PoolView, RequestView
 
-REKEY_HEAD = 4
-LOWEST_RANK = len(Tier) - 1  # the lowest tier is kept from starving by aging, not protected here
-MISSED_CLASS = 1 + LOWEST_RANK  # after the attainable requests of the protected tiers  # requests per tier whose fairness credit is refreshed each step
+REKEY_HEAD = 4  # requests per tier whose fairness credit is refreshed each step
+
+__all__ = ["LOWEST_RANK", "MISSED_CLASS", "REKEY_HEAD", "STARVING_CLASS", "WaitingOrder"]
 
 
 @dataclass
 class WaitingOrder:
-    spec: SchedulerSpec
-    fairness: VirtualTokenCounters
+    policy: PodPolicy
     max_length_tokens: int
 
     def __post_init__(self) -> None:
         self.set_load(0.0)
 
+    @property
+    def spec(self) -> SchedulerSpec:
+        return self.policy.spec
+
     def set_load(self, load: float) -> None:
-        self._pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
-        # ScoreProfile.score's weighted terms, resolved once per step (the load is fixed within a
-        # step): the same terms in the same order, so the sum is the same float.
-        self._weighted_terms = tuple((TERMS[name], w) for name, w in effective_weights(self.spec.weights, self._pool.load).items() if w)
+        self.pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
 
-    def score(self, info: RequestInfo, now: float) -> float:
-        """Formula 1 at this step's load: equal to `ScoreProfile.score` (tests/engine/test_policies.py)."""
-        view, pool = self._view(info), self._pool
-        return sum(w * term(view, now, pool) for term, w in self._weighted_terms)
-
-    def tier_key(self, info: RequestInfo) -> float:
-        """Static heap key within a tier (smaller runs earlier): deadline minus a bounded fairness credit."""
-        horizon = info.ttft_s if info.ttft_s is not None else self.spec.aging_bound_seconds
-        credit = self.spec.weights.fairness * (1.0 - self.fairness.service_share(info.tier.value, info.tenant))
-        return info.deadline - credit * horizon
-
-    def rank(self, info: RequestInfo, now: float) -> tuple[int, float]:
-        """Cross-tier rank (smaller runs earlier): starving first; then requests that can still meet
-        their TTFT objective, earliest deadline first; then the rest by descending formula-1 score.
-
-        Formula 1 alone lets a lower tier's backlog outrank fresh higher-tier arrivals under a
-        sustained overload (its urgency term saturates as the long objective runs out, so a batch
-        request 40 s into its 60 s objective outscores a fresh standard one), and every tier then
-        misses. Serving the attainable deadlines first (EDF) keeps the promises that can still be
-        kept; a request whose deadline has passed gains nothing from going ahead of one that can
-        still make it, and is ranked by formula 1 among the others that missed."""
-        rank_class = self.rank_class(info, now)
-        if 0 < rank_class < MISSED_CLASS:
-            return (rank_class, info.deadline)
-        return (rank_class, -self.score(info, now))
-
-    def rank_class(self, info: RequestInfo, now: float) -> int:
-        """The first element of `rank`, without formula 1: 0 starving (the same test as
-        `ScoreProfile.rank_key`), 1 + tier rank for a request that can still meet its TTFT
-        objective, MISSED_CLASS for the rest. Classes 1..LOWEST_RANK hold one tier each, so two
-        tier heads can only tie in class 0 or MISSED_CLASS, and only a tie needs the score."""
-        if now - info.arrival >= self._pool.aging_bound_s:
-            return 0
-        if info.ttft_s is not None and now < info.deadline and info.tier_rank < LOWEST_RANK:
-            return 1 + info.tier_rank
-        return MISSED_CLASS
-
-    def _view(self, info: RequestInfo) -> RequestView:
+    def view(self, info: RequestInfo) -> RequestView:
         return RequestView(
             tier=info.tier,
             arrival=info.arrival,
             ttft_ms=info.ttft_s * 1000.0 if info.ttft_s is not None else None,
             prompt_tokens=info.prompt_tokens,
             predicted_output=info.predicted_output,
-            tenant_service_share=self.fairness.service_share(info.tier.value, info.tenant),
+            tenant_service_share=self.policy.accounting.service_share(info.tier.value, info.tenant),
+            tenant=info.tenant,
         )
+
+    def score(self, info: RequestInfo, now: float) -> float:
+        return self.policy.ranking.score(self.view(info), now, self.pool)
+
+    def tier_key(self, info: RequestInfo) -> float:
+        return self.policy.ranking.within_tier_key(self.view(info), self.pool.aging_bound_s)
+
+    def rank(self, info: RequestInfo, now: float) -> Rank:
+        return self.policy.ranking.rank(self.view(info), now, self.pool)
+
+    def rank_class(self, info: RequestInfo, now: float) -> int:
+        return self.policy.ranking.rank_class(self.view(info), now, self.pool)

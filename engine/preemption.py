@@ -8,8 +8,8 @@ lower tier are preempted for them:
 - `ThrashGuard`: a request preempted once may not be preempted again before it has produced
   `min_progress_tokens` new output tokens, and victims are always of a strictly lower tier than
   the request they make room for, so two requests can never preempt each other back and forth.
-- `VictimChooser`: lowest effective priority first: lowest tier, then the one with the least
-  computed tokens (cheapest to recompute), then the latest arrival.
+- The victim order is the pod policy's (`slaq.policy.victims`, by default lowest tier, then
+  cheapest to recompute, then latest arrival); `VictimChooser` only hands it the running requests.
 - `UrgentPreemption.plan` bounds preemptions per step (`max_preemptions_per_step`).
 """
 
@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from slaq.engine import vllm_compat as vc
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request
+from slaq.policy.victims import LowestTierCheapest, may_preempt_for
 
 REASON_BATCH_FULL = "batch_full"
 REASON_KV_FULL = "kv_full"
@@ -41,10 +42,23 @@ class ThrashGuard:
         return request.num_output_tokens >= info.protected_until_output
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A running request as the victim policy sees it."""
+
+    tier_rank: int
+    computed_tokens: int
+    arrival: float
+    request: Request
+
+
 @dataclass(frozen=True)
 class VictimChooser:
+    policy: LowestTierCheapest = LowestTierCheapest()
+
     def order(self, candidates: Sequence[Request], info_of: Callable[[Request], RequestInfo]) -> list[Request]:
-        return sorted(candidates, key=lambda r: (-info_of(r).tier_rank, r.num_computed_tokens, -info_of(r).arrival))
+        facts = [_Candidate(info_of(r).tier_rank, r.num_computed_tokens, info_of(r).arrival, r) for r in candidates]
+        return [c.request for c in self.policy.order(facts)]
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ class UrgentPreemption:
             for victim in victims:
                 if free_slots >= 1 and free_blocks >= need_blocks:
                     break
-                if victim.request_id in taken or info_of(victim).tier_rank <= info.tier_rank:
+                if victim.request_id in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank):
                     continue
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1

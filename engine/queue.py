@@ -10,6 +10,18 @@ go back ahead of their tier; band 1 everything else. Removal is lazy (an entry i
 It implements vLLM's `RequestQueue` interface, so `Scheduler.schedule()` uses it unchanged:
 `peek_request`/`pop_request` give the cross-tier choice of `WaitingOrder.rank` among the three
 tier heads at the time set by `begin_step`.
+
+Backfill (the report's formula 2: batch utility under memory). vLLM's waiting loop stops at the
+first request whose allocation fails, so one refused head would hold every admission behind it
+for the step. While a step runs (`begin_step` .. `end_step`) and an admission check is set, the
+queue asks it about its choice before offering it, and passes over for the rest of the step:
+- a request refused for a reason of its own (its tenant's KV cap, the critical headroom);
+- a request that does not fit in the free KV cache, while it is in the first BACKFILL_SLACK of
+  its horizon (TTFT objective, or aging bound): smaller requests behind it that fit go first;
+  after that it blocks the loop again, as in vLLM, so the blocks that free up are its own and
+  it starts before its deadline or aging bound.
+At most MAX_PASSED_OVER requests are passed over per step (the loop's extra work is bounded);
+they are back in their heaps when the step ends.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from slaq.api.common import Tier
+from slaq.engine.blocks import REFUSED_KV_FULL
 from slaq.engine.ordering import REKEY_HEAD, WaitingOrder
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
@@ -33,6 +46,10 @@ TIERS = tuple(Tier)
 # higher-tier arrival wait out the aging bound behind it.
 AGED_SHARE = 0.25
 AGED_SHARE_ALPHA = 0.05  # weight of one admission in the running share (about the last 20)
+MAX_PASSED_OVER = 16
+BACKFILL_SLACK = 0.5
+
+AdmissionCheck = Callable[[Request], "str | None"]  # why the request would be refused now, or None
 
 
 class SLARequestQueue(RequestQueue):
@@ -48,6 +65,10 @@ class SLARequestQueue(RequestQueue):
         self._aged_share = 0.0  # running share of admissions that went to starving requests
         self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
         self._classes: dict[int, int] = {}  # entry seq -> rank class, this step
+        self.admission: AdmissionCheck | None = None
+        self._checking = False
+        self._passed: list[tuple[int, Entry]] = []  # (tier rank, entry) passed over this step
+        self._passed_ids: set[str] = set()
 
     # -- the scheduler's per-step hook ------------------------------------------------------
     def begin_step(self, now: float) -> None:
@@ -56,8 +77,23 @@ class SLARequestQueue(RequestQueue):
         self._choice = None
         self._ranks.clear()
         self._classes.clear()
+        self._restore_passed()
+        self._checking = self.admission is not None
         for heap in self._heaps:
             self._rekey_head(heap)
+
+    def end_step(self) -> None:
+        """The waiting loop is over: what it passed over goes back to its heap."""
+        self._checking = False
+        self._restore_passed()
+
+    def _restore_passed(self) -> None:
+        for tier_rank, entry in self._passed:
+            if self._live.get(entry[3].request_id) is entry:
+                heapq.heappush(self._heaps[tier_rank], entry)
+        self._passed.clear()
+        self._passed_ids.clear()
+        self._choice = None
 
     @property
     def order(self) -> WaitingOrder:
@@ -100,6 +136,7 @@ class SLARequestQueue(RequestQueue):
         previous = self._live.get(request.request_id)
         if previous is None:
             self._depth[info.tier_rank] += 1
+        self._passed_ids.discard(request.request_id)
         self._live[request.request_id] = entry
         heapq.heappush(self._heaps[info.tier_rank], entry)
         self._choice = None
@@ -131,19 +168,22 @@ class SLARequestQueue(RequestQueue):
             entry = self._live.get(request.request_id)
             if entry is not None and entry[3] is request:
                 del self._live[request.request_id]
+                self._passed_ids.discard(request.request_id)
                 self._depth[self._info_of(request).tier_rank] -= 1
                 self._choice = None
 
     def __bool__(self) -> bool:
-        return bool(self._live)
+        """Whether the waiting loop has a request to try: passed-over ones do not count."""
+        return len(self._live) > len(self._passed_ids)
 
     def __len__(self) -> int:
         return len(self._live)
 
     def __iter__(self) -> Iterator[Request]:
         """Live requests, tier by tier in heap order (a snapshot; O(n log n), not for the hot path)."""
-        for heap in self._heaps:
-            for entry in sorted(heap):
+        for tier_rank, heap in enumerate(self._heaps):
+            passed = [entry for rank, entry in self._passed if rank == tier_rank]
+            for entry in sorted(heap + passed):
                 if self._live.get(entry[3].request_id) is entry:
                     yield entry[3]
 
@@ -166,6 +206,30 @@ class SLARequestQueue(RequestQueue):
         head's class: the choice is the one `WaitingOrder.rank` gives over the heads."""
         if self._choice is not None:
             return self._choice
+        while True:
+            choice = self._choose()
+            others_left = len(self._live) - len(self._passed_ids) > 1  # something to backfill with
+            if not (self._checking and others_left and len(self._passed) < MAX_PASSED_OVER and self._pass_over(choice[1][3])):
+                self._choice = choice
+                return choice
+            tier_rank, entry, _ = choice
+            heapq.heappop(self._heaps[tier_rank])  # the head of its heap (`_head` made sure)
+            self._passed.append((tier_rank, entry))
+            self._passed_ids.add(entry[3].request_id)
+
+    def _pass_over(self, request: Request) -> bool:
+        """Skip `request` for this step: refused for a reason of its own, or too big for the free KV
+        cache while it still has BACKFILL_SLACK of its horizon left (see the module doc)."""
+        reason = self.admission(request)  # type: ignore[misc]
+        if reason is None:
+            return False
+        if reason != REFUSED_KV_FULL:
+            return True
+        info = self._info_of(request)
+        horizon = info.ttft_s if info.ttft_s is not None else self._order.spec.aging_bound_seconds
+        return self._now < info.arrival + BACKFILL_SLACK * horizon
+
+    def _choose(self) -> tuple[int, Entry, bool]:
         heads: list[tuple[int, int, Entry]] = []  # (rank class, tier rank, entry)
         for tier_rank, heap in enumerate(self._heaps):
             entry = self._head(heap)
@@ -183,8 +247,7 @@ class SLARequestQueue(RequestQueue):
             fresh = self._best([head for head in heads if head[0]])  # the best non-starving head
             if fresh is not None and fresh[1] < best[1]:
                 best, starving = fresh, False
-        self._choice = (best[1], best[2], starving)
-        return self._choice
+        return (best[1], best[2], starving)
 
     def _best(self, heads: list[tuple[int, int, Entry]]) -> tuple[int, int, Entry] | None:
         """The head with the smallest rank (the first in tier order among equals), or None."""

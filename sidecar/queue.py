@@ -1,7 +1,7 @@
 """The bounded priority queue in front of the engine, and the dispatcher that releases from it.
 
-Order is `slaq.scoring.ScoreProfile.rank_key` (the report's formula 1 with load-adaptive weights;
-requests past the aging bound first). Scores change with time and load, so the best entry is
+Order is the pod's ranking (`slaq.policy.ranking`, the engine ranks with the same object: class
+order, then formula 1 with load-adaptive weights). Ranks change with time and load, so the best entry is
 found from a ranking snapshot rebuilt at most every 20 ms (see RequestQueue), so a release
 costs O(new arrivals) between rebuilds and O(depth log depth) per rebuild. A request that finds the queue empty and the release gate open skips the
 queue altogether (the common, unloaded case costs no scoring at all).
@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from slaq.api.common import Tier
-from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.policy.ranking import MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking
+from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.release import ReleaseGate
+
+Key = tuple[int, float, float]  # rank class, rank value, seq (equal ranks keep arrival order)
 
 
 @dataclass(slots=True, eq=False)
@@ -39,7 +42,7 @@ class QueuedRequest:
 
 
 class RequestQueue:
-    """Plain container: the policy is the profile passed to `best`/`pop_best`/`ahead_of`.
+    """Plain container: the policy is the ranking passed to `best`/`pop_best`/`ahead_of`.
 
     Scoring every entry on every release would cost O(depth) Python per release (~5 ms at a
     depth of 1000). Instead the queue keeps a ranking snapshot: all entries scored and sorted at
@@ -53,7 +56,7 @@ class RequestQueue:
         self._entries: dict[int, QueuedRequest] = {}
         self._seq = itertools.count()
         self.depth_by_tier: dict[Tier, int] = {t: 0 for t in Tier}
-        self._ranked_keys: list[tuple[int, float, int]] = []
+        self._ranked_keys: list[Key] = []
         self._ranked_at = -math.inf
         self._head = 0
         self._fresh: dict[int, QueuedRequest] = {}
@@ -77,48 +80,48 @@ class RequestQueue:
         return True
 
     @staticmethod
-    def _key(entry: QueuedRequest, profile: ScoreProfile, now: float, pool: PoolView) -> tuple[int, float, int]:
-        starving, neg_score = profile.rank_key(entry.view, now, pool)
-        return (starving, neg_score, entry.seq)  # seq: equal scores keep arrival order
+    def _key(entry: QueuedRequest, ranking: DeadlineClassRanking, now: float, pool: PoolView) -> Key:
+        rank_class, value = ranking.rank(entry.view, now, pool)
+        return (rank_class, value, entry.seq)
 
-    def _refresh(self, profile: ScoreProfile, now: float, pool: PoolView) -> None:
+    def _refresh(self, ranking: DeadlineClassRanking, now: float, pool: PoolView) -> None:
         if 0.0 <= now - self._ranked_at <= self.snapshot_ttl_s:
             return
-        self._ranked_keys = sorted(self._key(e, profile, now, pool) for e in self._entries.values())
+        self._ranked_keys = sorted(self._key(e, ranking, now, pool) for e in self._entries.values())
         self._ranked_at = now
         self._head = 0
         self._fresh.clear()
 
-    def best(self, profile: ScoreProfile, now: float, pool: PoolView) -> QueuedRequest | None:
+    def best(self, ranking: DeadlineClassRanking, now: float, pool: PoolView) -> QueuedRequest | None:
         if not self._entries:
             return None
-        self._refresh(profile, now, pool)
+        self._refresh(ranking, now, pool)
         keys = self._ranked_keys
         while self._head < len(keys) and keys[self._head][2] not in self._entries:
             self._head += 1
         best_key = keys[self._head] if self._head < len(keys) else None
         for entry in self._fresh.values():
-            key = self._key(entry, profile, now, pool)
+            key = self._key(entry, ranking, now, pool)
             if best_key is None or key < best_key:
                 best_key = key
         return None if best_key is None else self._entries[best_key[2]]
 
-    def pop_best(self, profile: ScoreProfile, now: float, pool: PoolView) -> QueuedRequest | None:
-        entry = self.best(profile, now, pool)
+    def pop_best(self, ranking: DeadlineClassRanking, now: float, pool: PoolView) -> QueuedRequest | None:
+        entry = self.best(ranking, now, pool)
         if entry is not None:
             self.remove(entry)
         return entry
 
-    def ahead_of(self, view: RequestView, profile: ScoreProfile, now: float, pool: PoolView) -> int:
+    def ahead_of(self, view: RequestView, ranking: DeadlineClassRanking, now: float, pool: PoolView) -> int:
         """How many queued requests would be released before a new request with `view` (an
         estimate: entries cancelled from the middle of the snapshot still count until it is rebuilt)."""
         if not self._entries:
             return 0
-        self._refresh(profile, now, pool)
-        mine = profile.rank_key(view, now, pool)
+        self._refresh(ranking, now, pool)
+        mine = ranking.rank(view, now, pool)
         mine_key = (mine[0], mine[1], math.inf)
         ahead = max(0, bisect.bisect_right(self._ranked_keys, mine_key) - self._head)
-        ahead += sum(1 for e in self._fresh.values() if profile.rank_key(e.view, now, pool) <= mine)
+        ahead += sum(1 for e in self._fresh.values() if ranking.rank(e.view, now, pool) <= mine)
         return min(ahead, len(self._entries))
 
     def views(self) -> list[RequestView]:
@@ -140,38 +143,61 @@ class ReleasePace:
 
 
 class Dispatcher:
-    """Holds requests until the release gate opens, then releases the best-ranked one."""
+    """Releases queued requests in rank order while the release gate lets the best one go."""
 
     def __init__(
         self,
         queue: RequestQueue,
         gate: ReleaseGate,
-        profile: ScoreProfile,
+        ranking: DeadlineClassRanking,
         pool_view: Callable[[], PoolView],
         clock: Callable[[], float],
     ) -> None:
         self.queue = queue
         self.gate = gate
-        self.profile = profile
+        self.ranking = ranking
         self.pool_view = pool_view
         self.clock = clock
         self.pace = ReleasePace()
 
+    def may_release(self, view: RequestView, now: float, pool: PoolView) -> bool:
+        """The gate's answer for this request: an attainable request of a protected tier counts only
+        the engine-side requests of its tier and above (the engine passes over the rest for it)."""
+        rank_class = self.ranking.rank_class(view, now, pool)
+        protected = STARVING_CLASS < rank_class < MISSED_CLASS
+        return self.gate.can_release(view.tier.rank if protected else None)
+
     def predicted_wait_s(self, view: RequestView) -> float:
         """Queue wait a new request with `view` would see: 0 when it would go straight through."""
-        if not self.queue and self.gate.can_release():
+        now, pool = self.clock(), self.pool_view()
+        if not self.queue and self.may_release(view, now, pool):
             return 0.0
-        ahead = self.queue.ahead_of(view, self.profile, self.clock(), self.pool_view())
+        ahead = self.queue.ahead_of(view, self.ranking, now, pool)
         return (ahead + 1) * self.pace.interval_s
+
+    def try_release(self, entry: QueuedRequest) -> bool:
+        """Release `entry` at once when nothing queued outranks it and the gate lets it go
+        (no event loop needed); otherwise it must queue (`wait_turn`)."""
+        now, pool = self.clock(), self.pool_view()
+        if self.queue:
+            best = self.queue.best(self.ranking, now, pool)
+            if best is not None and self.ranking.rank(best.view, now, pool) <= self.ranking.rank(entry.view, now, pool):
+                return False
+        if not self.may_release(entry.view, now, pool):
+            return False
+        self._release(entry, from_queue=False)
+        return True
+
+    def enqueue(self, entry: QueuedRequest) -> None:
+        entry.queued_at = self.clock()
+        self.queue.push(entry)
 
     async def wait_turn(self, entry: QueuedRequest) -> None:
         """Return once `entry` is released to the engine; on cancellation it leaves the queue."""
-        if not self.queue and self.gate.can_release():
-            self._release(entry, from_queue=False)
+        if self.try_release(entry):
             return
         entry.waiter = asyncio.get_running_loop().create_future()
-        entry.queued_at = self.clock()
-        self.queue.push(entry)
+        self.enqueue(entry)
         try:
             await entry.waiter
         except asyncio.CancelledError:
@@ -180,7 +206,7 @@ class Dispatcher:
 
     def _release(self, entry: QueuedRequest, *, from_queue: bool) -> None:
         now = self.clock()
-        self.gate.on_release()
+        self.gate.on_release(entry.view.tier.rank)
         self.pace.released(now, from_queue)
         entry.released = True
         entry.release_time = now
@@ -188,10 +214,12 @@ class Dispatcher:
     def pump(self) -> int:
         """Release as many queued requests as the gate allows; returns how many."""
         released = 0
-        while self.queue and self.gate.can_release():
-            entry = self.queue.pop_best(self.profile, self.clock(), self.pool_view())
-            if entry is None:
-                break
+        while self.queue:
+            now, pool = self.clock(), self.pool_view()
+            entry = self.queue.best(self.ranking, now, pool)
+            if entry is None or not self.may_release(entry.view, now, pool):
+                break  # the best waits: nothing ranked below it may overtake it
+            self.queue.remove(entry)
             if entry.waiter is not None and entry.waiter.done():
                 continue  # its client went away; already cancelled
             self._release(entry, from_queue=True)
@@ -201,11 +229,11 @@ class Dispatcher:
         return released
 
     def first_byte(self, entry: QueuedRequest) -> None:
-        self.gate.on_first_byte()
+        self.gate.on_first_byte(entry.view.tier.rank)
         self.pump()
 
     def finished(self, entry: QueuedRequest, started: bool) -> None:
         if entry.released:
-            self.gate.on_finish(started)
+            self.gate.on_finish(started, entry.view.tier.rank)
             entry.released = False
         self.pump()

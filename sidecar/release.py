@@ -15,9 +15,18 @@ are upper bounds):
   as the most requests seen running while the engine had a queue; until the engine has queued
   once, a scrape with nothing waiting means free slots to spare (the engine's batch limit has not
   been reached), so releases are not held back.
+
+The rule agrees with the engine's ranking (`slaq.policy.ranking`): the engine admits an
+attainable critical or standard request ahead of lower-tier work and preempts lower-tier decodes
+for it, so such a request counts only the engine-side requests of its own tier and above
+(`can_release(tier_rank)`); lower-tier requests the engine would pass over do not hold it here.
+The dispatcher releases strictly in rank order and stops at the first request the gate holds,
+so a lower-ranked request never goes while a higher-ranked one waits.
 """
 
 from __future__ import annotations
+
+from slaq.api.common import Tier
 
 
 class ReleaseGate:
@@ -27,16 +36,23 @@ class ReleaseGate:
         self.engine_queue_target = engine_queue_target
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.not_started = 0
+        self.not_started_by_rank = [0] * len(Tier)  # released, no first byte yet, by tier rank
         self.engine_waiting: int | None = None
         self.engine_running: int | None = None
         self.engine_capacity: int | None = None
         self.released_total = 0
         self._released_at_scrape = 0
 
-    def engine_queue_estimate(self) -> int:
+    @property
+    def not_started(self) -> int:
+        return sum(self.not_started_by_rank)
+
+    def engine_queue_estimate(self, tier_rank: int | None = None) -> int:
+        """Requests waiting in the engine; with `tier_rank`, only those of that tier and above
+        (what an attainable request of that tier queues behind at the engine)."""
+        counted = self.not_started if tier_rank is None else sum(self.not_started_by_rank[: tier_rank + 1])
         if self.engine_waiting is None:
-            return self.not_started
+            return counted
         since = self.released_total - self._released_at_scrape
         if self.engine_capacity is not None and self.engine_running is not None:
             free = max(0, self.engine_capacity - self.engine_running)
@@ -44,25 +60,27 @@ class ReleaseGate:
             free = since  # never seen queueing: the batch limit is still ahead
         else:
             free = 0
-        return min(self.not_started, self.engine_waiting + max(0, since - free))
+        return min(counted, self.engine_waiting + max(0, since - free))
 
-    def can_release(self) -> bool:
+    def can_release(self, tier_rank: int | None = None) -> bool:
+        """May one more request go to the engine? `tier_rank`: it is an attainable request of that
+        protected tier, which the engine serves ahead of lower tiers (see the module doc)."""
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             return False
-        return self.engine_queue_estimate() < self.engine_queue_target
+        return self.engine_queue_estimate(tier_rank) < self.engine_queue_target
 
-    def on_release(self) -> None:
+    def on_release(self, tier_rank: int) -> None:
         self.in_flight += 1
-        self.not_started += 1
+        self.not_started_by_rank[tier_rank] += 1
         self.released_total += 1
 
-    def on_first_byte(self) -> None:
-        self.not_started = max(0, self.not_started - 1)
+    def on_first_byte(self, tier_rank: int) -> None:
+        self.not_started_by_rank[tier_rank] = max(0, self.not_started_by_rank[tier_rank] - 1)
 
-    def on_finish(self, started: bool) -> None:
+    def on_finish(self, started: bool, tier_rank: int) -> None:
         self.in_flight = max(0, self.in_flight - 1)
         if not started:
-            self.not_started = max(0, self.not_started - 1)
+            self.on_first_byte(tier_rank)
 
     def observe_engine(self, waiting: int | None, released_total_at_request: int | None = None, running: int | None = None) -> None:
         """A fresh engine scrape; None when the engine exports no such gauge.

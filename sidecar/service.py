@@ -17,10 +17,10 @@ from typing import Callable, Mapping
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA, enrich_body
 from slaq.api.pool import SchedulerSpec
-from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.policy import PodPolicy
+from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
 from slaq.sidecar.errors import Draining, QuotaExceeded, SidecarError
-from slaq.sidecar.fairness import ServiceLedger
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -40,6 +40,7 @@ class CoreConfig:
     trust_gateway_headers: bool = False
     engine_queue_target: int = 16
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
+    max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +102,13 @@ class SidecarCore:
         self.quotas = QuotaGate()
         self.guard = PodGuard()
         self.predictor = OutputLengthPredictor()
-        self.ledger = ServiceLedger()
+        self.policy = PodPolicy.from_spec(config.scheduler)
+        self.accounting = self.policy.accounting
         self.risk = SlaRisk()
         self.usage = UsageLog()
-        self.profile = ScoreProfile(config.scheduler.weights)
         self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
         self.queue = RequestQueue()
-        self.dispatcher = Dispatcher(self.queue, self.gate, self.profile, self.pool_view, clock)
+        self.dispatcher = Dispatcher(self.queue, self.gate, self.policy.ranking, self.pool_view, clock)
         self.engine_kv_usage: float | None = None
         self.draining = False
         self._keys = itertools.count()
@@ -118,10 +119,10 @@ class SidecarCore:
     # pod state -----------------------------------------------------------------------------
 
     def load(self) -> float:
-        """0 idle .. 1 saturated: the fuller of the engine's KV cache and the queue (one release
-        window of queued requests counts as saturated)."""
-        queued = min(1.0, len(self.queue) / self.gate.engine_queue_target)
-        return max(queued, self.engine_kv_usage or 0.0)
+        """0 idle .. 1 saturated, the pod policy's definition (`slaq.policy.load`): requests released
+        and not finished against the engine's batch limit, or its KV cache usage, the fuller."""
+        slots = self.gate.engine_capacity or self.config.max_num_seqs
+        return self.policy.load(self.gate.in_flight, slots, self.engine_kv_usage)
 
     def pool_view(self) -> PoolView:
         return PoolView(load=self.load(), max_length_tokens=self.config.max_length_tokens, aging_bound_s=self.config.scheduler.aging_bound_seconds)
@@ -182,7 +183,8 @@ class SidecarCore:
                 ttft_ms=identity.ttft_ms,
                 prompt_tokens=prompt_tokens,
                 predicted_output=predicted,
-                tenant_service_share=self.ledger.share(tenant.name, tenant.tier, now),
+                tenant_service_share=self.accounting.service_share(tenant.tier.value, tenant.name),
+                tenant=tenant.name,
             )
             wait_s = self.dispatcher.predicted_wait_s(view)
             self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft_s, self.pressure())
@@ -248,7 +250,7 @@ class SidecarCore:
             return
         self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
         self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
-        self.ledger.record(tenant.name, tenant.tier, prompt + output_tokens, now)
+        self.accounting.charge(tenant.tier.value, tenant.name, prompt + output_tokens)
         self.usage.tokens(tenant.name, prompt + output_tokens, now)
         self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
         self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -19,3 +22,23 @@ def test_every_mapped_folder_is_listed_and_importable() -> None:
             assert name in packages, f"{init.parent} is not listed in pyproject's packages as {name}"
             module = importlib.import_module(name)
             assert Path(module.__file__).resolve().parent == init.parent.resolve()
+
+
+def _from_root_without_safe_path(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_no_folder_at_the_root_shadows_the_standard_library() -> None:
+    # `python -S` skips site (and the .pth files that import operator early), so the repository
+    # root, first on sys.path, is where `operator` would be found if a package there shadowed it.
+    plain = _from_root_without_safe_path("-S", "-c", "import collections, operator; print(operator.__file__)")
+    assert plain.returncode == 0, plain.stderr
+    assert str(ROOT / "operator") not in plain.stdout
+    collected = _from_root_without_safe_path("-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "tests/test_packaging.py")
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+
+
+def test_scripts_need_no_safe_path() -> None:
+    for script in ("setup.sh", "test.sh"):
+        assert "PYTHONSAFEPATH" not in (ROOT / "scripts" / script).read_text()

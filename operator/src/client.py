@@ -1,173 +1,172 @@
-"""A small async Kubernetes API client: get, list, server-side apply, status patch, delete.
+"""The operator's Kubernetes client: lightkube's AsyncClient behind five dict-in, dict-out calls.
 
-kopf talks to the API for its own watching and progress; the operator's own reads and writes
-(children, tables, statuses) go through this client, so tests point both at the same emulator.
+lightkube (pinned in pyproject.toml) was chosen for server-side apply with a field manager
+(`PatchType.APPLY`, `force`), credentials it refreshes itself (service-account token files are
+re-read and exec plugins re-run on a 401), typed models of every built-in kind, and one pooled
+HTTP connection. kopf does its own watching; this client does the operator's reads and writes
+(children, tables, statuses), so tests point both at the same API emulator.
+
+Errors come back as the operator's own tree (errors.py): 404 as NotFound (or None from `get`),
+409/429/5xx and unreachable servers as RetryableApiError, which the handlers turn into
+kopf.TemporaryError.
 """
 
 from __future__ import annotations
 
-import json
-import ssl
-from dataclasses import dataclass, field
-from pathlib import Path
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+import httpx2
+import kopf
+from lightkube import ApiError as LightkubeApiError
+from lightkube import AsyncClient, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.config.models import Cluster, User
+from lightkube.core.resource import GlobalResource, Resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
 
+from slaq.api.common import GROUP, VERSION
 from slaq.operator.errors import NotFound, RetryableApiError, api_error
 from slaq.operator.names import MANAGER
 
-PLURALS: dict[str, str] = {
-    "Deployment": "deployments",
-    "Service": "services",
-    "Secret": "secrets",
-    "Pod": "pods",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "InferencePool": "inferencepools",
-    "TenantSLA": "tenantslas",
+InferencePoolResource = create_namespaced_resource(GROUP, VERSION, "InferencePool", "inferencepools")
+TenantSLAResource = create_global_resource(GROUP, VERSION, "TenantSLA", "tenantslas")
+
+# Every kind the operator reads or writes, by plural (what the reconciler names).
+RESOURCES: dict[str, type[Resource]] = {
+    "deployments": Deployment,
+    "services": Service,
+    "secrets": Secret,
+    "configmaps": ConfigMap,
+    "pods": Pod,
+    "poddisruptionbudgets": PodDisruptionBudget,
+    "horizontalpodautoscalers": HorizontalPodAutoscaler,
+    "inferencepools": InferencePoolResource,
+    "tenantslas": TenantSLAResource,
 }
-IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 @dataclass(frozen=True)
 class Connection:
-    """Where the API server is and how to authenticate; `token_file` is re-read (tokens rotate)."""
+    """Where the API server is. `server=None`: the environment's (in-cluster service account,
+    else $KUBECONFIG / ~/.kube/config); a plain URL without credentials for emulators and tests."""
 
-    server: str
-    token: str | None = None
-    token_file: Path | None = None
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    insecure: bool = False
-    extra_headers: dict[str, str] = field(default_factory=dict)
+    server: str | None = None
 
-    def headers(self) -> dict[str, str]:
-        headers = dict(self.extra_headers)
-        token = self.token_file.read_text(encoding="utf-8").strip() if self.token_file else self.token
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
+    def kube_config(self) -> KubeConfig:
+        if self.server:  # (KubeConfig.from_server leaves the user out, which lightkube's client refuses)
+            return KubeConfig.from_one(cluster=Cluster(server=self.server), user=User())
+        return KubeConfig.from_env()
 
-    def ssl_context(self) -> ssl.SSLContext | bool:
-        if not self.server.startswith("https"):
-            return False
-        if self.insecure:
-            return False
-        context = ssl.create_default_context(cafile=self.ca_file)
-        if self.cert_file:
-            context.load_cert_chain(self.cert_file, self.key_file)
-        return context
-
-    def kopf_login(self) -> Any:
-        """The same credentials as kopf's ConnectionInfo."""
-        import kopf
-
-        return kopf.ConnectionInfo(
-            server=self.server, token=self.headers().get("Authorization", "").removeprefix("Bearer ") or None,
-            ca_path=self.ca_file, certificate_path=self.cert_file, private_key_path=self.key_file,
-            insecure=self.insecure or None,
-        )
+    def kopf_login(self, **kwargs: Any) -> kopf.ConnectionInfo | None:
+        """kopf's credentials: kopf calls this again whenever the API answers 401, so expiring
+        (exec, OIDC, projected service-account) tokens are fetched afresh."""
+        if self.server:
+            return kopf.ConnectionInfo(server=self.server)
+        return kopf.login_via_client(**kwargs)
 
 
 def load_connection() -> Connection:
-    """In-cluster service account when running in a pod, else the current kubeconfig context."""
-    import os
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and (IN_CLUSTER_DIR / "token").exists():
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        return Connection(server=f"https://{host}:{port}", token_file=IN_CLUSTER_DIR / "token", ca_file=str(IN_CLUSTER_DIR / "ca.crt"))
-    from kubernetes import client, config
-    from kubernetes.config import kube_config
-
-    configuration = client.Configuration()
-    config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or kube_config.KUBE_CONFIG_DEFAULT_LOCATION,
-                            client_configuration=configuration)
-    token = configuration.api_key.get("authorization", "").removeprefix("Bearer ").strip() or None
-    return Connection(server=configuration.host, token=token, ca_file=configuration.ssl_ca_cert,
-                      cert_file=configuration.cert_file, key_file=configuration.key_file,
-                      insecure=not configuration.verify_ssl)
+    """The environment's API server and credentials (resolved when the client starts)."""
+    return Connection()
 
 
-def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None,
-                  subresource: str | None = None) -> str:
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
-    if name:
-        path += f"/{name}"
-    if subresource:
-        path += f"/{subresource}"
-    return path
+def _translate(exc: Exception, method: str, what: str) -> Exception:
+    if isinstance(exc, LightkubeApiError):
+        status = exc.status
+        return api_error(int(status.code or exc.response.status_code), status.reason or "", status.message or "",
+                         method=method, url=what)
+    if isinstance(exc, httpx2.HTTPStatusError):  # an answer that is not a Status object
+        return api_error(exc.response.status_code, exc.response.reason_phrase, exc.response.text[:200], method=method, url=what)
+    return RetryableApiError(0, "Unreachable", str(exc), method=method, url=what)
+
+
+def _where(plural: str, namespace: str | None) -> str | None:
+    """lightkube's namespace argument: "*" lists a namespaced kind in every namespace."""
+    if namespace is not None or issubclass(RESOURCES[plural], GlobalResource):
+        return namespace
+    return "*"
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
 class KubeClient:
+    """get / list / watch / apply / create / patch_status / delete, on plain dicts."""
+
     def __init__(self, connection: Connection, *, timeout_s: float = 30.0) -> None:
-        self._connection = connection
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._client = AsyncClient(connection.kube_config(), field_manager=MANAGER, timeout=httpx2.Timeout(timeout_s),
+                                   lazy=False, trust_env=False)
+        self.log = logging.getLogger("slaq.operator.client")
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._client.close()
 
-    async def _request(self, method: str, path: str, *, body: Any = None, content_type: str = "application/json",
-                       params: dict[str, str] | None = None) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        url = self._connection.server.rstrip("/") + path
-        headers = {**self._connection.headers(), "Accept": "application/json"}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body)
+    async def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
-            async with self._session.request(method, url, data=data, headers=headers, params=params,
-                                             ssl=self._connection.ssl_context()) as resp:
-                text = await resp.text()
-                if resp.status >= 400:
-                    try:
-                        status = json.loads(text)
-                    except ValueError:
-                        status = {}
-                    raise api_error(resp.status, status.get("reason", resp.reason or ""), status.get("message", text[:200]),
-                                    method=method, url=path)
-                return json.loads(text) if text else None
-        except aiohttp.ClientError as exc:
-            raise RetryableApiError(0, "Unreachable", str(exc), method=method, url=path) from exc
+            return _plain(await self._client.get(RESOURCES[plural], name, namespace=namespace))
+        except httpx2.HTTPError as exc:
+            error = _translate(exc, "GET", f"{plural}/{name}")
+            if isinstance(error, NotFound):
+                return None
+            raise error from exc
 
-    async def get(self, api_version: str, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    async def list(self, plural: str, namespace: str | None = None,
+                   labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         try:
-            return await self._request("GET", resource_path(api_version, plural, namespace, name))
-        except NotFound:
-            return None
+            return [_plain(o) async for o in self._client.list(RESOURCES[plural], namespace=_where(plural, namespace), labels=labels)]
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "LIST", plural) from exc
 
-    async def list(self, api_version: str, plural: str, namespace: str | None = None,
-                   label_selector: str | None = None) -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        answer = await self._request("GET", resource_path(api_version, plural, namespace), params=params)
-        return list(answer.get("items") or [])
+    async def watch(self, plural: str, namespace: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from a list then a watch, resumed by lightkube across timeouts."""
+        try:
+            async for event, obj in self._client.watch(RESOURCES[plural], namespace=_where(plural, namespace)):
+                yield event, _plain(obj)
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "WATCH", plural) from exc
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of the whole desired object, owned by the slaq operator."""
+        """Server-side apply of the whole desired object, by the one field manager `slaq-operator`.
+
+        `force`: the operator owns these objects; a field another manager took is taken back.
+        The body is first parsed into the official model of its kind (a typo fails here)."""
         meta = obj["metadata"]
-        path = resource_path(obj["apiVersion"], PLURALS[obj["kind"]], meta.get("namespace"), meta["name"])
-        return await self._request("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
-                                   params={"fieldManager": MANAGER, "force": "true"})
+        try:
+            return _plain(await self._client.apply(from_dict(obj), namespace=meta.get("namespace"), force=True))
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "APPLY", f"{obj['kind']}/{meta['name']}") from exc
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self._request("POST", resource_path(obj["apiVersion"], PLURALS[obj["kind"]], meta.get("namespace")), body=obj)
-
-    async def patch_status(self, api_version: str, plural: str, name: str, namespace: str | None,
-                           status: dict[str, Any]) -> dict[str, Any]:
-        return await self._request("PATCH", resource_path(api_version, plural, namespace, name, "status"),
-                                   body={"status": status}, content_type="application/merge-patch+json")
-
-    async def delete(self, api_version: str, plural: str, name: str, namespace: str | None = None) -> bool:
         try:
-            await self._request("DELETE", resource_path(api_version, plural, namespace, name))
+            return _plain(await self._client.create(from_dict(obj), namespace=meta.get("namespace")))
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "CREATE", f"{obj['kind']}/{meta['name']}") from exc
+
+    async def patch_status(self, plural: str, name: str, namespace: str | None, status: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the status subresource (the operator's own status fields only)."""
+        resource = RESOURCES[plural]
+        try:
+            return _plain(await self._client.patch(resource.Status, name, {"status": status}, namespace=namespace,
+                                                   patch_type=PatchType.MERGE))
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "PATCH", f"{plural}/{name}/status") from exc
+
+    async def delete(self, plural: str, name: str, namespace: str | None = None) -> bool:
+        try:
+            await self._client.delete(RESOURCES[plural], name, namespace=namespace)
             return True
-        except NotFound:
-            return False
+        except httpx2.HTTPError as exc:
+            error = _translate(exc, "DELETE", f"{plural}/{name}")
+            if isinstance(error, NotFound):
+                return False
+            raise error from exc

@@ -53,8 +53,8 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
 
     if connection is not None:
         @kopf.on.login(id="login", registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return connection.kopf_login()
+        def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+            return connection.kopf_login(**kwargs)
 
     @kopf.on.startup(id="create_salt_key", registry=registry)
     async def create_salt_key(**_: Any) -> None:

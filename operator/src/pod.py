@@ -61,6 +61,8 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
         "--max-queue-depth", str(spec.sidecar.max_queue_depth),
         "--drain-timeout", str(drain_seconds(pool)),
+        # The same scheduler spec the engine reads from its environment: both containers host one policy.
+        "--scheduler-config", json.dumps(spec.scheduler.to_wire(), sort_keys=True),
     ]
     if spec.sidecar.trust_gateway_headers:
         args.append("--trust-gateway-headers")
@@ -110,7 +112,8 @@ def _container_security() -> dict[str, Any]:
 def _engine_health_probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
     # The engine listens on 127.0.0.1 only, which kubelet's httpGet (pod IP) cannot reach.
     check = f"import urllib.request; urllib.request.urlopen('{engine_url()}{HEALTH_PATH}', timeout={timeout - 1})"
-    return {"exec": {"command": ["python3", "-c", check]}, "periodSeconds": period,
+    # -I: isolated, so neither the working directory nor PYTHON* variables shape what it imports.
+    return {"exec": {"command": ["python3", "-I", "-c", check]}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": timeout}
 
 

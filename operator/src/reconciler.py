@@ -18,15 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from slaq.api.common import API_VERSION
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
 from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
@@ -88,6 +88,8 @@ class Reconciler:
         self._observed_replicas: dict[str, int] = {}
         self._written: dict[str, TenantTable] = {}
         self._key_problems: dict[str, str] = {}
+        self._key_refs: set[tuple[str, str]] = set()
+        self.keys = KeyWatch(api, self.on_key_secret_change)
         self.last_plan: TablePlan | None = None
 
     # ------------------------------------------------------------------ cache-salt key
@@ -96,7 +98,7 @@ class Reconciler:
         """The secret every cache salt derives from: read it, or create it on first start."""
         if self._salt_key is not None:
             return self._salt_key
-        secret = await self.api.get("v1", "secrets", SALT_SECRET_NAME, self.namespace)
+        secret = await self.api.get("secrets", SALT_SECRET_NAME, self.namespace)
         if secret is None:
             try:
                 secret = await self.api.create(render_salt_secret(self.namespace, secrets.token_bytes(SALT_KEY_BYTES)))
@@ -104,7 +106,7 @@ class Reconciler:
             except RetryableApiError as exc:
                 if exc.status != 409:
                     raise
-                secret = await self.api.get("v1", "secrets", SALT_SECRET_NAME, self.namespace)  # another start won the race
+                secret = await self.api.get("secrets", SALT_SECRET_NAME, self.namespace)  # another start won the race
         try:
             key = base64.b64decode((secret or {}).get("data", {}).get(SALT_SECRET_KEY, ""), validate=True)
         except (binascii.Error, ValueError):
@@ -118,38 +120,40 @@ class Reconciler:
     # ------------------------------------------------------------------ tenant tables
 
     async def _read_keys(self, tenants: Sequence[TenantSLA]) -> dict[str, list[str]]:
+        """Key hashes from the watched Secrets (keys.py): no Secret is read per event."""
         hashes: dict[str, list[str]] = {}
         self._key_problems = {}
+        refs: set[tuple[str, str]] = set()
         for tenant in tenants:
             ref = tenant.spec.api_key_secret_ref
-            secret = await self.api.get("v1", "secrets", ref.name, ref.namespace)
-            if secret is None:
-                self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name} (spec.apiKeySecretRef) not found"
-                hashes[tenant.metadata.name] = []
-                continue
-            keys = []
-            for entry, value in sorted((secret.get("data") or {}).items()):
-                try:
-                    key = base64.b64decode(value, validate=True).decode("utf-8").strip()
-                except (binascii.Error, ValueError):
-                    self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name}: data.{entry} is not base64 UTF-8"
-                    continue
-                if key:
-                    keys.append(hash_api_key(key))
-            if not keys and tenant.metadata.name not in self._key_problems:
-                self._key_problems[tenant.metadata.name] = f"Secret {ref.namespace}/{ref.name} holds no API keys"
-            hashes[tenant.metadata.name] = sorted(set(keys))
+            await self.keys.ensure(ref.namespace)
+            found = self.keys.get(ref.namespace, ref.name)
+            refs.add((ref.namespace, ref.name))
+            if found.problem is not None:
+                self._key_problems[tenant.metadata.name] = found.problem
+            hashes[tenant.metadata.name] = list(found.hashes)
+        self._key_refs = refs
         return hashes
+
+    async def on_key_secret_change(self, namespace: str, name: str) -> None:
+        """A watched Secret changed: when a tenant names it, its tables are rewritten now."""
+        if (namespace, name) not in self._key_refs:
+            return
+        log.info("key Secret %s/%s changed: rewriting the tenant tables", namespace, name)
+        try:
+            await self.sync_tables()
+        except OperatorError as exc:  # the next event or usage tick tries again
+            log.warning("after key Secret %s/%s changed: %s", namespace, name, exc)
 
     async def _snapshot(self) -> tuple[list[tuple[InferencePool, dict[str, Any]]], list[tuple[TenantSLA, dict[str, Any]]]]:
         pools, tenants = [], []
-        for body in await self.api.list(API_VERSION, "inferencepools"):
+        for body in await self.api.list("inferencepools"):
             if not _deleting(body):
                 try:
                     pools.append((parse_pool(body), body))
                 except SpecError as exc:
                     log.warning("skipping pool: %s", exc)
-        for body in await self.api.list(API_VERSION, "tenantslas"):
+        for body in await self.api.list("tenantslas"):
             if not _deleting(body):
                 try:
                     tenants.append((parse_tenant(body), body))
@@ -200,7 +204,7 @@ class Reconciler:
     async def _patch_pool_tenants(self, body: dict[str, Any], names: list[str]) -> None:
         if (body.get("status") or {}).get("tenants") != names:
             meta = body["metadata"]
-            await self.api.patch_status(API_VERSION, "inferencepools", meta["name"], meta["namespace"], {"tenants": names})
+            await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
 
     async def _write_tenant_status(self, tenant: TenantSLA, body: dict[str, Any], plan: TablePlan, key_count: int) -> None:
         name, generation = tenant.metadata.name, body["metadata"].get("generation")
@@ -217,7 +221,7 @@ class Reconciler:
         status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools,
                   "conditions": merge_conditions(old.get("conditions"), conditions)}
         if any(old.get(k) != v for k, v in status.items()):
-            await self.api.patch_status(API_VERSION, "tenantslas", name, None, status)
+            await self.api.patch_status("tenantslas", name, None, status)
 
     # ------------------------------------------------------------------ pools
 
@@ -228,7 +232,7 @@ class Reconciler:
         conditions = [condition("Ready", False, "InvalidSpec", str(error), generation),
                       condition("Degraded", True, "InvalidSpec", f"fix {error.field}: {error.message}", generation)]
         old = body.get("status") or {}
-        await self.api.patch_status(API_VERSION, plural, meta["name"], meta.get("namespace"),
+        await self.api.patch_status(plural, meta["name"], meta.get("namespace"),
                                     {"observedGeneration": generation, "conditions": merge_conditions(old.get("conditions"), conditions)})
 
     async def reconcile_pool(self, body: dict[str, Any]) -> None:
@@ -245,8 +249,8 @@ class Reconciler:
         if hpa is not None:
             await self.api.apply(owned_by(hpa, body))
         else:
-            await self.api.delete("autoscaling/v2", "horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
-        deployment = await self.api.get("apps/v1", "deployments", pool.metadata.name, pool.metadata.namespace)
+            await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment, plan)
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
@@ -256,11 +260,11 @@ class Reconciler:
         observations = await self.usage_source.observe(pool)
         self._usage[key] = sum_usage(observations)
         self._risk[key] = mean_sla_risk(observations)
-        deployment = await self.api.get("apps/v1", "deployments", pool.metadata.name, pool.metadata.namespace)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
         plan = await self.sync_tables()
-        fresh = await self.api.get(API_VERSION, "inferencepools", pool.metadata.name, pool.metadata.namespace) or body
+        fresh = await self.api.get("inferencepools", pool.metadata.name, pool.metadata.namespace) or body
         await self._write_pool_status(pool, fresh, deployment, plan, observed_pods=len(observations))
 
     def forget_pool(self, namespace: str, name: str) -> None:
@@ -299,7 +303,7 @@ class Reconciler:
         if self._risk.get(key) is not None:
             status["slaRisk"] = self._risk[key]
         if any(old.get(k) != v for k, v in status.items()):
-            await self.api.patch_status(API_VERSION, "inferencepools", pool.metadata.name, pool.metadata.namespace, status)
+            await self.api.patch_status("inferencepools", pool.metadata.name, pool.metadata.namespace, status)
 
     # ------------------------------------------------------------------ tenants
 

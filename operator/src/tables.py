@@ -87,6 +87,56 @@ def split_tenant(tenant: TenantSLA, slots: Sequence[Slot], previous: TenantSplit
     )
 
 
+@dataclass(frozen=True)
+class TenantPlan:
+    """One tenant's part of every table: its entry per bound pool, its shares, its splits."""
+
+    entries: dict[str, TenantEntry]  # by pool key
+    pools: list[PoolShare]
+    splits: TenantSplits
+
+
+def plan_tenant(
+    tenant: TenantSLA,
+    pools: Sequence[InferencePool],
+    key_hashes: Sequence[str],
+    salt_key: bytes,
+    replicas: Mapping[str, int],
+    usage: Mapping[str, Mapping[str, TenantUsage]],
+    previous: TenantSplits | None = None,
+) -> TenantPlan:
+    """A tenant's entries in the tables of the pools it binds, from the same inputs as plan_tables."""
+    name, spec = tenant.metadata.name, tenant.spec
+    bound = [p for p in pools if binds(tenant, p)]
+    slots = [Slot(pool_key(p), max(1, replicas.get(pool_key(p), 1)), demand(usage.get(pool_key(p), {}).get(name)))
+             for p in bound]
+    splits = split_tenant(tenant, slots, previous)
+    salt = cache_salt(salt_key, tenant)
+    entries: dict[str, TenantEntry] = {}
+    shares: list[PoolShare] = []
+    for slot in slots:
+        share = splits.share(slot.pool)
+        entries[slot.pool] = TenantEntry(
+            name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
+            attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
+            cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share,
+        )
+        observed = usage.get(slot.pool, {}).get(name)
+        shares.append(PoolShare(
+            pool=slot.pool, replicas=slot.replicas, requests_per_minute=share.requests_per_minute,
+            tokens_per_minute=share.tokens_per_minute, max_concurrency=share.max_concurrency,
+            observed_requests_per_minute=observed.requests_per_minute if observed else 0.0,
+            observed_tokens_per_minute=observed.tokens_per_minute if observed else 0.0,
+        ))
+    return TenantPlan(entries, shares, splits)
+
+
+def assemble_table(pool: str, entries: Sequence[TenantEntry]) -> TenantTable:
+    """A pool's table from its tenants' entries (sorted by name), with its content revision."""
+    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name))
+    return table.model_copy(update={"revision": table_revision(table)})
+
+
 def plan_tables(
     pools: Sequence[InferencePool],
     tenants: Sequence[TenantSLA],
@@ -105,29 +155,11 @@ def plan_tables(
     entries: dict[str, list[TenantEntry]] = {pool_key(p): [] for p in pools}
     for tenant in sorted(tenants, key=lambda t: t.metadata.name):
         name = tenant.metadata.name
-        bound = [p for p in pools if binds(tenant, p)]
-        slots = [Slot(pool_key(p), max(1, replicas.get(pool_key(p), 1)), demand(usage.get(pool_key(p), {}).get(name)))
-                 for p in bound]
-        splits = split_tenant(tenant, slots, (previous or {}).get(name))
-        plan.splits[name] = splits
-        spec = tenant.spec
-        salt = cache_salt(salt_key, tenant)
-        plan.tenant_pools[name] = []
-        for slot in slots:
-            share = splits.share(slot.pool)
-            entries[slot.pool].append(TenantEntry(
-                name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
-                attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes.get(name, [])),
-                cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share,
-            ))
-            observed = usage.get(slot.pool, {}).get(name)
-            plan.tenant_pools[name].append(PoolShare(
-                pool=slot.pool, replicas=slot.replicas, requests_per_minute=share.requests_per_minute,
-                tokens_per_minute=share.tokens_per_minute, max_concurrency=share.max_concurrency,
-                observed_requests_per_minute=observed.requests_per_minute if observed else 0.0,
-                observed_tokens_per_minute=observed.tokens_per_minute if observed else 0.0,
-            ))
+        part = plan_tenant(tenant, pools, key_hashes.get(name, []), salt_key, replicas, usage, (previous or {}).get(name))
+        plan.splits[name] = part.splits
+        plan.tenant_pools[name] = part.pools
+        for key, entry in part.entries.items():
+            entries[key].append(entry)
     for key, tenant_entries in entries.items():
-        table = TenantTable(pool=key, tenants=tenant_entries)
-        plan.tables[key] = table.model_copy(update={"revision": table_revision(table)})
+        plan.tables[key] = assemble_table(key, tenant_entries)
     return plan

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
 from slaq.operator.client import KubeClient
-from slaq.operator.names import pool_selector_labels, selector_string
+from slaq.operator.names import pool_selector_labels
 
 SLA_RISK_METRIC = "slaq_sla_risk"
 
@@ -75,8 +75,8 @@ class HttpUsageSource:
         self._timeout = timeout_s
 
     async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
-        pods = await self._api.list("v1", "pods", pool.metadata.namespace,
-                                    label_selector=selector_string(pool_selector_labels(pool.metadata.name)))
+        pods = await self._api.list("pods", pool.metadata.namespace,
+                                    labels=pool_selector_labels(pool.metadata.name))
         targets = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods
                    if p.get("status", {}).get("phase") == "Running" and p.get("status", {}).get("podIP")
                    and not p["metadata"].get("deletionTimestamp")}

@@ -10,8 +10,9 @@ from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec, ScoreWeights
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule
-from slaq.engine.fairness import VirtualTokenCounters
 from slaq.engine.ordering import MISSED_CLASS, WaitingOrder
+from slaq.policy import PodPolicy
+from slaq.policy.accounting import VirtualTokenCounters
 from slaq.engine.preemption import REASON_BATCH_FULL, REASON_KV_FULL, ResourceView, ThrashGuard, UrgentPreemption
 from slaq.engine.queue import AGED_SHARE, SLARequestQueue
 from slaq.engine.scheduler import SLAScheduler
@@ -25,7 +26,10 @@ NOW = 1_000_000.0
 
 def _queue(spec: SchedulerSpec | None = None, fairness: VirtualTokenCounters | None = None) -> SLARequestQueue:
     spec = spec or SchedulerSpec()
-    order = WaitingOrder(spec, fairness or VirtualTokenCounters(), max_length_tokens=1024)
+    policy = PodPolicy.from_spec(spec)
+    if fairness is not None:
+        policy.accounting = fairness
+    order = WaitingOrder(policy, max_length_tokens=1024)
 
     def info_of(request):
         info = vc.attached_info(request)
@@ -128,20 +132,17 @@ def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> 
 
 
 @pytest.mark.parametrize("load", [0.0, 0.37, 1.0, 2.5])
-def test_rank_equals_formula_1_rank_key_of_slaq_scoring(load: float) -> None:
-    # WaitingOrder resolves formula 1's weighted terms once per step and tests for starvation
-    # before scoring; its ranks must stay exactly those built on ScoreProfile.rank_key.
-    from slaq.engine.ordering import LOWEST_RANK
-    from slaq.scoring import PoolView, ScoreProfile
+def test_the_engine_ranks_with_the_pod_policy_and_its_own_view_of_the_request(load: float) -> None:
+    # WaitingOrder is a host: its ranks are the policy's ranks of the view it builds, with the
+    # tenant's current VTC share, and every rank class is reachable from the engine.
+    from slaq.policy.ranking import LOWEST_RANK
 
     spec = SchedulerSpec()
-    fairness = VirtualTokenCounters()
-    fairness.charge("batch", "t1", 500.0)
-    fairness.charge("batch", "t2", 100.0)
-    order = WaitingOrder(spec, fairness, max_length_tokens=1024)
+    policy = PodPolicy.from_spec(spec)
+    policy.accounting.charge("batch", "t1", 500.0)
+    policy.accounting.charge("batch", "t2", 100.0)
+    order = WaitingOrder(policy, max_length_tokens=1024)
     order.set_load(load)
-    profile = ScoreProfile(spec.weights)
-    pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=1024, aging_bound_s=spec.aging_bound_seconds)
     ranks = set()
     for tier in Tier:
         for ttft_ms in (None, 500, 60_000):
@@ -149,13 +150,15 @@ def test_rank_equals_formula_1_rank_key_of_slaq_scoring(load: float) -> None:
                 for tenant in ("t1", "t2", "t3"):
                     info = request_info(RequestSLA(tier=tier, tenant=tenant, ttft_ms=ttft_ms), arrival=NOW - waited,
                                         prompt_tokens=300, max_tokens=200, aging_bound_s=spec.aging_bound_seconds)
-                    starving, neg_score = profile.rank_key(order._view(info), NOW, pool)
-                    if starving == 0:
-                        expected = (0, neg_score)
+                    view = order.view(info)
+                    assert view.tenant_service_share == policy.accounting.service_share(tier.value, tenant)
+                    score = policy.ranking.score(view, NOW, order.pool)
+                    if waited >= spec.aging_bound_seconds:
+                        expected = (0, -score)
                     elif info.ttft_s is not None and NOW < info.deadline and info.tier_rank < LOWEST_RANK:
                         expected = (1 + info.tier_rank, info.deadline)
                     else:
-                        expected = (MISSED_CLASS, neg_score)
+                        expected = (MISSED_CLASS, -score)
                     assert order.rank(info, NOW) == expected
                     ranks.add(expected[0])
     assert ranks == {0, 1, 2, MISSED_CLASS}  # every class was exercised

@@ -45,6 +45,26 @@ def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:
     assert vc.is_preempted(request) and not vc.is_decoding(request)
 
 
+def test_decoded_tokens_counts_delivered_outputs_only_while_decoding() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
+    driver.add(request)
+    with vc.step_token_budget(scheduler, 16):
+        driver.step()  # a prompt chunk: nothing to pace yet
+    assert vc.decoded_tokens(request) == 0
+    driver.step()  # the rest of the prompt: first token delivered
+    assert vc.decoded_tokens(request) == 1
+    driver.step()
+    driver.step()
+    assert vc.decoded_tokens(request) == 3
+    output = scheduler.schedule()  # async: the in-flight step's token is a placeholder, not delivered
+    assert vc.decoded_tokens(request) == 3
+    driver.answer(output)
+    vc.preempt(scheduler, request, 0.0)
+    assert request.num_output_tokens == 4 and vc.decoded_tokens(request) == 0  # preempted: not paced
+
+
 def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> None:
     scheduler = _stock()
     queues = []
@@ -164,10 +184,42 @@ def test_parse_server_args_accepts_the_slaq_scheduler() -> None:
     assert args.scheduler_cls == SCHEDULER_CLS and args.scheduling_policy == "priority" and args.port == 9
 
 
-def test_run_server_is_vllms_server_entry() -> None:
-    from vllm.entrypoints.launchers.api_server.entry import run_server
+def test_run_server_runs_vllms_server_coroutine_with_the_parsed_args(monkeypatch) -> None:
+    import inspect
 
-    assert callable(run_server)  # the running-engine tests (test_engine_server.py) exercise vc.run_server itself
+    import vllm.entrypoints.launchers.api_server.entry as entry
+    import vllm.entrypoints.serve.utils.api_utils as api_utils
+
+    assert inspect.iscoroutinefunction(entry.run_server) and next(iter(inspect.signature(entry.run_server).parameters)) == "args"
+    calls: list[object] = []
+
+    async def fake_server(args) -> None:
+        calls.append(args)
+
+    monkeypatch.setattr(entry, "run_server", fake_server)
+    monkeypatch.setattr(api_utils, "cli_env_setup", lambda: calls.append("env"))
+    args = vc.parse_server_args(["--model", "/tmp/m", "--scheduler-cls", SCHEDULER_CLS, "--port", "9"])
+    vc.run_server(args)
+    assert calls == ["env", args]  # environment set up first, then vLLM's server on an event loop, to its end
+
+
+def test_admission_blocks_is_what_allocate_slots_wants_for_a_waiting_request() -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler = _stock(num_blocks=121, max_num_seqs=4, max_model_len=2048, max_num_batched_tokens=2048)
+    watermark = scheduler.kv_cache_manager.watermark_blocks  # what vLLM keeps free for admissions (0 by default in 0.32)
+    driver = Driver(scheduler)
+    driver.add(make_request(Tier.BATCH, prompt_tokens=150, max_tokens=8))  # 10 blocks; its decodes stay in them
+    driver.step()
+    free = vc.free_blocks(scheduler.kv_cache_manager)
+    too_big = make_request(Tier.BATCH, prompt_tokens=BLOCK_SIZE * (free - watermark + 1), max_tokens=1)
+    fits = make_request(Tier.BATCH, prompt_tokens=BLOCK_SIZE * (free - watermark), max_tokens=1)
+    assert vc.admission_blocks(scheduler, too_big) == free + 1 and vc.admission_blocks(scheduler, fits) == free
+    driver.add(too_big)
+    assert too_big.request_id not in driver.step().num_scheduled_tokens
+    scheduler.finish_requests(too_big.request_id, RequestStatus.FINISHED_ABORTED)
+    driver.add(fits)
+    assert fits.request_id in driver.step().num_scheduled_tokens
 
 
 def test_decodes_first_is_a_stable_partition_of_running() -> None:
@@ -203,3 +255,50 @@ def test_hold_back_leaves_requests_out_of_one_step_and_restores_them() -> None:
     assert prefill.request_id not in output.num_scheduled_tokens and waiting.request_id in output.num_scheduled_tokens
     assert vc.total_scheduled_tokens(output) == 30
     assert scheduler.max_num_active_reqs == 2 and prefill in scheduler.running
+
+
+# -- the KV connector touch points (slaq.engine.kv_security) --------------------------------------
+def test_scheduled_blocks_reports_new_requests_whole_and_running_ones_by_appended_blocks() -> None:
+    scheduler = _stock()
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=2 * BLOCK_SIZE, max_tokens=BLOCK_SIZE + 2)
+    driver.add(request)
+    first = driver.step()
+    [(rid, blocks, computed, scheduled, replaces)] = list(vc.scheduled_blocks(first))
+    assert (rid, computed, scheduled, replaces) == (request.request_id, 0, 2 * BLOCK_SIZE, True)
+    assert blocks == [b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, request.request_id)]
+    grown = []
+    for _ in range(BLOCK_SIZE + 1):
+        output = driver.step()
+        grown += [b for r, b, _, _, rep in vc.scheduled_blocks(output) if r == request.request_id and not rep]
+        if request.is_finished() or not scheduler.running:
+            break
+    assert any(grown), "a decode past the prompt's blocks appends a block"
+
+
+def test_skip_prefix_cache_reads_sets_vllms_per_request_switch() -> None:
+    request = make_request(Tier.BATCH)
+    vc.skip_prefix_cache_reads(request)
+    assert request.skip_reading_prefix_cache is True
+
+
+def test_evict_cached_blocks_drops_prefix_cache_entries() -> None:
+    scheduler = _stock()
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=2 * BLOCK_SIZE, max_tokens=2)
+    driver.add(request)
+    driver.run_until_idle()
+    cached = [b for b in scheduler.kv_cache_manager.block_pool.blocks if vc.cached_hash(b) is not None]
+    assert cached
+    vc.evict_cached_blocks(scheduler.kv_cache_manager, [b.block_id for b in cached])
+    assert all(vc.cached_hash(b) is None for b in cached)
+
+
+def test_kv_connector_is_none_without_a_transfer_config_and_block_geometry_reads() -> None:
+    scheduler = _stock()
+    assert vc.kv_connector(scheduler) is None
+    config = scheduler.kv_cache_config
+    assert vc.kv_cache_block_count(config) == config.num_blocks
+    assert vc.kv_bytes_per_block(config) >= 1
+    assert vc.config_block_size(scheduler.vllm_config) == BLOCK_SIZE
+    assert vc.failed_block_ids(None) == set()

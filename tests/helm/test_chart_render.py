@@ -110,7 +110,8 @@ def test_secret_namespaces_confine_secret_reads_to_roles() -> None:
     roles = of_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(["tenants", NAMESPACE])  # no duplicate
     for role in roles:
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+        # read-only: the operator reads and watches tenants' key Secrets, never writes them
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
     bindings = of_kind(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(["tenants", NAMESPACE])
     assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{OPERATOR}-secrets"} for b in bindings)

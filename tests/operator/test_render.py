@@ -74,12 +74,16 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
     # The scheduler knobs travel to the engine as wire JSON.
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert json.loads(env[SCHEDULER_CONFIG_ENV])["agingBoundSeconds"] == 60
+    # ...and to the sidecar, the very same JSON: both containers host one policy with one config.
+    sidecar_command = sidecar.get("args", []) + sidecar.get("command", [])
+    assert sidecar_command[sidecar_command.index("--scheduler-config") + 1] == env[SCHEDULER_CONFIG_ENV]
 
 
 def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -> None:
     assert sidecar_args(gpu_pool) == [
         "--port", "8000", "--metrics-port", "9090", "--engine-url", "http://127.0.0.1:8001", "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
-        "--max-queue-depth", "1024", "--drain-timeout", "60", "--served-model-name", "llama3-8b",
+        "--max-queue-depth", "1024", "--drain-timeout", "60",
+        "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True), "--served-model-name", "llama3-8b",
     ]
     assert engine_args(gpu_pool) == [
         "--host", "127.0.0.1", "--port", "8001", "--model", "meta-llama/Meta-Llama-3-8B-Instruct", "--device", "gpu",

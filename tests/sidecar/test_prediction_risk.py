@@ -1,11 +1,10 @@
-"""Output-length prediction, service ledger and the SLA risk formula, without sockets."""
+"""Output-length prediction and the SLA risk formula, without sockets (service accounting: tests/policy)."""
 
 from __future__ import annotations
 
 import pytest
 
 from slaq.api.common import Tier
-from slaq.sidecar.fairness import ServiceLedger
 from slaq.sidecar.prediction import OutputLengthPredictor, prompt_bucket
 from slaq.sidecar.risk import SlaRisk
 
@@ -43,17 +42,6 @@ def test_prediction_follows_a_shift() -> None:
     for _ in range(50):
         p.observe("a", 10, 10)
     assert p.predict("a", 10, None) <= 12
-
-
-def test_ledger_share_within_tier_and_decay() -> None:
-    ledger = ServiceLedger(half_life_s=10.0)
-    assert ledger.share("a", Tier.STANDARD, 0.0) == 0.0
-    ledger.record("a", Tier.STANDARD, 300, 0.0)
-    ledger.record("b", Tier.STANDARD, 100, 0.0)
-    ledger.record("c", Tier.BATCH, 10_000, 0.0)
-    assert ledger.share("a", Tier.STANDARD, 0.0) == pytest.approx(0.75)
-    ledger.record("b", Tier.STANDARD, 300, 10.0)  # a's 300 decayed to 150
-    assert ledger.share("a", Tier.STANDARD, 10.0) == pytest.approx(150 / (150 + 50 + 300))
 
 
 def test_idle_pod_has_zero_risk() -> None:

@@ -1,4 +1,4 @@
-"""Queue order (through slaq.scoring), the release gate and the dispatcher, without sockets."""
+"""Queue order (the pod ranking of slaq.policy), the release gate and the dispatcher, without sockets."""
 
 from __future__ import annotations
 
@@ -8,28 +8,31 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.pool import ScoreWeights
-from slaq.scoring import PoolView, RequestView, ScoreProfile
+from slaq.policy.ranking import DeadlineClassRanking
+from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
 
-PROFILE = ScoreProfile(ScoreWeights())
+PROFILE = DeadlineClassRanking(ScoreWeights())
 POOL = PoolView(load=0.95, max_length_tokens=8192, aging_bound_s=60.0)
+C, S, B = (tier.rank for tier in Tier)
 
 
 def view(tier: Tier, prompt: int = 100, arrival: float = 0.0, ttft_ms: float | None = None, output: int = 100) -> RequestView:
     return RequestView(tier=tier, arrival=arrival, ttft_ms=ttft_ms, prompt_tokens=prompt, predicted_output=output)
 
 
-def test_report_scenario_a_before_c_before_b() -> None:
-    """Report 4.5 at 95 % load: A (VIP, 1000 tokens, 50 ms) first; B (5000 tokens) after the short C."""
+def test_report_scenario_releases_a_then_b_then_c() -> None:
+    """Report 4.5 at 95 % load: the sidecar releases in the pod ranking's order, A (VIP, 1000 tokens,
+    50 ms), B (standard, 5000 tokens, attainable), C (free). The report's A-C-B is the engine's
+    admission order, where C fits in the KV cache B does not (tests/engine/test_backfill.py)."""
     queue = RequestQueue()
     a, b, c = (QueuedRequest(view(Tier.CRITICAL, 1000, ttft_ms=50.0)), QueuedRequest(view(Tier.STANDARD, 5000, ttft_ms=200.0)),
                QueuedRequest(view(Tier.BATCH, 100)))
-    for entry in (b, c, a):
+    for entry in (c, b, a):
         queue.push(entry)
     order = [queue.pop_best(PROFILE, 0.01, POOL) for _ in range(3)]
-    assert order[0] is a
-    assert order[-1] is b or order[1] is b  # B's length term is low under load; C's tier is lowest
+    assert order == [a, b, c]
     assert len(queue) == 0
 
 
@@ -62,28 +65,28 @@ def test_ahead_of_counts_only_better_ranked_requests() -> None:
 
 def test_gate_keeps_engine_queue_at_target() -> None:
     gate = ReleaseGate(engine_queue_target=2)
-    gate.on_release()
-    gate.on_release()
+    gate.on_release(B)
+    gate.on_release(B)
     assert not gate.can_release()
-    gate.on_first_byte()  # one request started decoding: the engine can take another
+    gate.on_first_byte(B)  # one request started decoding: the engine can take another
     assert gate.can_release()
 
 
 def test_gate_uses_engine_gauges_to_correct_non_streaming_overcount() -> None:
     gate = ReleaseGate(engine_queue_target=2)
     for _ in range(5):
-        gate.on_release()  # non-streaming: no first byte until the end
+        gate.on_release(B)  # non-streaming: no first byte until the end
     assert not gate.can_release()
     gate.observe_engine(3, released_total_at_request=gate.released_total, running=4)  # batch of 4 full, 3 waiting
     assert gate.engine_capacity == 4
     assert not gate.can_release()
     gate.observe_engine(0, released_total_at_request=gate.released_total, running=2)  # two slots free
     assert gate.can_release()
-    gate.on_release()
-    gate.on_release()
+    gate.on_release(B)
+    gate.on_release(B)
     assert gate.can_release()  # both went into the free slots
-    gate.on_release()
-    gate.on_release()
+    gate.on_release(B)
+    gate.on_release(B)
     assert not gate.can_release()  # two more wait at the engine: the target
 
 
@@ -92,26 +95,40 @@ def test_gate_releases_freely_until_the_engine_has_queued_once() -> None:
     gate.observe_engine(0, released_total_at_request=0, running=0)
     for _ in range(50):
         assert gate.can_release()
-        gate.on_release()
+        gate.on_release(B)
 
 
 def test_gate_counts_releases_made_while_the_scrape_was_in_flight() -> None:
     gate = ReleaseGate(engine_queue_target=2)
     gate.observe_engine(1, released_total_at_request=0, running=4)
     before = gate.released_total
-    gate.on_release()
-    gate.on_release()
+    gate.on_release(B)
+    gate.on_release(B)
     gate.observe_engine(1, released_total_at_request=before, running=4)
     assert not gate.can_release()  # 1 waiting + 2 released after the scrape was sent, no free slot
 
 
 def test_gate_max_in_flight() -> None:
     gate = ReleaseGate(engine_queue_target=100, max_in_flight=1)
-    gate.on_release()
-    gate.on_first_byte()
+    gate.on_release(B)
+    gate.on_first_byte(B)
     assert not gate.can_release()
-    gate.on_finish(started=True)
+    gate.on_finish(True, B)
     assert gate.can_release()
+
+
+def test_gate_counts_only_the_tiers_an_attainable_request_queues_behind() -> None:
+    gate = ReleaseGate(engine_queue_target=2)
+    gate.on_release(B)
+    gate.on_release(B)
+    assert not gate.can_release()  # any request queues behind the two batch requests...
+    assert gate.can_release(S) and gate.can_release(C)  # ...but the engine serves standard and critical first
+    gate.on_release(S)
+    gate.on_release(S)
+    assert not gate.can_release(S) and gate.can_release(C)
+    gate.observe_engine(1, released_total_at_request=gate.released_total, running=4)
+    assert gate.engine_queue_estimate() == gate.engine_queue_estimate(S) == 1  # the engine's gauge bounds every count
+    assert gate.can_release() and gate.engine_queue_estimate(C) == 0
 
 
 def make_dispatcher(target: int = 1) -> tuple[Dispatcher, list[float]]:
@@ -129,8 +146,8 @@ async def test_dispatcher_fast_path_when_idle() -> None:
 
 async def test_dispatcher_releases_best_ranked_when_a_slot_frees() -> None:
     dispatcher, _ = make_dispatcher()
-    first = QueuedRequest(view(Tier.BATCH))
-    await dispatcher.wait_turn(first)
+    first = QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0))
+    await dispatcher.wait_turn(first)  # not started: every tier now queues behind it at the engine
     released: list[str] = []
 
     async def wait(name: str, entry: QueuedRequest) -> None:
@@ -139,26 +156,56 @@ async def test_dispatcher_releases_best_ranked_when_a_slot_frees() -> None:
 
     batch = asyncio.create_task(wait("batch", QueuedRequest(view(Tier.BATCH, arrival=10.0))))
     await asyncio.sleep(0)
-    critical = asyncio.create_task(wait("critical", QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=50.0))))
+    standard = asyncio.create_task(wait("standard", QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0))))
     await asyncio.sleep(0)
     assert released == [] and len(dispatcher.queue) == 2
     dispatcher.first_byte(first)
     await asyncio.sleep(0)
-    assert released == ["critical"]
+    assert released == ["standard"]
     assert dispatcher.predicted_wait_s(view(Tier.BATCH)) > 0
     dispatcher.finished(first, started=True)
-    await critical
-    assert released == ["critical"]  # critical has not started: the gate is still closed
-    dispatcher.gate.on_first_byte()
+    await standard
+    assert released == ["standard"]  # standard has not started: the gate is still closed for batch
+    dispatcher.gate.on_first_byte(S)
     dispatcher.pump()
     await batch
-    assert released == ["critical", "batch"]
+    assert released == ["standard", "batch"]
+
+
+async def test_an_attainable_request_is_not_held_behind_lower_tier_work_at_the_engine() -> None:
+    dispatcher, _ = make_dispatcher()
+    await dispatcher.wait_turn(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # the engine queue is at its target
+    queued_batch = QueuedRequest(view(Tier.BATCH, arrival=10.0))
+    batch_task = asyncio.create_task(dispatcher.wait_turn(queued_batch))
+    await asyncio.sleep(0)
+    assert not queued_batch.released
+    vip = QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0))
+    await dispatcher.wait_turn(vip)  # the engine will run it ahead of (or preempt) the batch work
+    assert vip.released and not queued_batch.released
+    batch_task.cancel()
+
+
+async def test_a_lower_ranked_request_never_overtakes_a_held_better_one() -> None:
+    clock = [100.0]
+    pool = PoolView(load=1.0, max_length_tokens=8192, aging_bound_s=60.0)
+    dispatcher = Dispatcher(RequestQueue(), ReleaseGate(engine_queue_target=1), PROFILE, lambda: pool, lambda: clock[0])
+    await dispatcher.wait_turn(QueuedRequest(view(Tier.STANDARD, arrival=100.0, ttft_ms=2000.0)))
+    starving = QueuedRequest(view(Tier.BATCH, arrival=0.0))  # past the aging bound: ranked first, counts every tier
+    standard = QueuedRequest(view(Tier.STANDARD, arrival=100.0, ttft_ms=2000.0))
+    tasks = [asyncio.create_task(dispatcher.wait_turn(e)) for e in (starving, standard)]
+    await asyncio.sleep(0)
+    dispatcher.gate.not_started_by_rank[S] = 0  # standard could go on its own count...
+    dispatcher.gate.not_started_by_rank[B] = 1  # ...while the starving head may not
+    assert dispatcher.pump() == 0
+    assert not standard.released and not starving.released
+    for task in tasks:
+        task.cancel()
 
 
 async def test_cancelled_waiter_leaves_the_queue() -> None:
     dispatcher, _ = make_dispatcher()
     await dispatcher.wait_turn(QueuedRequest(view(Tier.BATCH)))
-    entry = QueuedRequest(view(Tier.CRITICAL, ttft_ms=50.0))
+    entry = QueuedRequest(view(Tier.BATCH))
     task = asyncio.create_task(dispatcher.wait_turn(entry))
     await asyncio.sleep(0)
     assert len(dispatcher.queue) == 1
@@ -175,7 +222,7 @@ from hypothesis import strategies as st  # noqa: E402
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(list(Tier)), st.integers(0, 9000), st.floats(0, 50), st.booleans()), min_size=1, max_size=40),
        st.lists(st.integers(0, 39), max_size=10))
-def test_snapshot_order_equals_scoring_everything(specs, pops_between) -> None:
+def test_snapshot_order_equals_ranking_everything(specs, pops_between) -> None:
     """Pushes interleaved with pops, all at one instant: the snapshot queue pops what a full scan picks."""
     now = 100.0
     queue = RequestQueue(snapshot_ttl_s=10.0)
@@ -186,10 +233,10 @@ def test_snapshot_order_equals_scoring_everything(specs, pops_between) -> None:
         queue.push(entry)
         reference.append(entry)
         if i in pop_points:
-            expected = min(reference, key=lambda e: (*PROFILE.rank_key(e.view, now, POOL), e.seq))
+            expected = min(reference, key=lambda e: (*PROFILE.rank(e.view, now, POOL), e.seq))
             assert queue.pop_best(PROFILE, now, POOL) is expected
             reference.remove(expected)
     while reference:
-        expected = min(reference, key=lambda e: (*PROFILE.rank_key(e.view, now, POOL), e.seq))
+        expected = min(reference, key=lambda e: (*PROFILE.rank(e.view, now, POOL), e.seq))
         assert queue.pop_best(PROFILE, now, POOL) is expected
         reference.remove(expected)

@@ -35,10 +35,12 @@ request these rules refuse and on a rule no request uses.
   resources: ["secrets"]
   verbs: ["create", "patch"]
 {{- if not .Values.rbac.secretNamespaces }}
-# The API-key Secrets that TenantSLAs name, in any namespace (rbac.secretNamespaces confines this).
+# The cache-salt key is read by name; the API-key Secrets that TenantSLAs name are listed and
+# watched per namespace, so a rotated key reaches the tables at once (rbac.secretNamespaces
+# confines all three to named namespaces).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 {{- end }}
 # Each pool's running pods, whose sidecars report per-tenant usage and SLA risk.
 - apiGroups: [""]
@@ -58,5 +60,5 @@ which holds the operator's cache-salt key.
 {{- define "slaq.rbac.secretReaderRules" -}}
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 {{- end }}

@@ -1,14 +1,15 @@
-"""Tenant fairness within a tier: virtual token counters (VTC, Sheng et al. 2024).
+"""Tenant service accounting within a tier: virtual token counters (VTC, Sheng et al. 2024).
 
-Each tenant's counter grows by the tokens the engine computed for it. A tenant whose counter
-is small relative to the others of its tier has received less service and scores higher on
-the fairness term. A tenant that (re)appears after being idle starts at the tier's current
-minimum, so idleness does not bank credit.
+Each tenant's counter grows by the tokens served to it (the engine charges what it schedules, the
+sidecar what a finished request used). A tenant whose counter is small relative to the others of
+its tier has received less service and scores higher on the fairness term. A tenant that
+(re)appears after being idle starts at the tier's current minimum, so idleness banks no credit.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Mapping
 
 
 class VirtualTokenCounters:
@@ -29,9 +30,14 @@ class VirtualTokenCounters:
         total = self._totals.get(tier, 0.0)
         if total <= 0.0:
             return 0.0
-        return self._counters[tier].get(tenant, 0.0) / total
+        return min(1.0, self._counters[tier].get(tenant, 0.0) / total)
 
     def forget(self, tier: str, tenant: str) -> None:
         counters = self._counters.get(tier)
         if counters and tenant in counters:
             self._totals[tier] -= counters.pop(tenant)
+
+
+ACCOUNTS: Mapping[str, type[VirtualTokenCounters]] = {
+    "vtc": VirtualTokenCounters,
+}

@@ -1,0 +1,70 @@
+"""The pod's scheduling policy, one implementation hosted by the sidecar queue and the engine queue.
+
+Each part is a small named registry; `PodPolicy.from_spec` picks one of each from the pool's
+`SchedulerSpec`, so both containers, given the same spec, decide alike:
+
+- ranking (`ranking.py`, terms in `terms/`): class order, then formula 1;
+- tenant service accounting (`accounting.py`): virtual token counters;
+- load (`load.py`): the fuller of the batch and the KV cache;
+- preemption victims (`victims.py`): lowest tier, cheapest to recompute;
+- step token budget (`step_budget.py`): shaped to the tightest TPOT objective, or stock.
+
+tests/policy/test_conformance.py runs every registered policy through the same cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from slaq.api.pool import SchedulerSpec
+from slaq.policy.accounting import ACCOUNTS, VirtualTokenCounters
+from slaq.policy.load import LOADS
+from slaq.policy.ranking import RANKINGS, DeadlineClassRanking
+from slaq.policy.victims import VICTIMS, LowestTierCheapest
+
+REGISTRIES: Mapping[str, Mapping[str, object]] = {
+    "ranking": RANKINGS,
+    "accounting": ACCOUNTS,
+    "load": LOADS,
+    "victims": VICTIMS,
+}
+
+
+def policy_names(spec: SchedulerSpec) -> dict[str, str]:
+    """The registry entry of each part the spec selects. The pool spec names only the step budget
+    (`tpotBudgetShaping`) today; the other parts have one entry each."""
+    return {
+        "ranking": "deadline-classes",
+        "accounting": "vtc",
+        "load": "batch-or-kv",
+        "victims": "lowest-tier-cheapest",
+        "step_budget": "tpot" if spec.tpot_budget_shaping else "stock",
+    }
+
+
+@dataclass
+class PodPolicy:
+    spec: SchedulerSpec
+    ranking: DeadlineClassRanking
+    accounting: VirtualTokenCounters
+    load: Callable[[int, int, float | None], float]
+    victims: LowestTierCheapest
+    step_budget_name: str
+
+    @classmethod
+    def from_spec(cls, spec: SchedulerSpec) -> "PodPolicy":
+        names = policy_names(spec)
+        return cls(
+            spec=spec,
+            ranking=RANKINGS[names["ranking"]].from_spec(spec),
+            accounting=ACCOUNTS[names["accounting"]](),
+            load=LOADS[names["load"]],
+            victims=VICTIMS[names["victims"]](),
+            step_budget_name=names["step_budget"],
+        )
+
+    def step_budget(self):  # -> StepBudgetPolicy; imported late: the sidecar never builds one
+        from slaq.policy.step_budget import STEP_BUDGETS
+
+        return STEP_BUDGETS[self.step_budget_name]()

@@ -1,0 +1,41 @@
+"""Which running requests to preempt first for an urgent arrival (a read-only ordering).
+
+`lowest-tier-cheapest`: lowest tier first, then the least computed tokens (cheapest to
+recompute), then the latest arrival. Hosts only ever preempt victims of a strictly lower tier
+than the request they make room for (`may_preempt_for`), so two requests never preempt each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, TypeVar
+
+
+class VictimFacts(Protocol):
+    """What a victim policy may know about a running request."""
+
+    @property
+    def tier_rank(self) -> int: ...
+    @property
+    def computed_tokens(self) -> int: ...
+    @property
+    def arrival(self) -> float: ...
+
+
+V = TypeVar("V", bound=VictimFacts)
+
+
+@dataclass(frozen=True)
+class LowestTierCheapest:
+    def order(self, candidates: Sequence[V]) -> list[V]:
+        return sorted(candidates, key=lambda c: (-c.tier_rank, c.computed_tokens, -c.arrival))
+
+
+def may_preempt_for(victim_tier_rank: int, for_tier_rank: int) -> bool:
+    """Only a strictly lower tier may be preempted for a request."""
+    return victim_tier_rank > for_tier_rank
+
+
+VICTIMS: Mapping[str, type[LowestTierCheapest]] = {
+    "lowest-tier-cheapest": LowestTierCheapest,
+}

@@ -1,0 +1,136 @@
+"""One contract over every registered policy: a new term, ranking, account, load or victim policy
+is tested here the day its registry line is added."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slaq.api.common import Tier
+from slaq.api.pool import SchedulerSpec
+from slaq.engine.step_budget import BatchView
+from slaq.policy import REGISTRIES, PodPolicy, policy_names
+from slaq.policy.accounting import ACCOUNTS
+from slaq.policy.load import LOADS
+from slaq.policy.ranking import MISSED_CLASS, RANKINGS, STARVING_CLASS
+from slaq.policy.step_budget import STEP_BUDGETS
+from slaq.policy.terms import TERMS
+from slaq.policy.victims import VICTIMS
+from slaq.policy.views import PoolView, RequestView
+
+requests = st.builds(
+    RequestView,
+    tier=st.sampled_from(list(Tier)),
+    arrival=st.floats(0, 1e6),
+    ttft_ms=st.one_of(st.none(), st.floats(1, 1e6)),
+    prompt_tokens=st.integers(0, 1_000_000),
+    predicted_output=st.integers(0, 100_000),
+    tenant_service_share=st.floats(0, 1),
+    tenant=st.sampled_from(["a", "b", "c"]),
+)
+pools = st.builds(PoolView, load=st.floats(0, 1), max_length_tokens=st.integers(1, 1_000_000), aging_bound_s=st.floats(0.001, 1e5))
+
+
+@pytest.mark.parametrize("name", sorted(TERMS))
+@given(request=requests, elapsed=st.floats(-10, 1e6), pool=pools)
+def test_every_term_is_pure_and_in_unit_interval(name: str, request: RequestView, elapsed: float, pool: PoolView) -> None:
+    now = request.arrival + elapsed
+    value = TERMS[name](request, now, pool)
+    assert 0.0 <= value <= 1.0
+    assert TERMS[name](request, now, pool) == value
+
+
+@pytest.mark.parametrize("name", sorted(RANKINGS))
+@settings(max_examples=60)
+@given(batch=st.lists(requests, min_size=2, max_size=12), elapsed=st.floats(0, 1e5), pool=pools)
+def test_every_ranking_is_a_total_order_with_starving_first(name: str, batch: list[RequestView], elapsed: float, pool: PoolView) -> None:
+    ranking = RANKINGS[name].from_spec(SchedulerSpec())
+    now = max(r.arrival for r in batch) + elapsed
+    ranks = [ranking.rank(r, now, pool) for r in batch]
+    assert ranks == [ranking.rank(r, now, pool) for r in batch]  # pure
+    for request, rank in zip(batch, ranks):
+        assert rank[0] == ranking.rank_class(request, now, pool)
+        assert STARVING_CLASS <= rank[0] <= MISSED_CLASS
+        assert (rank[0] == STARVING_CLASS) == (now - request.arrival >= pool.aging_bound_s)
+    starving = [rank for rank in ranks if rank[0] == STARVING_CLASS]
+    others = [rank for rank in ranks if rank[0] != STARVING_CLASS]
+    assert all(s < o for s in starving for o in others)
+
+
+@pytest.mark.parametrize("name", sorted(RANKINGS))
+def test_every_ranking_serves_an_attainable_higher_tier_first_and_keeps_arrival_order_within_a_tier(name: str) -> None:
+    ranking = RANKINGS[name].from_spec(SchedulerSpec())
+    pool = PoolView(load=1.0, max_length_tokens=8192, aging_bound_s=60.0)
+    critical = RequestView(Tier.CRITICAL, 10.0, 500.0, 100, 100)
+    standard = RequestView(Tier.STANDARD, 9.0, 2000.0, 100, 100)
+    batch = RequestView(Tier.BATCH, 0.0, 60_000.0, 100, 100)
+    assert ranking.rank(critical, 10.1, pool) < ranking.rank(standard, 10.1, pool) < ranking.rank(batch, 10.1, pool)
+    later = dataclasses.replace(standard, arrival=9.5)
+    assert ranking.within_tier_key(standard, 60.0) < ranking.within_tier_key(later, 60.0)
+
+
+@pytest.mark.parametrize("name", sorted(ACCOUNTS))
+def test_every_account_shares_lie_in_the_unit_interval_and_newcomers_start_at_the_minimum(name: str) -> None:
+    account = ACCOUNTS[name]()
+    assert account.service_share("batch", "nobody") == 0.0
+    account.charge("batch", "a", 100)
+    account.charge("batch", "b", 300)  # joins at a's 100: 400
+    account.charge("batch", "c", 0)  # joins at the minimum, 100, not at 0
+    account.charge("critical", "a", 10_000)  # other tiers do not count
+    assert account.service_share("batch", "c") == pytest.approx(100 / 600)
+    assert account.service_share("batch", "b") == pytest.approx(400 / 600)
+    assert all(0.0 <= account.service_share(t, x) <= 1.0 for t in ("batch", "critical") for x in "abc")
+    account.forget("batch", "b")
+    assert account.service_share("batch", "a") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", sorted(LOADS))
+@given(busy=st.integers(0, 10_000), limit=st.integers(0, 4096), kv=st.one_of(st.none(), st.floats(0, 1.5)))
+def test_every_load_lies_in_the_unit_interval_and_grows_with_either_signal(name: str, busy: int, limit: int, kv: float | None) -> None:
+    load = LOADS[name]
+    value = load(busy, limit, kv)
+    assert 0.0 <= value <= 1.0
+    assert load(busy + 1, limit, kv) >= value
+    assert load(busy, limit, min(1.0, (kv or 0.0) + 0.1)) >= value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Running:
+    tier_rank: int
+    computed_tokens: int
+    arrival: float
+
+
+@pytest.mark.parametrize("name", sorted(VICTIMS))
+def test_every_victim_policy_orders_all_candidates_lowest_tier_first(name: str) -> None:
+    chooser = VICTIMS[name]()
+    candidates = [_Running(0, 10, 1.0), _Running(2, 500, 2.0), _Running(1, 5, 3.0), _Running(2, 50, 4.0)]
+    order = chooser.order(candidates)
+    assert sorted(order, key=id) == sorted(candidates, key=id)  # a permutation: nothing lost, nothing added
+    assert [c.tier_rank for c in order] == sorted((c.tier_rank for c in candidates), reverse=True)
+
+
+@pytest.mark.parametrize("name", sorted(STEP_BUDGETS))
+@pytest.mark.parametrize("tpot_s", [None, 0.005, 0.05, 1.0])
+def test_every_step_budget_stays_within_the_engine_limit(name: str, tpot_s: float | None) -> None:
+    budget = STEP_BUDGETS[name]()
+    for _ in range(3):
+        cap = budget.budget(BatchView(tpot_s, 32, 100_000), 8192, 0.0)
+        assert cap is None or 32 < cap <= 8192
+        budget.observe(cap or 8192, 0.02, 100_000)
+    if tpot_s is None:
+        assert budget.budget(BatchView(None, 32, 0), 8192, 0.0) is None  # no objective: vLLM's own limit
+
+
+def test_a_spec_selects_one_registered_entry_of_each_part() -> None:
+    for spec in (SchedulerSpec(), SchedulerSpec(tpot_budget_shaping=False)):
+        names = policy_names(spec)
+        for part, registry in REGISTRIES.items():
+            assert names[part] in registry
+        assert names["step_budget"] in STEP_BUDGETS
+        policy = PodPolicy.from_spec(spec)
+        assert type(policy.step_budget()) is STEP_BUDGETS[names["step_budget"]]
+    assert policy_names(SchedulerSpec(tpot_budget_shaping=False))["step_budget"] == "stock"
