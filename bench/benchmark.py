@@ -21,10 +21,12 @@ from slaq.bench.workload import (
     DEFAULT_MIX,
     DEFAULT_OBJECTIVES,
     BenchRequest,
+    BurstSpec,
     TierObjectives,
     assign_tenants,
     poisson_rows,
     scale_to_rate,
+    with_bursts,
 )
 
 
@@ -38,6 +40,7 @@ class WorkloadSpec:
     mix: dict[Tier, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     tenants_per_tier: int = 3
     objectives: dict[Tier, TierObjectives] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
+    bursts: BurstSpec | None = None  # applied after scaling to the target rate (periods in real seconds)
     # Mean rate of the whole trace when the workload is a window of it (see scale_to_rate).
     reference_rate: float | None = field(default=None, init=False)
 
@@ -65,12 +68,18 @@ class WorkloadSpec:
     def build(self) -> list[BenchRequest]:
         return assign_tenants(self.rows(), seed=self.seed, mix=self.mix, tenants_per_tier=self.tenants_per_tier)
 
+    def at_rate(self, requests: Sequence[BenchRequest], rate_rps: float) -> list[BenchRequest]:
+        """The workload's arrivals scaled to `rate_rps`, then modulated by its bursts (if any)."""
+        return with_bursts(scale_to_rate(requests, rate_rps, reference_rate=self.reference_rate), self.bursts)
+
     def describe(self, requests: Sequence[BenchRequest]) -> dict[str, Any]:
         return {
             "trace": str(self.trace) if self.trace else None,
             "trace_attribution": TRACE_ATTRIBUTION if self.trace else None,
             "arrivals": self.arrivals,
             "window_s": self.window_s,
+            "bursts": None if self.bursts is None else {"factor": self.bursts.factor, "period_s": self.bursts.period_s,
+                                                        "burst_s": round(self.bursts.burst_s, 6)},
             # A window's arrival rate over the whole trace's: how much denser the slice is.
             "window_density": None if self.reference_rate is None or len(requests) < 2
             else round((len(requests) - 1) / max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9) / self.reference_rate, 4),
@@ -105,7 +114,7 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
     entries = []
     for load in loads:
         rate = load * capacity.requests_per_s
-        scaled = scale_to_rate(requests, rate, reference_rate=workload.reference_rate)
+        scaled = workload.at_rate(requests, rate)
         results: dict[str, Any] = {}
         for spec in policies:
             progress = on_start(spec, load) if on_start else None

@@ -39,6 +39,9 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "--load then scales the whole trace, so the window keeps its extra density")
     parser.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
                         help="keep the trace's arrival pattern, or a Poisson process with the trace's lengths")
+    parser.add_argument("--bursts", default=None, metavar="FACTOR:PERIOD_S[:DURATION_S]",
+                        help="modulate arrivals: every PERIOD_S seconds a burst at FACTOR x the mean rate "
+                             "(default duration PERIOD_S / (2 FACTOR)), quieter in between, same mean rate; deterministic")
     parser.add_argument("--seed", type=int, default=1, help="seed for tenant/tier assignment and Poisson arrivals")
     parser.add_argument("--mix", default="10,30,60", help="tier shares critical,standard,batch (default 10,30,60)")
     parser.add_argument("--tenants-per-tier", type=int, default=3, help="tenants per tier (for fairness figures)")
@@ -91,7 +94,7 @@ def _objectives(overrides: list[str]) -> dict:
 
 def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
     from slaq.bench.benchmark import WorkloadSpec
-    from slaq.bench.workload import parse_mix
+    from slaq.bench.workload import parse_bursts, parse_mix
 
     trace = args.trace
     if trace is None and DEFAULT_TRACE.is_file():
@@ -99,7 +102,8 @@ def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
     if trace is None and args.arrivals == "trace":
         args.arrivals = "poisson"  # no trace at all: synthetic lengths and Poisson arrivals
     return WorkloadSpec(trace=trace, requests=args.requests, arrivals=args.arrivals, window_s=args.window, seed=args.seed,
-                        mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective))
+                        mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective),
+                        bursts=parse_bursts(args.bursts) if args.bursts else None)
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -168,5 +168,5 @@ async def run_live(bound: Sequence[tuple[BenchRequest, TenantCredential]], setti
     records = [o.record for o in outcomes]
     last = max([r.last_token_s for r in records if r.last_token_s is not None] + [bound[-1][0].arrival_s if bound else 0.0])
     result = RunResult(policy=label, records=records, makespan_s=last, steps=0, busy_s=0.0, end_s=end,
-                       stop_reason="all requests answered")
+                       stop_reason="all requests answered", sees_kv=False)
     return result, list(outcomes)

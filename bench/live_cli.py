@@ -49,7 +49,7 @@ def _run_live(args: argparse.Namespace) -> int:
     from slaq.bench.live import LiveSettings, bind_tenants, credentials_from_keys, credentials_from_manifests, run_live
     from slaq.bench.metrics import policy_figures
     from slaq.bench.report import SCHEMA, format_table, write_report
-    from slaq.bench.workload import scale_to_rate
+    from slaq.bench.workload import scale_to_rate, with_bursts
 
     if not args.key and not args.tenants:
         raise LiveError("give API keys: --key TIER=KEY for each tier, or --tenants FILE...")
@@ -64,7 +64,7 @@ def _run_live(args: argparse.Namespace) -> int:
         return min(value, cap) if cap else value
 
     requests = [replace(r, prompt_tokens=shrink(r.prompt_tokens, args.max_prompt), output_tokens=shrink(r.output_tokens, args.max_output)) for r in requests]
-    requests = scale_to_rate(requests, args.rate)
+    requests = with_bursts(scale_to_rate(requests, args.rate), workload.bursts)
     bound = bind_tenants(requests, credentials)
     objectives = dict(workload.objectives)
     for credential in credentials:

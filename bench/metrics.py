@@ -5,6 +5,8 @@ on it is reported as null); TPOT is the mean time per output token after the fir
 attains its SLO when it finished and met both its TTFT and its mean-TPOT objective; queue
 wait is first scheduled minus arrival (never scheduled: simulation end minus arrival, a lower
 bound). Goodput and throughput are over the run's makespan (first arrival to last token).
+The recompute tax is the tokens computed a second time because a preemption threw their KV
+away, as a share of all the workload's prompt tokens.
 """
 
 from __future__ import annotations
@@ -72,8 +74,16 @@ def group_figures(records: Sequence[RequestRecord], objectives: dict[Tier, TierO
         wait_p99_s=percentile(waits, 99),
         completed_fraction=_ratio(sum(r.finished for r in records), count),
         preemptions=sum(r.preemptions for r in records),
+        recomputed_tokens=sum(r.recomputed_tokens for r in records),
+        recompute_tax=recompute_tax(records),
     )
     return figures
+
+
+def recompute_tax(records: Sequence[RequestRecord]) -> float:
+    """Tokens recomputed after preemptions / prompt tokens of all requests (0 with no prompts)."""
+    prompts = sum(r.prompt_tokens for r in records)
+    return round(sum(r.recomputed_tokens for r in records) / prompts, 6) if prompts else 0.0
 
 
 def policy_figures(result: RunResult, objectives: dict[Tier, TierObjectives]) -> dict[str, Any]:
@@ -94,6 +104,8 @@ def policy_figures(result: RunResult, objectives: dict[Tier, TierObjectives]) ->
         }
         figures["tenants"] = tenant_attainment
         figures["jain_fairness"] = jain_index(tenant_attainment.values())
+        if not result.sees_kv:
+            figures["recomputed_tokens"] = figures["recompute_tax"] = None
         tiers[tier.value] = figures
     overall = group_figures(records, objectives, result.makespan_s, end_s)
     expected = sum(r.output_tokens for r in records)
@@ -107,6 +119,8 @@ def policy_figures(result: RunResult, objectives: dict[Tier, TierObjectives]) ->
         "completed_fraction": overall["completed_fraction"],
         "unfinished": sum(not r.finished for r in records),
         "preemptions": overall["preemptions"],
+        "recomputed_tokens": overall["recomputed_tokens"] if result.sees_kv else None,
+        "recompute_tax": overall["recompute_tax"] if result.sees_kv else None,
         "makespan_s": round(result.makespan_s, 6),
         "steps": result.steps,
         "gpu_busy_fraction": round(result.busy_s / result.makespan_s, 6) if result.makespan_s > 0 else 0.0,

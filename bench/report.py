@@ -2,7 +2,7 @@
 
 Shape (single load):
     {"schema", "workload": {...}, "profile": {...}, "capacity": {...}, "load", "rate_rps",
-     "policies": {<name>: {"attainment", "goodput_rps", "throughput_tok_s", ...,
+     "policies": {<name>: {"attainment", "goodput_rps", "throughput_tok_s", "recompute_tax", ...,
                            "tiers": {"critical"|"standard"|"batch": {"attainment", "goodput_rps",
                                      "ttft_p99_s", "completed_fraction", "max_wait_s", ...}}}}}
 With --load-sweep the per-load parts move into "sweep": [{"load", "rate_rps", "policies"}, ...].
@@ -69,7 +69,8 @@ def format_table(policies: dict[str, Any], *, title: str = "") -> str:
         if baseline and name != "fcfs" and baseline["goodput_rps"] > 0:
             ratio = f"  goodput {figures['goodput_rps'] / baseline['goodput_rps']:.2f}x fcfs, throughput {figures['throughput_tok_s'] / baseline['throughput_tok_s']:.3f}x"
         rows.append([f"{name}: attainment {_fmt(figures['attainment'], 'pct')}, {figures['throughput_tok_s']:,.0f} tok/s, "
-                     f"{figures['unfinished']} unfinished, {figures['preemptions']} preemptions{ratio}"])
+                     f"{figures['unfinished']} unfinished, {figures['preemptions']} preemptions, "
+                     f"recompute tax {_fmt(figures.get('recompute_tax'), 'pct')}{ratio}"])
         for tier in Tier:
             tier_figures = figures["tiers"][tier.value]
             rows.append([f"  {tier.value}"] + [_fmt(tier_figures.get(key), kind) for _, key, kind in TABLE_COLUMNS[1:]])

@@ -43,6 +43,8 @@ class RequestRecord:
     tokens_out: int = 0
     finished: bool = False
     preemptions: int = 0
+    computed_tokens: int = 0  # the furthest position ever computed: the KV a preemption throws away
+    recomputed_tokens: int = 0  # positions computed again after a preemption (the recompute tax)
 
     @property
     def ttft_s(self) -> float | None:
@@ -70,6 +72,7 @@ class RunResult:
     end_s: float
     overhead_s: list[float] = field(default_factory=list)
     stop_reason: str = "all requests finished"
+    sees_kv: bool = True  # False where the KV work is out of sight (live: over HTTP), so no recompute tax
 
 
 ProgressCallback = Callable[[int, int], None]
@@ -123,6 +126,9 @@ class Simulator:
         load, sampled = StepLoad(), {}
         for share in harness.step_shares(output, self._vllm_requests):
             record = self.records[share.request_id]
+            end = share.context_tokens + share.new_tokens
+            record.recomputed_tokens += max(0, min(end, record.computed_tokens) - share.context_tokens)
+            record.computed_tokens = max(record.computed_tokens, end)
             if share.output_index is not None:
                 last = share.output_index >= record.output_tokens - 1
                 sampled[share.request_id] = harness.STOP_TOKEN if last else harness.FILLER_TOKEN

@@ -150,6 +150,77 @@ def scale_to_rate(requests: Sequence[BenchRequest], rate_rps: float, *, referenc
     return [replace(r, arrival_s=round((r.arrival_s - origin) * factor, 9)) for r in requests]
 
 
+@dataclass(frozen=True, slots=True)
+class BurstSpec:
+    """Arrivals modulated in a fixed cycle: every `period_s` seconds a window of `duration_s` runs at
+    `factor` x the mean rate, the rest of the period below it, so the mean over a period is unchanged.
+
+    Default duration: period / (2 x factor), so half of the requests arrive inside bursts and the
+    rest at 0.5 / (1 - 1 / (2 x factor)) x the mean (4x bursts: 1/8 of the time at 4x, 7/8 at 0.57x).
+    """
+
+    factor: float
+    period_s: float
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor >= 1.0):
+            raise WorkloadError(f"burst factor must be a number >= 1, got {self.factor}")
+        if not (math.isfinite(self.period_s) and self.period_s > 0):
+            raise WorkloadError(f"burst period must be a positive number of seconds, got {self.period_s}")
+        if self.duration_s is not None and not (0 < self.duration_s and self.factor * self.duration_s <= self.period_s):
+            raise WorkloadError(f"burst duration must be positive and at most period / factor "
+                                f"({self.period_s / self.factor:g} s), got {self.duration_s}")
+
+    @property
+    def burst_s(self) -> float:
+        return self.duration_s if self.duration_s is not None else self.period_s / (2.0 * self.factor)
+
+    @property
+    def base_factor(self) -> float:
+        """The rate outside the bursts, as a multiple of the mean."""
+        burst = self.burst_s
+        quiet = self.period_s - burst
+        return (self.period_s - self.factor * burst) / quiet if quiet > 0 else 0.0
+
+    def warp(self, seconds: float) -> float:
+        """Where an arrival at `seconds` of the unmodulated process lands in the modulated one.
+
+        The inverse of the cumulative rate multiplier (factor inside a burst, base_factor outside),
+        which maps whole periods onto whole periods: the mean rate is kept, a Poisson process
+        becomes a modulated Poisson process and a trace keeps its own bursts under the new ones.
+        """
+        period, burst = self.period_s, self.burst_s
+        cycles, offset = divmod(seconds, period)
+        inside = self.factor * burst  # unmodulated seconds that a burst window absorbs
+        if offset < inside:
+            return cycles * period + offset / self.factor
+        return cycles * period + burst + (offset - inside) / self.base_factor
+
+
+def parse_bursts(text: str) -> BurstSpec:
+    """`FACTOR:PERIOD_S` or `FACTOR:PERIOD_S:DURATION_S`, e.g. `4:60` (4x the mean rate for 7.5 s every minute)."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError("expected FACTOR:PERIOD_S[:DURATION_S]")
+        numbers = [float(p) for p in parts]
+    except ValueError as exc:
+        raise WorkloadError(f"bad --bursts {text!r}: {exc}") from exc
+    return BurstSpec(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else None)
+
+
+def with_bursts(requests: Sequence[BenchRequest], bursts: BurstSpec | None) -> list[BenchRequest]:
+    """The same requests with arrivals (seconds from the first, already at the target rate) modulated
+    by `bursts`; a pure function of its inputs (no randomness), so a seed reproduces a run exactly."""
+    if bursts is None:
+        return list(requests)
+    if not requests:
+        return []
+    origin = requests[0].arrival_s
+    return [replace(r, arrival_s=round(bursts.warp(r.arrival_s - origin), 9)) for r in requests]
+
+
 def all_at_once(requests: Sequence[BenchRequest]) -> list[BenchRequest]:
     """Every request arriving at time 0 (saturation, for measuring capacity)."""
     return [replace(r, arrival_s=0.0) for r in requests]

@@ -36,6 +36,7 @@ class PodSpecRun:
     namespace: str
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slaq-e2e-pod-")))
     sidecar_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     engine_port: int = field(default_factory=free_port)
     children: dict[str, Child] = field(default_factory=dict)
     commands: dict[str, list[str]] = field(default_factory=dict)
@@ -71,6 +72,8 @@ class PodSpecRun:
         for i, arg in enumerate(out[:-1]):
             if arg == "--port":
                 out[i + 1] = str(self.sidecar_port if name == "sidecar" else self.engine_port)
+            if arg == "--metrics-port":
+                out[i + 1] = str(self.metrics_port)
             if arg == "--engine-url":
                 assert out[i + 1].endswith(f":{ENGINE_PORT}"), out[i + 1]
                 out[i + 1] = out[i + 1][: -len(str(ENGINE_PORT))] + str(self.engine_port)

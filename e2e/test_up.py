@@ -63,20 +63,24 @@ def _read_until(log: Path, process: subprocess.Popen, pattern: str, timeout_s: f
     raise AssertionError(f"no {pattern!r} within {timeout_s:.0f}s (exit {process.poll()}); output:\n{text[-3000:]}")
 
 
+def _access_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith('{"time"')]
+
+
 @pytest.mark.engine
 def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Path) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = tmp_path / "up.log"
     with open(log, "w") as out_file:
-        process = subprocess.Popen([sys.executable, "-u", "-m", "slaq", "up", "--port", str(port)], cwd=ROOT, stdout=out_file,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-u", "-m", "slaq", "up", "--port", str(port), "--metrics-port", str(metrics_port)],
+                                   cwd=ROOT, stdout=out_file, stderr=subprocess.STDOUT, start_new_session=True)
     children: list[int] = []
     try:
         out = _read_until(log, process, r"Ctrl-C stops both processes", START_TIMEOUT_S)
         assert f"http://127.0.0.1:{port}" in out and "starting the engine" in out
         children = _children(process.pid)
         assert len(children) == 2, children
-        curl = out[out.index("curl "): out.index("\n\nCtrl-C")]
+        curl = out[out.index("curl ", out.index("Try it as tenant")): out.index("\n\nCtrl-C")]
         assert "sk-demo-vip-0123456789abcdef" in curl
         answer = subprocess.run(["bash", "-c", curl + " -sS --fail-with-body"], capture_output=True, text=True, timeout=120)
         assert answer.returncode == 0, answer.stdout + answer.stderr
@@ -85,6 +89,22 @@ def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Pat
         refused = subprocess.run(["bash", "-c", curl.replace("sk-demo-vip-0123456789abcdef", "sk-wrong") + " -s -o /dev/null -w '%{http_code}'"],
                                  capture_output=True, text=True, timeout=60)
         assert refused.stdout == "401"
+        stream = subprocess.run(["bash", "-c", curl.replace('"max_tokens": 16', '"max_tokens": 4, "stream": true') + " -sS --fail-with-body"],
+                                capture_output=True, text=True, timeout=120)
+        assert stream.returncode == 0 and "data: [DONE]" in stream.stdout, stream.stdout + stream.stderr
+        # Metrics: on the metrics port, the sidecar's series and the engine's; none on the tenant port.
+        assert f"curl http://127.0.0.1:{metrics_port}/metrics" in out
+        metrics = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{metrics_port}/metrics"], capture_output=True, text=True, timeout=60).stdout
+        assert "vllm:num_requests_waiting{" in metrics and "slaq_engine_" in metrics
+        assert 'slaq_ttft_seconds_count{tenant="vip",tier="critical"} 1.0' in metrics
+        tenant_metrics = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/metrics"],
+                                        capture_output=True, text=True, timeout=60)
+        assert tenant_metrics.stdout == "404"
+        # Audit: slaq up passes the sidecar's JSON access lines through, one per request, naming the tenant.
+        _read_until(log, process, r'"path":"/metrics","status":404', 30.0)
+        lines = _access_lines(log.read_text())
+        assert [(line["tenant"], line["status"]) for line in lines] == [("vip", 200), (None, 401), ("vip", 200), (None, 404)]
+        assert lines[2]["stream"] is True and lines[2]["ttft_s"] > 0 and lines[0]["output_tokens"] == 16
         os.kill(process.pid, signal.SIGINT)  # what Ctrl-C sends
         assert process.wait(timeout=90) == 0
         assert "stopped (pids" in log.read_text()

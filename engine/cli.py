@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT
@@ -32,6 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--scheduler-config", default=None, metavar="JSON|FILE", help="the pool's spec.scheduler (wire JSON, or a file holding it)")
     parser.add_argument("--scheduler", choices=("slaq", "stock"), default="slaq",
                         help="slaq (default): SLAScheduler with priority policy; stock: vLLM's own FCFS scheduler, as a baseline")
+    parser.add_argument("--kv-erase", choices=("on", "off"), default="on",
+                        help="on (default): zero a KV block before another tenant's request gets it (kvErase onFree tenants: as soon as freed); "
+                        "off: only for comparisons")
+    parser.add_argument("--kv-host-cache-gib", type=float, default=None, metavar="GIB",
+                        help="host memory holding preempted requests' KV, sealed with AES-GCM, so readmission does not recompute it "
+                        "(default 1; 0: recompute)")
+    parser.add_argument("--kv-test-hooks", default=None, metavar="JSON", help=argparse.SUPPRESS)  # tests only: inspectPath, tamperFlag
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
     parser.set_defaults(handler=_engine)
 
@@ -40,7 +48,7 @@ def _engine(args: argparse.Namespace) -> int:
     from slaq.cli import passthrough_args
     from slaq.engine.config import read_scheduler_config_argument
     from slaq.engine.errors import EngineError
-    from slaq.engine.launcher import EngineOptions, run
+    from slaq.engine.launcher import KV_HOST_CACHE_GIB_DEFAULT, EngineOptions, run
 
     extra = passthrough_args(args.vllm_args)
     try:
@@ -60,6 +68,9 @@ def _engine(args: argparse.Namespace) -> int:
             revision=args.revision,
             scheduler_config=read_scheduler_config_argument(args.scheduler_config) if args.scheduler_config else None,
             scheduler=args.scheduler,
+            kv_erase=args.kv_erase == "on",
+            kv_host_cache_gib=KV_HOST_CACHE_GIB_DEFAULT if args.kv_host_cache_gib is None else args.kv_host_cache_gib,
+            kv_test_hooks=json.loads(args.kv_test_hooks) if args.kv_test_hooks else {},
             extra=tuple(extra),
         )
         run(options)

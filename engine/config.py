@@ -71,12 +71,15 @@ def tenant_table_path(environ: Mapping[str, str]) -> Path:
     return Path(environ.get(TENANT_TABLE_ENV) or Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY)
 
 
-def read_tenant_shares(path: Path) -> dict[str, float]:
+def read_tenant_table(path: Path) -> TenantTable:
     try:
-        table = TenantTable.model_validate_json(path.read_text(encoding="utf-8"))
+        return TenantTable.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValidationError) as exc:
         raise SchedulerConfigError(f"tenant table {path} cannot be read: {exc}") from exc
-    return {tenant.name: tenant.kv_cache_share for tenant in table.tenants}
+
+
+def read_tenant_shares(path: Path) -> dict[str, float]:
+    return {tenant.name: tenant.kv_cache_share for tenant in read_tenant_table(path).tenants}
 
 
 class TenantShareWatcher:

@@ -20,6 +20,8 @@ SCHEDULER_CLS = "slaq.engine.scheduler.SLAScheduler"
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_KV_CACHE_GIB_DEFAULT = "1"
 TINY_MAX_MODEL_LEN = 1024
+KV_HOST_CACHE_GIB_DEFAULT = 1.0
+KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
 # "stock" leaves vLLM's defaults (its own scheduler, FCFS): the baseline slaq is compared against.
 SCHEDULERS: dict[str, tuple[str, ...]] = {
     "slaq": ("--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority"),
@@ -44,6 +46,9 @@ class EngineOptions:
     revision: str | None = None
     scheduler_config: str | None = None  # validated wire JSON
     scheduler: str = "slaq"  # "stock": vLLM's own FCFS scheduler, for comparisons
+    kv_erase: bool = True  # zero KV blocks before another tenant gets them (False: comparisons, negative controls)
+    kv_host_cache_gib: float = KV_HOST_CACHE_GIB_DEFAULT  # host memory for preempted requests' sealed KV; 0: recompute instead
+    kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag: tests only
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
 
@@ -71,9 +76,12 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
         raise LaunchError(f"--device must be cpu or gpu, not {device!r}")
     if options.scheduler not in SCHEDULERS:
         raise LaunchError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {options.scheduler!r}")
-    for flag in ("--scheduler-cls", "--scheduling-policy", "--host", "--port"):
+    kv_security = kv_transfer_config(options)
+    owned = ("--scheduler-cls", "--scheduling-policy", "--host", "--port") + (("--kv-transfer-config",) if kv_security else ())
+    for flag in owned:
         if any(arg == flag or arg.startswith(flag + "=") for arg in options.extra):
-            raise LaunchError(f"{flag} is set by slaq engine; remove it from the arguments after --")
+            raise LaunchError(f"{flag} is set by slaq engine; remove it from the arguments after --"
+                              + (" (or turn slaq's KV connector off: --kv-erase off --kv-host-cache-gib 0)" if flag == "--kv-transfer-config" else ""))
     from slaq.engine.tiny_model import SERVED_NAME
 
     argv = [
@@ -99,12 +107,33 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
             argv += [flag, str(value)]
     if tiny:
         argv += ["--tokenizer", model_path, "--enforce-eager"]
+    if kv_security:
+        argv += ["--kv-transfer-config", kv_security]
     argv += list(options.extra)
     if options.scheduler_config is not None:
         environ[SCHEDULER_CONFIG_ENV] = options.scheduler_config
     if device == "cpu":
         environ.setdefault(CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB_DEFAULT)
     return LaunchPlan(argv=argv, environ=environ)
+
+
+def kv_transfer_config(options: EngineOptions) -> str | None:
+    """slaq's KV connector (erase on tenant change, sealed swap of preempted requests) for the slaq
+    scheduler; None when both are off or for the stock baseline."""
+    from slaq.engine.kv_security.connector import KVSecuritySettings, transfer_config_json
+
+    if options.kv_host_cache_gib < 0:
+        raise LaunchError(f"--kv-host-cache-gib must be 0 or more, not {options.kv_host_cache_gib}")
+    unknown = set(options.kv_test_hooks) - set(KV_TEST_HOOKS)
+    if unknown:
+        raise LaunchError(f"--kv-test-hooks: unknown hook(s) {', '.join(sorted(unknown))}; known: {', '.join(KV_TEST_HOOKS)}")
+    host_bytes = int(options.kv_host_cache_gib * 2**30)
+    if options.scheduler != "slaq" or (not options.kv_erase and host_bytes == 0):
+        return None
+    hooks = options.kv_test_hooks
+    settings = KVSecuritySettings(erase=options.kv_erase, host_cache_bytes=host_bytes,
+                                  inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"))  # type: ignore[arg-type]
+    return transfer_config_json(settings)
 
 
 def prepare_environment(plan: LaunchPlan, target: MutableMapping[str, str] | None = None) -> None:

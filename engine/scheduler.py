@@ -36,6 +36,7 @@ from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuar
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.step_budget import BatchView, StepBudgetPolicy
+from slaq.engine.tpot_budget import PaceClock
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
 
@@ -66,6 +67,7 @@ class SLAScheduler(vc.AsyncScheduler):
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
         self.step_budget: StepBudgetPolicy = self.policy.step_budget()
+        self.pace = PaceClock()
         self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
         self.metrics = engine_metrics()
@@ -78,6 +80,14 @@ class SLAScheduler(vc.AsyncScheduler):
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
+
+    def _reload_kv_security(self) -> None:
+        """slaq's KV connector (when vLLM runs it) reads the changed table's erase modes and salts."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            connector.reload_tenants()
 
     def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
         return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
@@ -127,11 +137,12 @@ class SLAScheduler(vc.AsyncScheduler):
             shares = self.table_watcher.poll()
             if shares is not None:
                 self.apply_tenant_shares(shares)
+                self._reload_kv_security()
         ours = self._preempt_for_urgent(now, running, limit)
         self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger
         kv_tokens = ledger.blocks_held() * vc.block_size(self)
-        cap = self.step_budget.budget(BatchView(ledger.tightest_tpot_s(), len(vc.running_requests(self)), kv_tokens), vc.step_token_limit(self), now)
+        cap = self.step_budget.budget(self._batch_view(ledger.tightest_tpot_s(), kv_tokens, now), vc.step_token_limit(self), now)
         if cap is not None:
             vc.decodes_first(self)
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
@@ -144,6 +155,15 @@ class SLAScheduler(vc.AsyncScheduler):
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
+
+    def _batch_view(self, tightest_tpot_s: float | None, kv_tokens: int, now: float) -> BatchView:
+        running = vc.running_requests(self)
+        if tightest_tpot_s is None:
+            return BatchView(None, len(running), kv_tokens)
+        in_flight = len(self._in_flight)
+        urgent = self.waiting_queue.urgent_heads(1) if self.waiting else []
+        return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
+                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not self.waiting:

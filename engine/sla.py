@@ -26,6 +26,7 @@ class RequestInfo:
     protected_until_output: int = 0
     preemptions: int = 0
     held_back_steps: int = 0  # consecutive steps its prefill sat out for an urgent arrival
+    pace_anchor: tuple[float, int, int] | None = None  # (time, tokens delivered, preemptions): see tpot_budget.PaceClock
 
 
 def request_info(sla: RequestSLA, *, arrival: float, prompt_tokens: int, max_tokens: int, aging_bound_s: float) -> RequestInfo:

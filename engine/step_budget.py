@@ -18,6 +18,11 @@ class BatchView:
     tightest_tpot_s: float | None  # the smallest TPOT objective among running requests, None if none has one
     running: int  # requests in the running batch
     kv_tokens: int = 0  # tokens of KV cache the running batch holds (its attention reads them every step)
+    # Seconds from now to the earliest pace deadline (see tpot_budget.PaceClock) of a token the step
+    # planned now would deliver; None when no decoding request has a TPOT objective (or it is not tracked).
+    pace_slack_s: float | None = None
+    steps_in_flight: int = 0  # steps scheduled before this one and not finished: they run first
+    urgent_tokens: int = 0  # prompt tokens of the most urgent waiting request (0: none waits)
 
 
 class StepBudgetPolicy(Protocol):

@@ -1,12 +1,26 @@
-"""Objective-driven step token budget: keep the tightest running TPOT promise, otherwise run full.
+"""Objective-driven step token budget: spend the running requests' TPOT slack, never more.
 
 With async scheduling every decoding request gets one token per engine step, so a request's
 time per output token is the duration of the steps it runs in. A step that carries a long
 prefill chunk (vLLM's default budget, e.g. 8,192 tokens) takes far longer than a decode-only
-step, and every decoding request in it waits that long for its token. The rule:
+step, and every decoding request in it waits that long for its token.
 
-    T      = min TPOT objective over running requests that have one
-    budget = (safety * T - a - c * kv) / b   tokens, if some running request has a TPOT objective
+A TPOT objective is a mean over a request's output, so each decoding request carries a pace:
+its i-th token is due at anchor + i x TPOT (`PaceClock`: anchored at its first token, and again
+when it resumes after a preemption). The step planned now delivers every decoding request's next
+token after the steps already in flight, so it may last
+
+    target = min over decoding requests (pace deadline of that token - now)
+             - steps in flight x the last planned step - (1 - safety) x T    (T: tightest objective)
+    clamped to [safety x T, MAX_STEP_TPOTS x T]
+
+A request ahead of its pace lets a step run long (big prefill chunks); one at its pace gets
+steps of T, one behind gets steps of safety x T, which catch it up by (1 - safety) x T a step.
+The upper clamp keeps a step short enough not to delay urgent arrivals' first tokens, except
+for urgent prefill planning: while a request with a TTFT objective waits, the step may grow up
+to the full pace slack to fit that request's prompt (`BatchView.urgent_tokens`).
+
+    budget = (target - a - c * kv) / b   tokens, if some running request has a TPOT objective
            = vLLM's max_num_scheduled_tokens otherwise (throughput does not collapse)
     budget is clamped to [running + MIN_PREFILL_TOKENS, max_num_scheduled_tokens]: every decode
     keeps its token and admission always progresses (the scheduler also puts decodes ahead of
@@ -18,6 +32,7 @@ its attention kernels read every step) is calibrated online from measured step d
 contexts spends most of a 50 ms step reading KV, and a model linear in tokens alone is wrong by
 the difference. A step's duration is measured as the time from the later of (its scheduling, the
 previous step's completion) to its own completion, which is what a pipelined engine spends on it.
+Without a pace (`BatchView.pace_slack_s` None) the target is safety x T, as before slack was spent.
 """
 
 from __future__ import annotations
@@ -25,8 +40,11 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
+from slaq.engine.sla import RequestInfo
 from slaq.engine.step_budget import BatchView
+from slaq.engine.vllm_compat import Request, decoded_tokens
 
 SAFETY = 0.85  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
 MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond the decodes: admission never stalls
@@ -34,6 +52,7 @@ MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond t
 TOKEN_UNIT = 1_000.0
 KV_UNIT = 100_000.0
 PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
+MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
 
 
 def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
@@ -102,22 +121,77 @@ class StepTimeModel:
         self.observations += 1
 
 
+class PaceClock:
+    """Each decoding request's pace: its output token i is due at anchor_s + (i - anchor_index) x TPOT.
+
+    The anchor is (time, tokens delivered, preemptions) at the first step that sees the request
+    decode, which with async scheduling is the step planned right after its first token arrived;
+    a request resumed after a preemption is anchored again (the time it lost is not slack to claw
+    back from the others). Anchors live on the request's `RequestInfo`, so nothing to clean up.
+    """
+
+    def slack(self, requests: Iterable[Request], info_of: Callable[[Request], RequestInfo], now: float,
+              steps_in_flight: int) -> float | None:
+        """Seconds from `now` to the earliest pace deadline among the tokens a step planned now
+        delivers to `requests` (each request's token after those of the `steps_in_flight`)."""
+        earliest = math.inf
+        for request in requests:
+            info = info_of(request)
+            tpot = info.tpot_s
+            if tpot is None:
+                continue
+            delivered = decoded_tokens(request)
+            if delivered < 1:
+                continue
+            anchor = info.pace_anchor
+            if anchor is None or anchor[2] != info.preemptions:
+                anchor = info.pace_anchor = (now, delivered, info.preemptions)
+            # Index of the token the planned step delivers: delivered + steps_in_flight; the anchor's
+            # last token has index anchor[1] - 1 and arrived at anchor[0].
+            due = anchor[0] + (delivered + steps_in_flight - anchor[1] + 1) * tpot
+            if due < earliest:
+                earliest = due
+        return None if earliest == math.inf else earliest - now
+
+
 @dataclass
 class TpotStepBudget:
     """The `StepBudgetPolicy` of the rule above."""
 
     model: StepTimeModel = field(default_factory=StepTimeModel)
     safety: float = SAFETY
+    max_step_tpots: float = MAX_STEP_TPOTS
     last_budget: int | None = None
+    last_target_s: float = 0.0  # the step duration the last budget was planned for
+
+    def target_s(self, batch: BatchView) -> tuple[float, float]:
+        """(the step duration to plan for, the longest an urgent prefill may stretch it to)."""
+        tpot = batch.tightest_tpot_s
+        assert tpot is not None
+        floor = self.safety * tpot
+        if batch.pace_slack_s is None:
+            return floor, floor
+        ahead = batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * tpot
+        return max(floor, min(ahead, self.max_step_tpots * tpot)), max(floor, ahead)
 
     def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
         if batch.tightest_tpot_s is None:
             self.last_budget = None
+            self.last_target_s = 0.0
             return None
-        estimate = self.model.tokens_within(self.safety * batch.tightest_tpot_s, batch.kv_tokens)
-        tokens = limit if math.isnan(estimate) else int(min(max(estimate, 0.0), limit))
+        target, stretch = self.target_s(batch)
+        tokens = self._tokens_within(target, batch, limit)
+        if batch.urgent_tokens and stretch > target:
+            # Urgent prefill planning: room for the urgent prompt (after the decodes), as far as the slack allows.
+            tokens = max(tokens, min(self._tokens_within(stretch, batch, limit), batch.running + batch.urgent_tokens))
+            target = max(target, self.model.predict(tokens, batch.kv_tokens))
         self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
+        self.last_target_s = min(target, self.model.predict(self.last_budget, batch.kv_tokens))
         return self.last_budget
+
+    def _tokens_within(self, seconds: float, batch: BatchView, limit: int) -> int:
+        estimate = self.model.tokens_within(seconds, batch.kv_tokens)
+        return limit if math.isnan(estimate) else int(min(max(estimate, 0.0), limit))
 
     def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
         self.model.observe(tokens, seconds, kv_tokens)

@@ -125,6 +125,14 @@ def is_prefilling(request: Request) -> bool:
     return request.is_prefill_chunk and request.status == RequestStatus.RUNNING
 
 
+def decoded_tokens(request: Request) -> int:
+    """Output tokens delivered so far (async placeholders not counted) while the request runs and
+    decodes; 0 while it has prompt (or, after a preemption, recomputed) tokens left to prefill."""
+    if request.is_prefill_chunk or request.status != RequestStatus.RUNNING:
+        return 0
+    return request.num_output_tokens
+
+
 def prefill_tokens_left(request: Request) -> int:
     """Tokens still to compute: the rest of the prompt (and, after a preemption, of the output); 1 for a decode."""
     return max(0, request.num_tokens - request.num_computed_tokens)
@@ -257,3 +265,75 @@ def run_server(args: Any) -> None:
     cli_env_setup()
     configure_logging_from_args(args)
     uvloop.run(vllm_run_server(args))
+
+
+# -- the KV connector (slaq.engine.kv_security) ------------------------------------------------
+# vLLM's KV-connector interface is its public extension point for KV transfer; what slaq reads of
+# the objects it is handed (scheduler output fields, block lists, the KV cache config) is below.
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+KV_CONNECTOR_EXPORTS = (KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+
+
+def scheduled_blocks(output: SchedulerOutput) -> Iterator[tuple[str, list[int], int, int, bool]]:
+    """(request id, block ids, computed tokens at scheduling, scheduled tokens, replaces) for every
+    request in a step (the first KV cache group: slaq's models have one). `replaces`: the ids are the
+    request's whole block list (new or resumed), whose first computed tokens are prefix-cache hits;
+    otherwise they are the blocks appended this step."""
+    scheduled = output.num_scheduled_tokens
+    for new in output.scheduled_new_reqs:
+        yield new.req_id, list(new.block_ids[0]) if new.block_ids else [], new.num_computed_tokens, scheduled.get(new.req_id, 0), True
+    cached = output.scheduled_cached_reqs
+    resumed = cached.resumed_req_ids
+    for request_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+        blocks = list(new_blocks[0]) if new_blocks else []
+        yield request_id, blocks, computed, scheduled.get(request_id, 0), request_id in resumed
+
+
+def skip_prefix_cache_reads(request: Request) -> None:
+    """The request reads nothing from the prefix cache (vLLM's per-request switch, set at arrival)."""
+    request.skip_reading_prefix_cache = True
+
+
+def evict_cached_blocks(manager: KVCacheManager, block_ids: Sequence[int]) -> None:
+    """Drop these blocks' prefix-cache entries (blocks still held stay held), so no request hits them."""
+    if block_ids:
+        manager.evict_blocks(set(block_ids))
+
+
+def kv_connector(scheduler: AsyncScheduler) -> Any | None:
+    """The scheduler-side KV connector vLLM built from `--kv-transfer-config` (None without one)."""
+    return scheduler.connector
+
+
+def first_group_block_ids(blocks: Any) -> list[int]:
+    """Block ids of a `KVCacheBlocks` (as `update_state_after_alloc` receives it), first KV cache group."""
+    return list(blocks.get_block_ids()[0])
+
+
+def kv_cache_block_count(kv_cache_config: Any) -> int:
+    return kv_cache_config.num_blocks
+
+
+def kv_bytes_per_block(kv_cache_config: Any) -> int:
+    """Bytes one block holds across every layer (what a host copy of it costs)."""
+    total = sum(tensor.size for tensor in kv_cache_config.kv_cache_tensors)
+    return max(1, total // max(1, kv_cache_config.num_blocks))
+
+
+def connector_settings(vllm_config: Any) -> dict[str, Any]:
+    """`kv_connector_extra_config` of `--kv-transfer-config`."""
+    return dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+
+
+def config_block_size(vllm_config: Any) -> int:
+    return vllm_config.cache_config.block_size
+
+
+def failed_block_ids(connector_output: Any) -> set[int]:
+    """Blocks the worker-side connector could not load this step (`KVConnectorOutput.invalid_block_ids`)."""
+    return set(connector_output.invalid_block_ids or ()) if connector_output is not None else set()

@@ -1,10 +1,11 @@
 """KV-cache block erase and copy: Triton kernels for GPUs, each with a torch reference path.
 
-vLLM 0.32 allocates each layer's KV cache with the block (page) as the outermost dimension, so
-every layer tensor can be viewed as `[num_blocks, page_elements]`. The block manager erases the
-blocks a tenant releases before another tenant can be handed them (KV data may be sensitive:
-design report 1.6, "KV Cache 可能包含敏感信息，需要安全擦除") and copies blocks when it moves a
-prefix. The kernels work on that 2-D view, one program per (block, chunk of the page).
+vLLM 0.32 hands each layer's KV cache to a KV connector with the block (page) as the first
+dimension, so a contiguous layer tensor can be viewed as `[num_blocks, page_elements]`. slaq's KV
+connector (`slaq.engine.kv_security`) calls `erase_blocks` on every layer, before a step's forward
+pass, for the blocks that held another tenant's data (or an onFree tenant's freed blocks); KV data
+may be sensitive (design report 1.6). `copy_blocks` is not used by the engine yet. The kernels work
+on that 2-D view, one program per (block, chunk of the page).
 
 `erase_blocks` and `copy_blocks` pick the Triton kernel when the tensor is on a CUDA device (or
 when TRITON_INTERPRET=1 asks for the interpreter, which is how the tests run the real kernel code

@@ -1,7 +1,9 @@
 """The HTTP layer: a pure ASGI application over `SidecarCore` (no framework middleware).
 
 It reads bodies (bounded), routes, turns `SidecarError`s into responses through
-`errors.refusal` (the one mapping), and streams engine responses through byte for byte.
+`errors.refusal` (the one mapping), and streams engine responses through byte for byte. This is
+the tenant port: the OpenAI API, /health and /ready. Metrics and usage are on the metrics port
+(`metrics_port.py`), out of tenants' reach. Every request but the probes gets an access-log line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from slaq.api.runtime import HEALTH_PATH, METRICS_PATH, READY_PATH, USAGE_PATH
+from slaq.api.runtime import HEALTH_PATH, READY_PATH
+from slaq.sidecar.access import AccessEntry, AccessLog
 from slaq.sidecar.errors import (
     BodyTooLarge,
     EngineUnavailable,
@@ -23,9 +26,10 @@ from slaq.sidecar.errors import (
     NotFound,
     SidecarError,
     UnsupportedMediaType,
+    http_status,
     refusal,
 )
-from slaq.sidecar.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from slaq.sidecar.metrics_port import MetricsApp
 from slaq.sidecar.monitor import EngineMonitor, watch_table
 from slaq.sidecar.proxy import (
     EngineClient,
@@ -48,6 +52,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 ENGINE_ERROR_BODY_LIMIT = 1024 * 1024
+PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})  # kubelet asks every few seconds: not audited
+CLIENT_CLOSED = 499
 
 
 async def _send_bytes(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
@@ -91,11 +97,23 @@ async def _disconnected(receive: Receive) -> None:
 
 
 class SidecarApp:
-    def __init__(self, core: SidecarCore, engine: EngineClient, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, monitor_interval_s: float = 0.25) -> None:
+    """The tenant port's app; `metrics_app` is the metrics port's, over the same core and engine."""
+
+    def __init__(
+        self,
+        core: SidecarCore,
+        engine: EngineClient,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        monitor_interval_s: float = 0.25,
+        access: AccessLog | None = None,
+    ) -> None:
         self.core = core
         self.engine = engine
         self.max_body_bytes = max_body_bytes
         self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s)
+        self.access = access or AccessLog()
+        self.metrics_app = MetricsApp(core, engine)
         self._tasks: list[asyncio.Task] = []
 
     # ASGI entry ----------------------------------------------------------------------------
@@ -104,10 +122,15 @@ class SidecarApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
+            entry = AccessEntry(scope["method"], scope["path"], self.core.clock())
             try:
-                await self._route(scope, receive, send)
+                await self._route(scope, receive, send, entry)
             except SidecarError as error:
+                entry.status, entry.reason = http_status(error), error.reason
                 await _send_refusal(send, error)
+            finally:
+                if entry.path not in PROBE_PATHS:
+                    self.access.write(entry)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -138,7 +161,7 @@ class SidecarApp:
 
     # routing -------------------------------------------------------------------------------
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _route(self, scope: Scope, receive: Receive, send: Send, entry: AccessEntry) -> None:
         path, method = scope["path"], scope["method"]
         if path == HEALTH_PATH:
             await _send_json(send, 200, {"status": "ok"})
@@ -148,25 +171,21 @@ class SidecarApp:
                 "ready": ready, "engine": self.monitor.ready, "tenant_table": self.core.directory.loaded,
                 "draining": self.core.draining, "table_error": self.core.directory.last_error,
             })
-        elif path == METRICS_PATH:
-            body = self.core.metrics.render()
-            await _send_bytes(send, 200, [(b"content-type", METRICS_CONTENT_TYPE.encode())], body)
-        elif path == USAGE_PATH:
-            await _send_json(send, 200, self.core.usage_report())
         elif path in INFERENCE_ROUTES:
             if method != "POST":
                 raise MethodNotAllowed(f"{path} accepts POST")
-            await self._inference(scope, receive, send, INFERENCE_ROUTES[path])
+            await self._inference(scope, receive, send, INFERENCE_ROUTES[path], entry)
         elif path == "/v1/models":
             if method != "GET":
                 raise MethodNotAllowed(f"{path} accepts GET")
-            self.core.identify(_headers(scope))
-            await self._passthrough(scope, send)
+            entry.identity = self.core.identify(_headers(scope))
+            await self._passthrough(scope, send, entry)
         else:
             raise NotFound(f"no route {method} {path}")
 
-    async def _passthrough(self, scope: Scope, send: Send) -> None:
+    async def _passthrough(self, scope: Scope, send: Send, entry: AccessEntry) -> None:
         response = await self.engine.open("GET", scope["path"], body=None, headers={})
+        entry.status = response.status_code
         try:
             await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
             async for chunk in response.aiter_raw():
@@ -177,9 +196,9 @@ class SidecarApp:
 
     # inference -----------------------------------------------------------------------------
 
-    async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str, entry: AccessEntry) -> None:
         headers = _headers(scope)
-        identity = self.core.identify(headers)
+        identity = entry.identity = self.core.identify(headers)
         try:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type not in ("application/json", ""):
@@ -190,24 +209,26 @@ class SidecarApp:
             raise
         # The client may go away while queued or streaming: stop the work (which frees the queue
         # slot, or closes the engine connection so vLLM aborts the request) instead of finishing it.
-        work = asyncio.ensure_future(self._serve(scope, send, identity, kind, headers, raw))
+        work = asyncio.ensure_future(self._serve(scope, send, entry, identity, kind, headers, raw))
         gone = asyncio.ensure_future(_disconnected(receive))
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         if work.done():
             gone.cancel()
             work.result()
             return
+        entry.status, entry.reason = CLIENT_CLOSED, "client_closed"
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
 
-    async def _serve(self, scope: Scope, send: Send, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
+    async def _serve(self, scope: Scope, send: Send, entry: AccessEntry, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
         started = time.perf_counter()
-        flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
+        flight = entry.flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
         observer = ResponseObserver(flight.payload.stream)
-        status = 499  # client closed request, unless the response completes
+        status = CLIENT_CLOSED  # unless the response completes
         try:
-            status = await self._stream(scope, send, flight, headers, observer, started)
+            status, entry.reason = await self._stream(scope, send, flight, headers, observer, started)
+            entry.status = status
         except EngineUnavailable as error:
             self.core.refused(error, identity)
             status = 503
@@ -220,7 +241,8 @@ class SidecarApp:
                 status=status,
             )
 
-    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver, started: float) -> int:
+    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver, started: float) -> tuple[int, str | None]:
+        """Forward the engine's answer; returns its status and, for a failure, the access log's reason."""
         # The sidecar's own share of TTFT: its work before the request leaves (queue wait excluded)
         # plus forwarding the first token; everything else is the engine's or the network's.
         before_engine = time.perf_counter() - started - flight.entry.queue_wait_s
@@ -231,7 +253,7 @@ class SidecarApp:
                 if not observer.first_token:
                     observer.first_token = True
                     self.core.first_token(flight)
-                return response.status_code
+                return response.status_code, f"engine_{response.status_code}"
             await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
             framer = EventFramer(observer.streaming and is_event_stream(response.headers))
             try:
@@ -251,9 +273,9 @@ class SidecarApp:
                 log.warning("engine stream broke for tenant %s: %s", flight.identity.tenant.name, exc)
                 tail = broken_stream_event(f"the engine stream broke: {type(exc).__name__}") if framer.enabled else b""
                 await send({"type": "http.response.body", "body": tail})
-                return 502
+                return 502, "engine_stream_broken"
             await send({"type": "http.response.body", "body": framer.rest()})
-            return response.status_code
+            return response.status_code, None
         finally:
             await response.aclose()
 

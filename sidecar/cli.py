@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
 
 
 def _positive_int(text: str) -> int:
@@ -38,7 +38,11 @@ def _seconds(text: str) -> float:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
-    parser.add_argument("--port", type=_positive_int, default=8000, help="Port to listen on (default 8000).")
+    parser.add_argument("--port", type=_positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
+    parser.add_argument("--metrics-port", type=_positive_int, default=METRICS_PORT,
+                        help=f"Metrics port: /metrics (the sidecar's and the engine's series) and /slaq/usage, kept off the tenant port (default {METRICS_PORT}).")
+    parser.add_argument("--access-log", choices=("json", "off"), default="json",
+                        help="One JSON line per answered or refused request on standard output (default json); never prompt or output text, never the key.")
     parser.add_argument("--engine-url", default=f"http://{ENGINE_HOST}:{ENGINE_PORT}", help="The engine's OpenAI server.")
     parser.add_argument("--tenant-table", type=Path, default=Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY, help="Tenant table JSON file; reloaded when it changes.")
     parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
@@ -59,19 +63,21 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
     try:
         scheduler = parse_scheduler_config(args.scheduler_config)
+        serve(SidecarOptions(
+            host=args.host,
+            port=args.port,
+            engine_url=args.engine_url,
+            tenant_table=args.tenant_table,
+            max_queue_depth=args.max_queue_depth,
+            drain_timeout_s=args.drain_timeout,
+            trust_gateway_headers=args.trust_gateway_headers,
+            served_model_name=args.served_model_name,
+            scheduler=scheduler,
+            tokenizer=args.tokenizer,
+            metrics_port=args.metrics_port,
+            access_log=args.access_log,
+        ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)
         return 2
-    serve(SidecarOptions(
-        host=args.host,
-        port=args.port,
-        engine_url=args.engine_url,
-        tenant_table=args.tenant_table,
-        max_queue_depth=args.max_queue_depth,
-        drain_timeout_s=args.drain_timeout,
-        trust_gateway_headers=args.trust_gateway_headers,
-        served_model_name=args.served_model_name,
-        scheduler=scheduler,
-        tokenizer=args.tokenizer,
-    ))
     return 0

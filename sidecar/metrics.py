@@ -1,4 +1,4 @@
-"""Prometheus metrics of one sidecar (its own registry, served on /metrics).
+"""Prometheus metrics of one sidecar (its own registry, served on the metrics port's /metrics).
 
 Histograms are per tenant and tier (tenants are bounded by the tenant table); gauges that
 describe the pod right now (queue depth per tier, SLA risk, in-flight) are read at scrape time.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,9 +21,13 @@ ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
+# (tenant, tier, attainment target) of every tenant with objectives, from the tenant table.
+Targets = Callable[[], Iterable[tuple[str, str, float]]]
+
+
 class _PodGauges(Collector):
-    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int]) -> None:
-        self._depth, self._risk, self._in_flight = depth, risk, in_flight
+    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets) -> None:
+        self._depth, self._risk, self._in_flight, self._targets = depth, risk, in_flight, targets
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         depth = GaugeMetricFamily("slaq_queue_depth", "Requests waiting in the sidecar queue, per tier.", labels=["tier"])
@@ -32,10 +36,14 @@ class _PodGauges(Collector):
         yield depth
         yield GaugeMetricFamily("slaq_sla_risk", "Per-pod SLA risk: 1.0 at the SLO boundary (see docs/sidecar.md).", value=self._risk())
         yield GaugeMetricFamily("slaq_in_flight_requests", "Requests released to the engine and not finished.", value=self._in_flight())
+        targets = GaugeMetricFamily("slaq_attainment_target", "Each tenant's TenantSLA attainmentTarget: the SLO alerts' error budget is 1 minus it.", labels=["tenant", "tier"])
+        for tenant, tier, target in self._targets():
+            targets.add_metric([tenant, tier], target)
+        yield targets
 
 
 class SidecarMetrics:
-    def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int]) -> None:
+    def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram("slaq_ttft_seconds", "Time to first token, arrival at the sidecar to first byte back.", ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
@@ -47,7 +55,9 @@ class SidecarMetrics:
         self.rejections = Counter("slaq_rejections", "Refused requests by reason.", ["reason", "tier"], registry=r)
         self.tokens = Counter("slaq_tokens", "Tokens by direction (in: prompt, out: completion).", ["tenant", "tier", "direction"], registry=r)
         self.requests = Counter("slaq_requests", "Requests answered after admission, by upstream status class.", ["tenant", "tier", "code"], registry=r)
-        r.register(_PodGauges(depth, risk, in_flight))
+        self.quota_refusals = Counter("slaq_quota_refusals", "Requests refused because the tenant was over a quota (request_rate, token_rate, concurrency).", ["tenant", "tier", "quota"], registry=r)
+        self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
+        r.register(_PodGauges(depth, risk, in_flight, targets))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

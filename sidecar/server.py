@@ -1,10 +1,17 @@
-"""Building and running the sidecar: options → core + app → uvicorn, with a graceful drain on SIGTERM."""
+"""Building and running the sidecar: options → core + apps → uvicorn, with a graceful drain on SIGTERM.
+
+One uvicorn server listens on two sockets: the tenant port (OpenAI API, /health, /ready) and the
+metrics port (/metrics, /slaq/usage); `PortRouter` hands each connection to the app of the port
+it arrived on, so both share one event loop, one core and one drain.
+"""
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +21,8 @@ import yaml
 from pydantic import ValidationError
 
 from slaq.api.pool import SchedulerSpec
+from slaq.api.runtime import METRICS_PORT
+from slaq.sidecar.access import AccessLog, AccessLogFormat
 from slaq.sidecar.app import SidecarApp
 from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.service import CoreConfig, SidecarCore
@@ -39,6 +48,8 @@ class SidecarOptions:
     served_model_name: str | None = None
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     tokenizer: str | None = None
+    metrics_port: int = METRICS_PORT
+    access_log: AccessLogFormat = "json"
 
 
 def parse_scheduler_config(value: str | None) -> SchedulerSpec:
@@ -79,7 +90,36 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         trust_gateway_headers=options.trust_gateway_headers,
     )
     core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
-    return SidecarApp(core, EngineClient(options.engine_url))
+    return SidecarApp(core, EngineClient(options.engine_url), access=AccessLog(options.access_log))
+
+
+class PortRouter:
+    """ASGI: a connection goes to the app of the local port it arrived on; lifespan to the tenant app."""
+
+    def __init__(self, tenant: SidecarApp, metrics_port: int) -> None:
+        self.tenant = tenant
+        self.metrics_port = metrics_port
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == self.metrics_port:
+            await self.tenant.metrics_app(scope, receive, send)
+        else:
+            await self.tenant(scope, receive, send)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket (port 0: a free one), as uvicorn would bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 class DrainingServer(uvicorn.Server):
@@ -96,9 +136,14 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(options: SidecarOptions) -> None:
+    if options.metrics_port == options.port:
+        raise ConfigError(f"--metrics-port must differ from --port (both {options.port}): metrics stay off the tenant port")
     app = build_app(options)
+    if app.access.enabled:
+        app.access.attach(sys.stdout)
+    sockets = [bind(options.host, options.port), bind(options.host, options.metrics_port)]
     config = uvicorn.Config(
-        app,
+        PortRouter(app, sockets[1].getsockname()[1]),
         host=options.host,
         port=options.port,
         lifespan="on",
@@ -109,4 +154,4 @@ def serve(options: SidecarOptions) -> None:
     # uvicorn re-raises the captured signal under the handler that was installed before it ran;
     # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    DrainingServer(config, app).run()
+    DrainingServer(config, app).run(sockets=sockets)

@@ -43,6 +43,20 @@ class CoreConfig:
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
 
 
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How one admitted request ended, as the access log writes it (no text, no key)."""
+
+    status: int
+    prompt_tokens: int
+    output_tokens: int | None
+    queue_wait_s: float
+    e2e_s: float
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    slo_outcome: str | None = None  # met, ttft_missed, tpot_missed, e2e_missed; None without objectives
+
+
 @dataclass(slots=True, eq=False)
 class Flight:
     """One admitted request, from admission to settlement."""
@@ -57,6 +71,7 @@ class Flight:
     arrival: float
     first_token_time: float | None = None
     done: bool = False
+    settlement: Settlement | None = None
 
     @property
     def tier(self) -> Tier:
@@ -98,7 +113,8 @@ class SidecarCore:
         self.draining = False
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
-        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight)
+        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
+                                      targets=self.attainment_targets)
 
     # pod state -----------------------------------------------------------------------------
 
@@ -127,6 +143,11 @@ class SidecarCore:
             self._risk_cache = (now, value)
         return value
 
+    def attainment_targets(self) -> list[tuple[str, str, float]]:
+        """(tenant, tier, target) for the tenants whose requests have objectives to meet."""
+        return [(t.name, t.tier.value, t.attainment_target) for t in self.directory.index.by_name.values()
+                if t.ttft_ms is not None or t.tpot_ms is not None]
+
     def pressure(self) -> PodPressure:
         return PodPressure(queue_depth=len(self.queue), max_queue_depth=self.config.max_queue_depth, waiting_risk=self.current_risk())
 
@@ -144,6 +165,7 @@ class SidecarCore:
         self.metrics.rejections.labels(error.reason, tier).inc()
         if identity is not None and isinstance(error, QuotaExceeded):
             self.usage.refused(identity.tenant.name, self.clock())
+            self.metrics.quota_refusals.labels(identity.tenant.name, tier, error.reason).inc()
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
         """Check, charge and queue one request; returns once it is released to the engine."""
@@ -219,9 +241,12 @@ class SidecarCore:
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         used = None if output_tokens is None else prompt + output_tokens
         self.quotas.settle(flight.ticket, used, now)
+        e2e = now - flight.arrival
+        queue_wait = flight.entry.queue_wait_s
         if status >= 400 or output_tokens is None:
             if status != 499:
                 self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
+            flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e)
             return
         self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
         self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
@@ -229,7 +254,6 @@ class SidecarCore:
         self.usage.tokens(tenant.name, prompt + output_tokens, now)
         self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
         self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
-        e2e = now - flight.arrival
         self.metrics.e2e.labels(tenant.name, tier).observe(e2e)
         ttft = tpot = None
         if flight.payload.stream and flight.first_token_time is not None:
@@ -238,12 +262,13 @@ class SidecarCore:
             if output_tokens > 1:
                 tpot = (now - flight.first_token_time) / (output_tokens - 1)
                 self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
-        self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
+        outcome = self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
+        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome)
 
-    def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> None:
+    def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> str | None:
         identity = flight.identity
         if identity.ttft_ms is None and identity.tpot_ms is None:
-            return
+            return None
         tenant, tier = identity.tenant.name, identity.tenant.tier.value
         if ttft is None:
             # Non-streaming: the whole answer meets both objectives if it arrives by the time a
@@ -258,6 +283,8 @@ class SidecarCore:
             outcome = "ttft_missed" if ttft_missed else "tpot_missed" if tpot_missed else "met"
             self.risk.finished(now, ttft, tpot, identity.ttft_ms, identity.tpot_ms)
         self.metrics.slo.labels(tenant, tier, outcome).inc()
+        self.usage.outcome(tenant, outcome == "met", now)
+        return outcome
 
     def usage_report(self) -> dict:
         index = self.directory.index

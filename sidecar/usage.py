@@ -1,4 +1,5 @@
-"""Per-tenant demand over the last minute, for `GET /slaq/usage` (the operator splits quotas with it)."""
+"""Per-tenant demand and SLO outcomes over the last minute, for `GET /slaq/usage` on the metrics port
+(the operator splits quotas with the demand and writes `TenantSLA.status.attainment` from the outcomes)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,22 @@ class _Window:
     requests: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
     tokens: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
     refused: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
+    met: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
+    missed: list[float] = field(default_factory=lambda: [0.0] * WINDOW_S)
 
     def slot(self, now: float) -> int:
         second = int(now)
         i = second % WINDOW_S
         if self.seconds[i] != second:
             self.seconds[i] = second
-            self.requests[i] = self.tokens[i] = self.refused[i] = 0.0
+            self.requests[i] = self.tokens[i] = self.refused[i] = self.met[i] = self.missed[i] = 0.0
         return i
 
-    def totals(self, now: float) -> tuple[float, float, float]:
+    def totals(self, now: float) -> tuple[float, ...]:
+        """Sums over the live slots of (requests, tokens, refused, met, missed)."""
         oldest = int(now) - WINDOW_S + 1
         live = [i for i, s in enumerate(self.seconds) if s >= oldest]
-        return sum(self.requests[i] for i in live), sum(self.tokens[i] for i in live), sum(self.refused[i] for i in live)
+        return tuple(sum(series[i] for i in live) for series in (self.requests, self.tokens, self.refused, self.met, self.missed))
 
 
 class UsageLog:
@@ -54,11 +58,19 @@ class UsageLog:
         w = self._window(tenant)
         w.tokens[w.slot(now)] += count
 
+    def outcome(self, tenant: str, met: bool, now: float) -> None:
+        """One finished request with objectives: it met them all, or missed one."""
+        w = self._window(tenant)
+        (w.met if met else w.missed)[w.slot(now)] += 1
+
     def report(self, pool: str, revision: str, concurrency: dict[str, int], now: float) -> UsageReport:
         tenants = {}
         for name, window in self._windows.items():
-            requests, tokens, refused = window.totals(now)
-            tenants[name] = TenantUsage(requests_per_minute=requests, tokens_per_minute=tokens, refused_per_minute=refused, concurrency=concurrency.get(name, 0))
+            requests, tokens, refused, met, missed = window.totals(now)
+            tenants[name] = TenantUsage(
+                requests_per_minute=requests, tokens_per_minute=tokens, refused_per_minute=refused,
+                concurrency=concurrency.get(name, 0), slo_met_per_minute=met, slo_missed_per_minute=missed,
+            )
         for name, count in concurrency.items():
             tenants.setdefault(name, TenantUsage(concurrency=count))
         return UsageReport(pool=pool, table_revision=revision, window_seconds=float(WINDOW_S), tenants=tenants)

@@ -1,4 +1,4 @@
-"""The pool pod: the sidecar (the only port exposed) in front of the engine bound to 127.0.0.1.
+"""The pool pod: the sidecar (tenant and metrics ports) in front of the engine bound to 127.0.0.1.
 
 `sidecar_args` and `engine_args` are the whole command-line contract with `slaq sidecar` and
 `slaq engine`; everything else here is how the pod is run safely on a GPU node.
@@ -16,6 +16,7 @@ from slaq.api.runtime import (
     ENGINE_PORT,
     HEALTH_PATH,
     METRICS_PATH,
+    METRICS_PORT_NAME,
     READY_PATH,
     SCHEDULER_CONFIG_ENV,
     SIDECAR_PORT_NAME,
@@ -55,6 +56,7 @@ def sidecar_args(pool: InferencePool) -> list[str]:
     spec = pool.spec
     args = [
         "--port", str(spec.sidecar.port),
+        "--metrics-port", str(spec.sidecar.metrics_port),
         "--engine-url", engine_url(),
         "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
         "--max-queue-depth", str(spec.sidecar.max_queue_depth),
@@ -130,7 +132,8 @@ def render_sidecar_container(pool: InferencePool) -> dict[str, Any]:
     spec = pool.spec
     return {
         **_slaq_container(pool, "sidecar", sidecar_args(pool)),
-        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"}],
+        "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"},
+                  {"name": METRICS_PORT_NAME, "containerPort": spec.sidecar.metrics_port, "protocol": "TCP"}],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -218,7 +221,7 @@ def render_pod_template(pool: InferencePool) -> dict[str, Any]:
     return {
         "metadata": {
             "labels": pool_labels(name),
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.sidecar.port),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.sidecar.metrics_port),
                             "prometheus.io/path": METRICS_PATH},
         },
         "spec": pod_spec,

@@ -1,8 +1,8 @@
 """What the operator observes on a pool's pods: per-tenant usage and SLA risk.
 
 `UsageSource` is the seam: the operator asks it for one observation per serving pod. The real
-source (`HttpUsageSource`) lists the pool's running pods and reads each sidecar's USAGE_PATH
-and METRICS_PATH; tests inject their own source, so they need no pods.
+source (`HttpUsageSource`) lists the pool's running pods and reads USAGE_PATH and METRICS_PATH
+on each sidecar's metrics port; tests inject their own source, so they need no pods.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
                 tokens_per_minute=t.tokens_per_minute + u.tokens_per_minute,
                 concurrency=t.concurrency + u.concurrency,
                 refused_per_minute=t.refused_per_minute + u.refused_per_minute,
+                slo_met_per_minute=t.slo_met_per_minute + u.slo_met_per_minute,
+                slo_missed_per_minute=t.slo_missed_per_minute + u.slo_missed_per_minute,
             )
     return totals
 
@@ -66,7 +68,7 @@ def parse_sla_risk(metrics_text: str) -> float | None:
 
 
 class HttpUsageSource:
-    """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool, concurrently."""
+    """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool (metrics port), concurrently."""
 
     def __init__(self, api: KubeClient, *, timeout_s: float = 3.0) -> None:
         self._api = api
@@ -79,7 +81,7 @@ class HttpUsageSource:
                    if p.get("status", {}).get("phase") == "Running" and p.get("status", {}).get("podIP")
                    and not p["metadata"].get("deletionTimestamp")}
         async with httpx.AsyncClient(timeout=self._timeout) as http:
-            results = await asyncio.gather(*(self._one(http, name, ip, pool.spec.sidecar.port) for name, ip in targets.items()))
+            results = await asyncio.gather(*(self._one(http, name, ip, pool.spec.sidecar.metrics_port) for name, ip in targets.items()))
         return [r for r in results if r is not None]
 
     async def _one(self, http: httpx.AsyncClient, pod: str, ip: str, port: int) -> PodObservation | None:

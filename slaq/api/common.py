@@ -30,6 +30,17 @@ class Tier(str, enum.Enum):
 TIER_RANK: dict[Tier, int] = {tier: index for index, tier in enumerate(Tier)}
 
 
+class KvErase(str, enum.Enum):
+    """When the engine zeroes KV blocks that held a tenant's data.
+
+    `onReuse`: a block is zeroed when it is handed to another tenant, so the tenant's own prefix
+    cache keeps working. `onFree`: zeroed as soon as the tenant's request frees it, and the tenant
+    reads no prefix cache (nothing of it outlives the request)."""
+
+    ON_REUSE = "onReuse"
+    ON_FREE = "onFree"
+
+
 class ApiModel(BaseModel):
     """Base of every model at a boundary: camelCase on the wire, unknown fields refused."""
 

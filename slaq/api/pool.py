@@ -65,9 +65,10 @@ class EngineSpec(ApiModel):
 
 
 class SidecarSpec(ApiModel):
-    """The priority-scheduling sidecar: the only port a pool pod exposes."""
+    """The priority-scheduling sidecar: the only container a pool pod exposes, on two ports."""
 
-    port: Annotated[int, Field(ge=1024, le=65535)] = 8000
+    port: Annotated[int, Field(ge=1024, le=65535, description="The tenant port: the OpenAI API, /health and /ready (the pool's Service port).")] = 8000
+    metrics_port: Annotated[int, Field(ge=1024, le=65535, description="The metrics port: /metrics (sidecar and engine series) and /slaq/usage, for Prometheus, a gateway's endpoint picker and the operator; never on the Service.")] = 9090
     trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False
     max_queue_depth: Annotated[int, Field(ge=1, le=1_000_000, description="Most requests queued in the sidecar before it refuses more.")] = 1024
 
@@ -152,6 +153,12 @@ class InferencePoolSpec(ApiModel):
     drain_timeout: Annotated[Duration, Field(description="How long a pod drains in-flight requests before it stops.")] = "30s"
 
     @model_validator(mode="after")
+    def _metrics_port_is_not_the_tenant_port(self) -> "InferencePoolSpec":
+        if self.sidecar.metrics_port == self.sidecar.port:
+            raise ValueError(f"sidecar.metricsPort ({self.sidecar.metrics_port}) must differ from sidecar.port: metrics stay off the tenant port")
+        return self
+
+    @model_validator(mode="after")
     def _gpus_cover_tensor_parallelism(self) -> "InferencePoolSpec":
         if self.engine.device is Device.GPU and self.resources.gpus < self.model.tensor_parallel_size:
             raise ValueError(
@@ -185,6 +192,7 @@ POOL_CEL_RULES: dict[str, list[dict[str, str]]] = {
         {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max", "fieldPath": ".min"},
     ],
     "spec": [
+        {"rule": "(has(self.sidecar) && has(self.sidecar.metricsPort) ? self.sidecar.metricsPort : 9090) != (has(self.sidecar) && has(self.sidecar.port) ? self.sidecar.port : 8000)", "message": "sidecar.metricsPort must differ from sidecar.port", "fieldPath": ".sidecar.metricsPort"},
         {"rule": "(has(self.engine) && has(self.engine.device) && self.engine.device == 'cpu') || ((has(self.resources) && has(self.resources.gpus)) ? self.resources.gpus : 1) >= (has(self.model.tensorParallelSize) ? self.model.tensorParallelSize : 1)", "message": "resources.gpus must be >= model.tensorParallelSize on a gpu pool", "fieldPath": ".resources.gpus"},
     ],
 }

@@ -27,8 +27,10 @@ TENANT_TABLE_ENV = "SLAQ_TENANT_TABLE"
 
 HEALTH_PATH = "/health"  # liveness: the sidecar process answers
 READY_PATH = "/ready"  # readiness: the engine behind it answers and the tenant table is loaded
-METRICS_PATH = "/metrics"  # Prometheus text format
-USAGE_PATH = "/slaq/usage"  # per-tenant usage the operator reads to split quotas
+METRICS_PATH = "/metrics"  # Prometheus text format, on the metrics port only
+USAGE_PATH = "/slaq/usage"  # per-tenant usage the operator reads to split quotas, on the metrics port only
+METRICS_PORT = 9090  # the sidecar's metrics port: Prometheus, a gateway's endpoint picker and the operator
+METRICS_PORT_NAME = "metrics"
 
 
 class TenantUsage(ApiModel):
@@ -38,6 +40,8 @@ class TenantUsage(ApiModel):
     tokens_per_minute: Annotated[float, Field(ge=0.0)] = 0.0
     concurrency: Annotated[int, Field(ge=0)] = 0
     refused_per_minute: Annotated[float, Field(ge=0.0, description="Requests refused for quota in the last minute: demand beyond the share.")] = 0.0
+    slo_met_per_minute: Annotated[float, Field(ge=0.0, description="Finished requests with objectives that met them all, in the last minute.")] = 0.0
+    slo_missed_per_minute: Annotated[float, Field(ge=0.0, description="Finished requests with objectives that missed one (TTFT, TPOT or the whole-answer budget), in the last minute.")] = 0.0
 
 
 class UsageReport(ApiModel):

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from slaq.api.common import ApiModel, Tier
+from slaq.api.common import ApiModel, KvErase, Tier
 
 TABLE_FILE_NAME = "tenants.json"
 KEY_HASH_PREFIX = "sha256:"
@@ -46,6 +46,7 @@ class TenantEntry(ApiModel):
     cache_salt: Annotated[str, Field(min_length=16)]
     share: ReplicaShare = Field(default_factory=ReplicaShare)
     kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    kv_erase: KvErase = KvErase.ON_REUSE  # the engine's KV erase mode for this tenant (TenantSLA.spec.kvErase)
 
 
 class TenantTable(ApiModel):

@@ -12,6 +12,7 @@ from slaq.api.common import (
     Condition,
     DnsLabel,
     DnsSubdomain,
+    KvErase,
     LabelSelector,
     ObjectMeta,
     Tier,
@@ -49,6 +50,7 @@ class TenantSLASpec(ApiModel):
     quotas: Quotas = Field(default_factory=Quotas)
     pool_selector: Annotated[LabelSelector, Field(description="InferencePools (by label) this tenant may use; empty selects every pool.")] = Field(default_factory=LabelSelector)
     api_key_secret_ref: SecretKeyRef
+    kv_erase: Annotated[KvErase, Field(description="When the engine zeroes KV blocks that held this tenant's data: onReuse (before another tenant gets them; keeps the prefix cache) or onFree (as soon as freed; no prefix cache).")] = KvErase.ON_REUSE
     prefix_cache_group: Annotated[str | None, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="Tenants naming the same group share prefix-cache blocks; unset keeps the tenant's cache private.")] = None
 
     @model_validator(mode="after")

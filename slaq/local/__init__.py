@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tenants", type=Path, action="append", default=None, metavar="PATH",
                         help="TenantSLA manifests and their key Secrets, a file or a directory; repeatable (default: crds/examples/)")
     parser.add_argument("--port", type=_port, default=8000, help="the sidecar's port (default 8000; 0 picks a free one)")
+    parser.add_argument("--metrics-port", type=_port, default=0,
+                        help="the sidecar's metrics port: /metrics (sidecar and engine series) and /slaq/usage (default 0: a free one, printed at start)")
     parser.add_argument("--host", default="127.0.0.1", help="address the sidecar listens on (default 127.0.0.1)")
     parser.add_argument("--model", default=None, help="a real vLLM model (on GPU); default: the tiny built-in model on CPU")
     parser.add_argument("--demo", action="store_true", help="run the A/B/C scenario, stock vLLM vs slaq, print the table, exit")
@@ -52,4 +54,5 @@ def _up(args: argparse.Namespace) -> int:
 
         return run_demo_main(DemoOptions(tenants=tenants, model=args.model, engine_args=tuple(extra),
                                          **({"run_seconds": args.demo_seconds} if args.demo_seconds else {})))
-    return main(UpOptions(tenants=tenants, host=args.host, port=args.port, model=args.model, engine_args=tuple(extra)))
+    return main(UpOptions(tenants=tenants, host=args.host, port=args.port, metrics_port=args.metrics_port,
+                          model=args.model, engine_args=tuple(extra)))

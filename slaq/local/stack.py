@@ -28,6 +28,7 @@ SIDECAR_DRAIN_S = 10
 class StackOptions:
     host: str = "127.0.0.1"
     port: int = 8000  # the sidecar's port; 0 picks a free one
+    metrics_port: int = 0  # the sidecar's metrics port; 0 picks a free one
     model: str | None = None  # None: the tiny built-in model on CPU
     scheduler: str = "slaq"
     engine_args: tuple[str, ...] = ()  # further `slaq engine` flags
@@ -44,13 +45,22 @@ class LocalStack:
     sidecar: Child | None = None
     engine_port: int = 0
     port: int = 0
+    metrics_port: int = 0
     _owns_workdir: bool = field(default=False, repr=False)
+
+    @property
+    def _host(self) -> str:
+        return "127.0.0.1" if self.options.host in ("0.0.0.0", "") else self.options.host
 
     @property
     def url(self) -> str:
         """Where clients send requests: the sidecar, or the engine when there is none."""
-        host = "127.0.0.1" if self.options.host in ("0.0.0.0", "") else self.options.host
-        return f"http://{host}:{self.port}" if self.sidecar else f"http://127.0.0.1:{self.engine_port}"
+        return f"http://{self._host}:{self.port}" if self.sidecar else f"http://127.0.0.1:{self.engine_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics and /slaq/usage are: the sidecar's metrics port, or the engine when there is no sidecar."""
+        return f"http://{self._host}:{self.metrics_port}" if self.sidecar else f"http://127.0.0.1:{self.engine_port}"
 
     @property
     def served_model_name(self) -> str:
@@ -79,14 +89,14 @@ class LocalStack:
                                       f"http://127.0.0.1:{self.engine_port}/health", env=engine_env)
             if opts.tenant_table is not None:
                 self.port = opts.port or free_port(opts.host)
+                self.metrics_port = opts.metrics_port or free_port(opts.host)
                 sidecar_cmd = slaq_command(
-                    "sidecar", "--host", opts.host, "--port", str(self.port),
+                    "sidecar", "--host", opts.host, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                     "--engine-url", f"http://127.0.0.1:{self.engine_port}",
                     "--tenant-table", str(opts.tenant_table), "--drain-timeout", str(SIDECAR_DRAIN_S),
                 )
                 sidecar_cmd += ["--served-model-name", self.served_model_name]
-                host = "127.0.0.1" if opts.host in ("0.0.0.0", "") else opts.host
-                self.sidecar = start_child("sidecar", sidecar_cmd, self.workdir / "sidecar.log", f"http://{host}:{self.port}{READY_PATH}",
+                self.sidecar = start_child("sidecar", sidecar_cmd, self.workdir / "sidecar.log", f"http://{self._host}:{self.port}{READY_PATH}",
                                            stop_timeout_s=SIDECAR_DRAIN_S + 10)
             engine = self.engine
 

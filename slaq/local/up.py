@@ -1,7 +1,12 @@
-"""`slaq up`: the engine and the sidecar on this machine, serving the tenants of some manifests."""
+"""`slaq up`: the engine and the sidecar on this machine, serving the tenants of some manifests.
+
+The sidecar's access-log lines (one JSON object per request) are passed through to standard
+output as they are written; the rest of both processes' output stays in their log files.
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import sys
@@ -21,6 +26,7 @@ class UpOptions:
     tenants: tuple[Path, ...]
     host: str = "127.0.0.1"
     port: int = 8000
+    metrics_port: int = 0  # 0: a free port, printed in the banner
     model: str | None = None
     engine_args: tuple[str, ...] = ()
 
@@ -57,7 +63,9 @@ def banner(stack: LocalStack, local: LocalTenants, started_s: float) -> str:
         f"  model      {stack.served_model_name}" + ("  (tiny built-in model, random weights, CPU)" if not stack.options.model else ""),
         f"  scheduler  {stack.options.scheduler}; tenants: "
         + ", ".join(f"{t.metadata.name} ({t.spec.tier.value})" for t in local.tenants),
-        f"  health     {stack.url}/ready   metrics {stack.url}/metrics",
+        f"  health     {stack.url}/ready",
+        f"  metrics    curl {stack.metrics_url}/metrics   (usage: {stack.metrics_url}/slaq/usage; not on the tenant port)",
+        f"  audit      one JSON line per request below (from {stack.workdir / 'sidecar.log'})",
         f"  logs       {stack.workdir}",
         "",
         f"Try it as tenant {tenant}:",
@@ -66,6 +74,38 @@ def banner(stack: LocalStack, local: LocalTenants, started_s: float) -> str:
         "Ctrl-C stops both processes.",
     ]
     return "\n".join(lines)
+
+
+class AccessLines:
+    """Follows a log file from its start; each read hands back the complete access-log lines written since the last."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self._offset)
+                data = log.read()
+        except OSError:
+            return []
+        self._offset += len(data)
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        return [line for line in (raw.decode("utf-8", "replace") for raw in complete) if is_access_line(line)]
+
+
+def is_access_line(line: str) -> bool:
+    from slaq.sidecar.access import EVENT
+
+    if not line.startswith("{"):
+        return False
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("event") == EVENT
 
 
 def run_up(options: UpOptions) -> int:
@@ -77,7 +117,7 @@ def run_up(options: UpOptions) -> int:
     table_path = write_table(plan_local_table(local, pool), workdir / "tenants.json")
     print(f"slaq up: {len(local.tenants)} tenants from {', '.join(map(str, options.tenants))} "
           f"→ tenant table {table_path} (key hashes only)", flush=True)
-    stack = LocalStack(StackOptions(host=options.host, port=options.port, model=options.model,
+    stack = LocalStack(StackOptions(host=options.host, port=options.port, metrics_port=options.metrics_port, model=options.model,
                                     engine_args=options.engine_args, tenant_table=table_path), workdir)
     status = StatusLine()
     started = time.monotonic()
@@ -93,8 +133,11 @@ def run_up(options: UpOptions) -> int:
         return 1
     status.done(f"engine and sidecar started ({time.monotonic() - started:.0f}s)")
     print(banner(stack, local, time.monotonic() - started), flush=True)
+    access = AccessLines(stack.workdir / "sidecar.log")
     try:
         while not stop:
+            for line in access.read():
+                print(line, flush=True)
             failed = stack.failed_child()
             if failed is not None:
                 print(f"slaq up: the {failed.name} exited with status {failed.process.returncode}; stopping.\n"
@@ -106,6 +149,8 @@ def run_up(options: UpOptions) -> int:
         return 0
     finally:
         stack.stop()
+        for line in access.read():  # the requests the sidecar drained while stopping
+            print(line, flush=True)
         print(f"slaq up: stopped (pids {', '.join(str(c.pid) for c in stack.children)}); logs in {workdir}", flush=True)
 
 

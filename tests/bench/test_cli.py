@@ -56,6 +56,8 @@ def test_bad_input_is_named(capsys) -> None:
     assert "trace file not found: /no/such.csv" in capsys.readouterr().err
     assert main(["bench", "sim", "--policies", "fcfs,edf", "--quiet"]) == 2
     assert "unknown policy 'edf'" in capsys.readouterr().err
+    assert main(["bench", "sim", "--bursts", "4:60:30", "--policies", "fcfs", "--quiet"]) == 2
+    assert "burst duration must be positive and at most period / factor (15 s), got 30.0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "sim", "--load", "-1"])
     assert exit_info.value.code == 2 and "loads must be positive" in capsys.readouterr().err

@@ -15,7 +15,8 @@ from slaq.api.contract import XARG_ARRIVAL, XARG_TIER, XARG_TTFT_MS, RequestSLA
 from slaq.bench import engine_harness as harness
 from slaq.bench.benchmark import WorkloadSpec, run_benchmark
 from slaq.bench.clock import SIM_EPOCH
-from slaq.bench.metrics import WALL_CLOCK_KEYS
+from slaq.bench.metrics import WALL_CLOCK_KEYS, policy_figures
+from slaq.bench.report import format_table
 from slaq.bench.policies import policy
 from slaq.bench.runner import run_policy
 from slaq.bench.simulator import Simulator
@@ -137,3 +138,45 @@ def test_oracle_never_below_fcfs(small_profile) -> None:
         assert oracle["attainment"] >= fcfs["attainment"], entry["load"]
         assert oracle["completed_fraction"] == 1.0
     assert report["sweep"][-1]["policies"]["oracle"]["tiers"]["critical"]["attainment"] >= 0.9
+
+
+class TokenLedger(AsyncScheduler):
+    """Stock scheduler that adds up the tokens each request was scheduled, over all its steps."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scheduled: dict[str, int] = {}
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().schedule(*args, **kwargs)
+        for request_id, tokens in output.num_scheduled_tokens.items():
+            self.scheduled[request_id] = self.scheduled.get(request_id, 0) + tokens
+        return output
+
+
+def _kv_starved(profile, blocks: int):
+    return profile.model_copy(update={"engine": profile.engine.model_copy(update={"num_gpu_blocks": blocks})})
+
+
+def test_recompute_tax_counts_what_preemption_throws_away(small_profile) -> None:
+    requests = [_request(f"r{i}", 0.01 * i, 300, 250) for i in range(4)]
+    by_blocks = {}
+    for blocks in (60, 400):  # 60 blocks of 16 tokens hold two of the four requests at full length
+        profile = _kv_starved(small_profile, blocks)
+        scheduler = harness.build_scheduler(TokenLedger, harness.engine_setup(profile, "fcfs"))
+        result = Simulator(scheduler, StepCostModel(profile), requests, DEFAULT_OBJECTIVES, policy_name="fcfs").run()
+        assert all(r.finished for r in result.records)
+        for record in result.records:
+            # Every scheduled token is a first computation of its position or a repeat (async scheduling
+            # may run one step past the stop token, hence the "- 1" that is not always there).
+            assert scheduler.scheduled[record.request_id] == record.computed_tokens + record.recomputed_tokens
+            assert record.computed_tokens >= record.prompt_tokens + record.output_tokens - 1
+            assert (record.recomputed_tokens > 0) == (record.preemptions > 0)
+        by_blocks[blocks] = (result, policy_figures(result, DEFAULT_OBJECTIVES))
+    starved, starved_figures = by_blocks[60]
+    assert starved_figures["preemptions"] > 0
+    recomputed = sum(r.recomputed_tokens for r in starved.records)
+    assert starved_figures["recomputed_tokens"] == recomputed
+    assert starved_figures["recompute_tax"] == pytest.approx(recomputed / 1200, abs=1e-6)
+    assert by_blocks[400][1]["recompute_tax"] == 0.0 and by_blocks[400][1]["preemptions"] == 0
+    assert "recompute tax" in format_table({"fcfs": starved_figures})

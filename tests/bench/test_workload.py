@@ -12,11 +12,14 @@ from slaq.bench.traces import densest_window, read_trace
 from slaq.bench.workload import (
     DEFAULT_OBJECTIVES,
     TierObjectives,
+    BurstSpec,
     assign_tenants,
     mean_rate,
+    parse_bursts,
     parse_mix,
     poisson_rows,
     scale_to_rate,
+    with_bursts,
 )
 
 from .conftest import SAMPLE_TRACE, SHARED_TRACE
@@ -118,3 +121,53 @@ def test_a_dense_window_keeps_its_extra_density_when_scaled() -> None:
     assert density > 1.0
     scaled = scale_to_rate(requests, 20.0, reference_rate=spec.reference_rate)
     assert mean_rate(scaled) == pytest.approx(20.0 * density, rel=1e-3)
+
+
+def _arrivals_in_bursts(arrivals: list[float], spec: BurstSpec) -> int:
+    return sum(1 for t in arrivals if t % spec.period_s < spec.burst_s)
+
+
+def test_bursts_run_short_windows_at_factor_times_the_mean_and_keep_the_mean() -> None:
+    requests = scale_to_rate(assign_tenants(poisson_rows(20_000, seed=5), seed=5), 10.0)
+    spec = parse_bursts("4:60")
+    assert (spec.factor, spec.period_s, spec.burst_s) == (4.0, 60.0, 7.5)
+    bursty = with_bursts(requests, spec)
+    arrivals = [r.arrival_s for r in bursty]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0
+    assert [r.request_id for r in bursty] == [r.request_id for r in requests]  # only arrival times change
+    assert [(r.prompt_tokens, r.output_tokens, r.tier) for r in bursty] == [(r.prompt_tokens, r.output_tokens, r.tier) for r in requests]
+    span = arrivals[-1]
+    periods = span // spec.period_s
+    whole = [t for t in arrivals if t < periods * spec.period_s]
+    mean = len(whole) / (periods * spec.period_s)
+    assert mean == pytest.approx(10.0, rel=0.03)  # whole periods keep the mean rate
+    in_bursts = _arrivals_in_bursts(whole, spec)
+    burst_rate = in_bursts / (periods * spec.burst_s)
+    quiet_rate = (len(whole) - in_bursts) / (periods * (spec.period_s - spec.burst_s))
+    assert burst_rate == pytest.approx(4.0 * mean, rel=0.05)
+    assert quiet_rate == pytest.approx(spec.base_factor * mean, rel=0.05)
+    assert spec.base_factor == pytest.approx(4 / 7)
+    # The unmodulated arrivals, by contrast, do not crowd into those windows.
+    plain = [r.arrival_s for r in requests if r.arrival_s < periods * spec.period_s]
+    assert _arrivals_in_bursts(plain, spec) / len(plain) == pytest.approx(spec.burst_s / spec.period_s, abs=0.02)
+
+
+def test_bursts_are_deterministic_and_compose_with_a_trace() -> None:
+    requests = scale_to_rate(assign_tenants(read_trace(SAMPLE_TRACE), seed=2), 5.0)
+    spec = BurstSpec(3.0, 20.0, duration_s=4.0)
+    first, second = with_bursts(requests, spec), with_bursts(requests, spec)
+    assert first == second
+    assert first != requests
+    assert with_bursts(requests, None) == requests
+    assert with_bursts(requests, BurstSpec(1.0, 20.0)) == requests  # factor 1: no modulation
+    # The warp is monotonic and maps period boundaries onto themselves.
+    assert [spec.warp(k * 20.0) for k in range(4)] == [0.0, 20.0, 40.0, 60.0]
+    assert spec.warp(12.0) == pytest.approx(4.0)  # 12 unmodulated seconds fill the 4 s burst at 3x
+    assert spec.warp(16.0) == pytest.approx(4.0 + 4.0 / spec.base_factor)
+
+
+def test_bad_bursts_are_named() -> None:
+    for text, message in (("4", "FACTOR:PERIOD_S"), ("x:60", "bad --bursts"), ("0.5:60", "factor must be"),
+                          ("4:0", "period must be"), ("4:60:20", "at most period / factor")):
+        with pytest.raises(WorkloadError, match=message):
+            parse_bursts(text)

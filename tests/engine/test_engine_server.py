@@ -10,22 +10,9 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
+from tests.support.engine import metric_sum
 
 pytestmark = pytest.mark.engine
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """Sum of the series of `name` that carry `labels`; fails when there is none."""
-    values = []
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        series, _, value = line.rpartition(" ")
-        if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
-            values.append(float(value))
-    if not values:
-        raise AssertionError(f"{name}{labels} not on /metrics")
-    return sum(values)
 
 
 def _complete(base_url: str, model: str, tier: Tier, tenant: str, priority: int, max_tokens: int) -> dict:
@@ -46,16 +33,16 @@ def test_requests_of_every_tier_complete_and_slaq_metrics_appear(slaq_engine) ->
         assert result["usage"]["completion_tokens"] == max_tokens
 
     metrics = httpx.get(slaq_engine.base_url + "/metrics", timeout=10.0).text
-    assert _metric(metrics, "slaq_engine_scheduler_info", scheduler="SLAScheduler", vllm="0.32.0") == 1.0
-    assert _metric(metrics, "slaq_engine_schedule_step_seconds_count") > 0
+    assert metric_sum(metrics, "slaq_engine_scheduler_info", scheduler="SLAScheduler", vllm="0.32.0") == 1.0
+    assert metric_sum(metrics, "slaq_engine_schedule_step_seconds_count") > 0
     # The scheduler read each request's tier and tenant from vllm_xargs.
     for tier, tenant in ((Tier.CRITICAL, "crit-co"), (Tier.STANDARD, "std-co"), (Tier.BATCH, "batch-co")):
-        assert _metric(metrics, "slaq_engine_prefix_cache_query_tokens_total", tier=tier.value, tenant=tenant) > 0
+        assert metric_sum(metrics, "slaq_engine_prefix_cache_query_tokens_total", tier=tier.value, tenant=tenant) > 0
     for tier in Tier:
-        assert _metric(metrics, "slaq_engine_queue_depth", tier=tier.value) == 0.0
-        assert _metric(metrics, "slaq_engine_kv_blocks_in_use", tier=tier.value) == 0.0
+        assert metric_sum(metrics, "slaq_engine_queue_depth", tier=tier.value) == 0.0
+        assert metric_sum(metrics, "slaq_engine_kv_blocks_in_use", tier=tier.value) == 0.0
     # vLLM's own metrics keep working next to slaq's.
-    assert _metric(metrics, "vllm:request_success_total") >= len(jobs)
+    assert metric_sum(metrics, "vllm:request_success_total") >= len(jobs)
 
 
 def test_a_request_without_slaq_xargs_is_served_as_standard(slaq_engine) -> None:
@@ -63,4 +50,4 @@ def test_a_request_without_slaq_xargs_is_served_as_standard(slaq_engine) -> None
     response = httpx.post(slaq_engine.base_url + "/v1/completions", json=body, timeout=120.0)
     assert response.status_code == 200
     metrics = httpx.get(slaq_engine.base_url + "/metrics", timeout=10.0).text
-    assert _metric(metrics, "slaq_engine_prefix_cache_query_tokens_total", tier="standard", tenant="anonymous") > 0
+    assert metric_sum(metrics, "slaq_engine_prefix_cache_query_tokens_total", tier="standard", tenant="anonymous") > 0

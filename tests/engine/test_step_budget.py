@@ -177,3 +177,22 @@ def test_a_degenerate_fit_never_turns_into_an_infinite_budget() -> None:
     assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == 8192
     policy = TpotStepBudget(model=StepTimeModel(fixed_s=float("inf")))
     assert policy.budget(BatchView(0.05, 10), 8192, 0.0) == 10 + MIN_PREFILL_TOKENS
+
+
+def test_budget_spends_pace_slack_and_falls_back_when_behind() -> None:
+    model = StepTimeModel(fixed_s=0.01, per_token_s=20e-6)
+    policy = TpotStepBudget(model)
+    floor = policy.budget(BatchView(0.05, 10), 8192, 0.0)  # no pace known: safety x T
+    assert floor == int((SAFETY * 0.05 - 0.01) / 20e-6)
+    # Ahead of pace by a lot: up to MAX_STEP_TPOTS x T, never more without an urgent prompt.
+    ahead = policy.budget(BatchView(0.05, 10, 0, pace_slack_s=1.0, steps_in_flight=0), 8192, 0.0)
+    assert ahead == int((2.0 * 0.05 - 0.01) / 20e-6) > floor
+    # At pace (one TPOT left after the in-flight step and the margin): a step of about T.
+    policy.last_target_s = 0.05
+    at_pace = policy.budget(BatchView(0.05, 10, 0, pace_slack_s=0.1 + (1 - SAFETY) * 0.05, steps_in_flight=1), 8192, 0.0)
+    assert at_pace == pytest.approx((0.05 - 0.01) / 20e-6, abs=2)
+    # Behind pace: back to safety x T, which catches the request up.
+    assert policy.budget(BatchView(0.05, 10, 0, pace_slack_s=0.01, steps_in_flight=1), 8192, 0.0) == floor
+    # Urgent prefill planning: the step may stretch to the full slack to fit the urgent prompt.
+    urgent = policy.budget(BatchView(0.05, 10, 0, pace_slack_s=1.0, steps_in_flight=0, urgent_tokens=6000), 8192, 0.0)
+    assert urgent == 6010

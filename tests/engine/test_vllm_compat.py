@@ -45,6 +45,26 @@ def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:
     assert vc.is_preempted(request) and not vc.is_decoding(request)
 
 
+def test_decoded_tokens_counts_delivered_outputs_only_while_decoding() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
+    driver.add(request)
+    with vc.step_token_budget(scheduler, 16):
+        driver.step()  # a prompt chunk: nothing to pace yet
+    assert vc.decoded_tokens(request) == 0
+    driver.step()  # the rest of the prompt: first token delivered
+    assert vc.decoded_tokens(request) == 1
+    driver.step()
+    driver.step()
+    assert vc.decoded_tokens(request) == 3
+    output = scheduler.schedule()  # async: the in-flight step's token is a placeholder, not delivered
+    assert vc.decoded_tokens(request) == 3
+    driver.answer(output)
+    vc.preempt(scheduler, request, 0.0)
+    assert request.num_output_tokens == 4 and vc.decoded_tokens(request) == 0  # preempted: not paced
+
+
 def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> None:
     scheduler = _stock()
     queues = []
@@ -235,3 +255,50 @@ def test_hold_back_leaves_requests_out_of_one_step_and_restores_them() -> None:
     assert prefill.request_id not in output.num_scheduled_tokens and waiting.request_id in output.num_scheduled_tokens
     assert vc.total_scheduled_tokens(output) == 30
     assert scheduler.max_num_active_reqs == 2 and prefill in scheduler.running
+
+
+# -- the KV connector touch points (slaq.engine.kv_security) --------------------------------------
+def test_scheduled_blocks_reports_new_requests_whole_and_running_ones_by_appended_blocks() -> None:
+    scheduler = _stock()
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=2 * BLOCK_SIZE, max_tokens=BLOCK_SIZE + 2)
+    driver.add(request)
+    first = driver.step()
+    [(rid, blocks, computed, scheduled, replaces)] = list(vc.scheduled_blocks(first))
+    assert (rid, computed, scheduled, replaces) == (request.request_id, 0, 2 * BLOCK_SIZE, True)
+    assert blocks == [b.block_id for b in vc.request_blocks(scheduler.kv_cache_manager, request.request_id)]
+    grown = []
+    for _ in range(BLOCK_SIZE + 1):
+        output = driver.step()
+        grown += [b for r, b, _, _, rep in vc.scheduled_blocks(output) if r == request.request_id and not rep]
+        if request.is_finished() or not scheduler.running:
+            break
+    assert any(grown), "a decode past the prompt's blocks appends a block"
+
+
+def test_skip_prefix_cache_reads_sets_vllms_per_request_switch() -> None:
+    request = make_request(Tier.BATCH)
+    vc.skip_prefix_cache_reads(request)
+    assert request.skip_reading_prefix_cache is True
+
+
+def test_evict_cached_blocks_drops_prefix_cache_entries() -> None:
+    scheduler = _stock()
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=2 * BLOCK_SIZE, max_tokens=2)
+    driver.add(request)
+    driver.run_until_idle()
+    cached = [b for b in scheduler.kv_cache_manager.block_pool.blocks if vc.cached_hash(b) is not None]
+    assert cached
+    vc.evict_cached_blocks(scheduler.kv_cache_manager, [b.block_id for b in cached])
+    assert all(vc.cached_hash(b) is None for b in cached)
+
+
+def test_kv_connector_is_none_without_a_transfer_config_and_block_geometry_reads() -> None:
+    scheduler = _stock()
+    assert vc.kv_connector(scheduler) is None
+    config = scheduler.kv_cache_config
+    assert vc.kv_cache_block_count(config) == config.num_blocks
+    assert vc.kv_bytes_per_block(config) >= 1
+    assert vc.config_block_size(scheduler.vllm_config) == BLOCK_SIZE
+    assert vc.failed_block_ids(None) == set()

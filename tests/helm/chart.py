@@ -21,6 +21,7 @@ PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1/PodMonitor"
 EVERYTHING_ON = {
     "networkPolicy": {"enabled": True, "namespaces": ["team-a"], "from": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]},
     "monitoring": {"podMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    "alerts": {"enabled": True},
     "autoscaling": {
         "prometheusAdapter": {"enabled": True},
         "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]},

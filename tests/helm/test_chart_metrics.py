@@ -1,4 +1,4 @@
-"""The dashboard, the adapter rules and the KEDA query ask for series the sidecar really exports."""
+"""The dashboard, the adapter rules, the KEDA query and the alerts ask for series the sidecar really exports."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slaq.api.common import Tier
-from tests.helm.chart import CHART, of_kind, render
+from tests.helm.chart import CHART, kinds, of_kind, render, render_failure
 
 # Labels Prometheus adds to every scraped series itself (target labels), plus the pool label the
 # PodMonitor copies from the pod, and histogram buckets' `le`.
@@ -24,7 +24,8 @@ def exported() -> dict[str, set[str]]:
     """Sample name -> label names, from a real SidecarMetrics with one observation of each kind."""
     from slaq.sidecar.metrics import SidecarMetrics
 
-    metrics = SidecarMetrics(depth=lambda: {tier: 0 for tier in Tier}, risk=lambda: 0.5, in_flight=lambda: 0)
+    metrics = SidecarMetrics(depth=lambda: {tier: 0 for tier in Tier}, risk=lambda: 0.5, in_flight=lambda: 0,
+                             targets=lambda: [("vip", "critical", 0.99)])
     labels = {"tenant": "vip", "tier": "critical"}
     metrics.ttft.labels(**labels).observe(0.1)
     metrics.tpot.labels(**labels).observe(0.01)
@@ -32,6 +33,10 @@ def exported() -> dict[str, set[str]]:
     metrics.queue_wait.labels(tier="critical").observe(0.01)
     metrics.slo.labels(**labels, outcome="met").inc()
     metrics.rejections.labels(reason="quota", tier="batch").inc()
+    metrics.requests.labels(**labels, code="200").inc()
+    metrics.tokens.labels(**labels, direction="in").inc()
+    metrics.quota_refusals.labels(**labels, quota="request_rate").inc()
+    metrics.engine_up.set(1)
     samples: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
@@ -88,3 +93,96 @@ def test_every_dashboard_topic_reads_a_sidecar_metric(exported: dict[str, set[st
     used = {name for where, query in QUERIES if where.startswith("dashboard") for name in _METRIC.findall(query)}
     assert wanted <= used
     assert wanted <= set(exported)
+
+
+# The alerts ----------------------------------------------------------------------------------------
+
+ALERTS_ON = {"alerts": {"enabled": True}}
+
+
+def _rule_groups(values: dict | None = None) -> list[dict]:
+    (rule,) = of_kind(render(values or ALERTS_ON), "PrometheusRule")
+    return rule["spec"]["groups"]
+
+
+def _rules() -> list[dict]:
+    return [r for group in _rule_groups() for r in group["rules"]]
+
+
+def _selectors(expr) -> tuple[list, set[str]]:
+    """(vector selectors, labels named in by/without/on/ignoring clauses) of a parsed expression."""
+    import promql_parser as promql
+
+    selectors: list = []
+    grouping: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, promql.VectorSelector):
+            selectors.append(node)
+        elif isinstance(node, promql.AggregateExpr) and node.modifier is not None:
+            grouping.update(node.modifier.labels)
+        elif isinstance(node, promql.BinaryExpr) and node.modifier is not None and node.modifier.matching is not None:
+            grouping.update(node.modifier.matching.labels)
+
+    promql.walk(expr, visit)
+    return selectors, grouping
+
+
+def test_alerts_are_absent_by_default() -> None:
+    assert "PrometheusRule" not in kinds(render())
+
+
+def test_alerts_render_with_the_namespace_and_labels_asked_for() -> None:
+    (rule,) = of_kind(render({"alerts": {"enabled": True, "namespace": "monitoring", "labels": {"release": "kube-prom"}}}), "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "monitoring" and rule["metadata"]["labels"]["release"] == "kube-prom"
+
+
+def test_every_alert_expression_parses_and_names_only_exported_series(exported: dict[str, set[str]]) -> None:
+    """A real PromQL parser reads every expression; each series is one a sidecar exports (or one these
+    rules record), and every label a matcher or a grouping names is one that series carries."""
+    import promql_parser as promql
+
+    recorded: dict[str, set[str]] = {}
+    for rule in _rules():
+        expr = promql.parse(rule["expr"])  # raises on a syntax error
+        selectors, grouping = _selectors(expr)
+        assert selectors, rule
+        carried: set[str] = set()
+        for selector in selectors:
+            labels = exported.get(selector.name, recorded.get(selector.name))
+            assert labels is not None, f"{rule.get('alert') or rule.get('record')}: nothing exports or records {selector.name}"
+            carried |= labels
+            matched = {m.name for m in selector.matchers.matchers}
+            assert matched <= labels | TARGET_LABELS, f"{selector.name} has no label(s) {sorted(matched - labels - TARGET_LABELS)}"
+        assert grouping <= carried | TARGET_LABELS, f"{rule}: groups by {sorted(grouping - carried - TARGET_LABELS)}, which no series has"
+        if "record" in rule:
+            recorded[rule["record"]] = grouping
+    assert set(recorded) >= {"slaq:slo_error_budget", "slaq:slo_error_ratio:rate1h"}
+
+
+def test_slo_alerts_follow_the_workbooks_multiwindow_multi_burn_rate_table() -> None:
+    burns = [r for r in _rules() if r.get("alert") == "SlaqErrorBudgetBurn"]
+    got = sorted((r["labels"]["long_window"], r["labels"]["short_window"], r["labels"]["severity"]) for r in burns)
+    assert got == sorted([("1h", "5m", "critical"), ("6h", "30m", "critical"), ("1d", "2h", "warning"), ("3d", "6h", "warning")])
+    factors = {"1h": "14.4", "6h": "6", "1d": "3", "3d": "1"}
+    for rule in burns:
+        long, short = rule["labels"]["long_window"], rule["labels"]["short_window"]
+        assert f"slaq:slo_error_ratio:rate{long} > on (namespace, tenant, tier) ({factors[long]} * slaq:slo_error_budget)" in rule["expr"]
+        assert f"slaq:slo_error_ratio:rate{short} > on (namespace, tenant, tier) ({factors[long]} * slaq:slo_error_budget)" in rule["expr"]
+    records = {r["record"]: r["expr"] for r in _rules() if "record" in r}
+    assert records["slaq:slo_error_budget"].strip() == "1 - max by (namespace, tenant, tier) (slaq_attainment_target)"
+    assert 'slaq_slo_outcomes_total{outcome!="met"}[1h]' in records["slaq:slo_error_ratio:rate1h"]
+
+
+def test_pool_alerts_cover_engine_down_shedding_and_quota_saturation() -> None:
+    groups = _rule_groups({"alerts": {"enabled": True, "shedding": {"ratio": 0.2, "for": "5m"}, "quotaSaturation": {"severity": "warning"}}})
+    alerts = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+    assert {"SlaqEngineDown", "SlaqSustainedShedding", "SlaqQuotaSaturation"} <= set(alerts)
+    assert "slaq_sidecar_engine_up" in alerts["SlaqEngineDown"]["expr"]
+    assert alerts["SlaqSustainedShedding"]["for"] == "5m" and "> 0.2" in alerts["SlaqSustainedShedding"]["expr"]
+    assert alerts["SlaqQuotaSaturation"]["labels"]["severity"] == "warning"
+
+
+def test_alert_values_are_checked_by_the_schema() -> None:
+    assert "ratio" in render_failure({"alerts": {"enabled": True, "shedding": {"ratio": 5}}})
+    assert "for" in render_failure({"alerts": {"enabled": True, "engineDown": {"for": "soon"}}})

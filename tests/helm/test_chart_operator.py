@@ -29,12 +29,13 @@ def test_pool_pods_carry_the_labels_the_chart_selects_by(body: dict) -> None:
 
 
 @pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])
-def test_the_sidecar_port_is_the_one_the_chart_admits_and_scrapes(body: dict) -> None:
+def test_the_sidecar_ports_are_the_ones_the_chart_admits_and_scrapes(body: dict) -> None:
     containers = _pod_template(body)["spec"]["containers"]
     ports = [port for container in containers for port in container.get("ports", [])]
-    assert [p["name"] for p in ports] == [VALUES["networkPolicy"]["sidecarPortName"]]
+    tenant, metrics = VALUES["networkPolicy"]["sidecarPortName"], VALUES["networkPolicy"]["metricsPortName"]
+    assert [p["name"] for p in ports] == [tenant, metrics]  # the engine's port is never named on the pod
     (monitor,) = of_kind(render(api_versions=[PROMETHEUS_OPERATOR_API]), "PodMonitor")
-    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == ports[0]["name"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [metrics]  # never the tenant port
 
 
 def test_pool_selector_never_selects_the_operator_pod() -> None:

@@ -134,7 +134,7 @@ def test_network_policy_absent_by_default() -> None:
     assert "NetworkPolicy" not in kinds(render())
 
 
-def test_network_policy_admits_only_the_sidecar_port_in_each_pool_namespace() -> None:
+def test_network_policy_admits_only_the_sidecar_ports_in_each_pool_namespace() -> None:
     objects = render({"networkPolicy": {"enabled": True, "namespaces": ["team-a", "team-b"]}})
     policies = of_kind(objects, "NetworkPolicy")
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
@@ -142,18 +142,31 @@ def test_network_policy_admits_only_the_sidecar_port_in_each_pool_namespace() ->
         spec = policy["spec"]
         assert spec["policyTypes"] == ["Ingress"]
         assert spec["podSelector"]["matchLabels"] == POOL_POD_LABELS
-        (rule,) = spec["ingress"]
-        assert rule["ports"] == [{"protocol": "TCP", "port": "http"}]
-        assert "from" not in rule  # no peers listed: any peer, on that port only
+        tenant, metrics = spec["ingress"]
+        assert tenant["ports"] == [{"protocol": "TCP", "port": "http"}]
+        assert "from" not in tenant  # no peers listed: any peer, on the tenant port only
+        assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+        monitoring, operator = metrics["from"]  # the metrics port: the monitoring namespace and the operator only
+        assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+
+
+def test_network_policy_ports_follow_the_pod_contract() -> None:
+    from slaq.api.runtime import METRICS_PORT_NAME, SIDECAR_PORT_NAME
+
+    (policy,) = of_kind(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == [SIDECAR_PORT_NAME, METRICS_PORT_NAME]
 
 
 def test_network_policy_defaults_to_the_release_namespace_and_always_admits_the_operator() -> None:
     peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}
-    (policy,) = of_kind(render({"networkPolicy": {"enabled": True, "from": [peer]}}), "NetworkPolicy")
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway-system"}}}
+    (policy,) = of_kind(render({"networkPolicy": {"enabled": True, "from": [peer], "metricsFrom": [scraper]}}), "NetworkPolicy")
     assert policy["metadata"]["namespace"] == NAMESPACE
-    peers = policy["spec"]["ingress"][0]["from"]
-    assert peers[0] == peer
-    operator_peer = peers[1]
+    tenant, metrics = policy["spec"]["ingress"]
+    assert tenant["from"] == [peer]
+    assert metrics["from"][0] == scraper
+    operator_peer = metrics["from"][1]
     assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
     operator_pod = named(render(), "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
     assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
@@ -167,15 +180,15 @@ def test_pod_monitor_needs_the_prometheus_operator_api() -> None:
     assert spec["namespaceSelector"] == {"any": True}
     assert spec["selector"]["matchLabels"] == POOL_POD_LABELS
     (endpoint,) = spec["podMetricsEndpoints"]
-    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     assert endpoint["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_slaq_dev_pool"], "targetLabel": "pool"}]
 
 
 def test_pod_monitor_follows_the_pod_contract() -> None:
-    from slaq.api.runtime import METRICS_PATH, SIDECAR_PORT_NAME
+    from slaq.api.runtime import METRICS_PATH, METRICS_PORT_NAME
 
     (monitor,) = of_kind(render(api_versions=[PROMETHEUS_OPERATOR_API]), "PodMonitor")
-    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == SIDECAR_PORT_NAME
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == METRICS_PORT_NAME
     assert monitor["spec"]["podMetricsEndpoints"][0]["path"] == METRICS_PATH
 
 

@@ -41,8 +41,9 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
         sc = c["securityContext"]
         assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
     assert pod["automountServiceAccountToken"] is False
-    # Only the sidecar port is exposed; the engine binds to 127.0.0.1.
-    assert sidecar["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    # Only the sidecar's ports are exposed (tenant and metrics); the engine binds to 127.0.0.1.
+    assert sidecar["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"},
+                                {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     assert "ports" not in engine
     args = engine["args"]
     assert args[:5] == ["engine", "--host", ENGINE_HOST, "--port", str(ENGINE_PORT)] and ENGINE_HOST == "127.0.0.1"
@@ -80,7 +81,7 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
 
 def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -> None:
     assert sidecar_args(gpu_pool) == [
-        "--port", "8000", "--engine-url", "http://127.0.0.1:8001", "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
+        "--port", "8000", "--metrics-port", "9090", "--engine-url", "http://127.0.0.1:8001", "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
         "--max-queue-depth", "1024", "--drain-timeout", "60",
         "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True), "--served-model-name", "llama3-8b",
     ]
@@ -112,7 +113,9 @@ def test_deployment_service_pdb_select_the_same_pods(gpu_pool: InferencePool) ->
     assert deployment["spec"]["selector"]["matchLabels"] == selector == service["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    # The metrics port is not on the Service: tenants reach the tenant port only.
     assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}]
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9090"
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
 
 
@@ -149,3 +152,12 @@ def test_owner_reference_marks_the_pool_as_controller(gpu_pool: InferencePool) -
     child = owned_by(render_service(gpu_pool), owner)
     assert child["metadata"]["ownerReferences"] == [{"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama3-8b",
                                                      "uid": "u-1", "controller": True, "blockOwnerDeletion": True}]
+
+
+def test_a_metrics_port_equal_to_the_tenant_port_is_refused_naming_the_field(gpu_pool: InferencePool) -> None:
+    from pydantic import ValidationError
+
+    body = gpu_pool.to_wire()
+    body["spec"]["sidecar"] = {"port": 9000, "metricsPort": 9000}
+    with pytest.raises(ValidationError, match="sidecar.metricsPort"):
+        InferencePool.model_validate(body)

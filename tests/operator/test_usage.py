@@ -30,7 +30,7 @@ async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) ->
     api = KubeClient(Connection(server=str(kube.url).rstrip("/")))
     try:
         pool = InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text()))
-        pool.spec.sidecar.port = port
+        pool.spec.sidecar.metrics_port = port  # usage and metrics are read on the metrics port
         labels = {"app.kubernetes.io/name": "slaq", "slaq.dev/pool": "tiny-cpu"}
         pods = [("ready", labels, "Running", "127.0.0.1"), ("pending", labels, "Pending", None),
                 ("other-pool", {**labels, "slaq.dev/pool": "x"}, "Running", "127.0.0.1")]

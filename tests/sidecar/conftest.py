@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -10,7 +11,8 @@ import httpx
 import pytest
 
 from slaq.api.table import TenantTable
-from slaq.sidecar.server import SidecarOptions, build_app
+from slaq.sidecar.app import SidecarApp
+from slaq.sidecar.server import PortRouter, SidecarOptions, bind, build_app
 from tests.sidecar.tables import abc_table
 from tests.support.fake_upstream import FakeEngine, ServerThread
 from tests.support.polling import wait_for
@@ -22,14 +24,29 @@ def write_table(path: Path, table: TenantTable) -> None:
     os.replace(tmp, path)
 
 
+class SidecarThread(ServerThread):
+    """A sidecar app served as `slaq sidecar` serves it: one server, the tenant and metrics ports."""
+
+    def __init__(self, app: SidecarApp) -> None:
+        sockets = [bind("127.0.0.1", 0), bind("127.0.0.1", 0)]
+        self.metrics_port = sockets[1].getsockname()[1]
+        super().__init__(PortRouter(app, self.metrics_port), port=sockets[0].getsockname()[1])
+        self.thread = threading.Thread(target=self.server.run, args=(sockets,), name=f"sidecar-{self.port}", daemon=True)
+
+
 class RunningSidecar:
-    def __init__(self, server: ServerThread, table_path: Path, app) -> None:
-        self.server, self.table_path, self.app = server, table_path, app
-        self.url = server.url
+    """The tenant port (`client`) and the metrics port (`metrics`) of one sidecar app."""
+
+    def __init__(self, app: SidecarApp, table_path: Path) -> None:
+        self.server, self.table_path, self.app = SidecarThread(app).start(), table_path, app
+        self.url = self.server.url
+        self.metrics_url = f"http://127.0.0.1:{self.server.metrics_port}"
         self.client = httpx.Client(base_url=self.url, timeout=30.0)
+        self.metrics = httpx.Client(base_url=self.metrics_url, timeout=30.0)
 
     def stop(self) -> None:
         self.client.close()
+        self.metrics.close()
         self.server.stop()
 
 
@@ -41,9 +58,7 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
         path = tmp_path / f"tenants-{len(started)}.json"
         write_table(path, table or abc_table())
         opts = SidecarOptions(host="127.0.0.1", port=0, engine_url=engine_url, tenant_table=path, **options)
-        app = build_app(opts)
-        server = ServerThread(app).start()
-        sidecar = RunningSidecar(server, path, app)
+        sidecar = RunningSidecar(build_app(opts), path)
         started.append(sidecar)
         wait_for(lambda: sidecar.client.get("/ready").status_code == 200, what="sidecar ready")
         return sidecar

@@ -10,10 +10,12 @@ SECRET = b"test-pool-secret"
 KEYS = {"vip": "sk-vip-0123456789", "std": "sk-std-0123456789", "free": "sk-free-0123456789"}
 
 
-def entry(name: str, tier: str, *, ttft_ms: float | None = None, tpot_ms: float | None = None, key: str | None = None, **share: Any) -> TenantEntry:
+def entry(name: str, tier: str, *, ttft_ms: float | None = None, tpot_ms: float | None = None, key: str | None = None,
+          attainment_target: float = 0.99, **share: Any) -> TenantEntry:
     return TenantEntry(
         name=name,
         tier=tier,
+        attainment_target=attainment_target,
         ttft_ms=ttft_ms,
         tpot_ms=tpot_ms,
         key_hashes=[hash_api_key(key or KEYS.get(name, f"sk-{name}-0123456789"))],

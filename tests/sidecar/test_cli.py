@@ -39,7 +39,7 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> N
     write_table(table, abc_table())
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--engine-url", fake_upstream[1],
+        [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(_free_port()), "--engine-url", fake_upstream[1],
          "--tenant-table", str(table), "--drain-timeout", "20", "--served-model-name", "fake-model"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )

@@ -42,7 +42,7 @@ def real(tmp_path_factory, wiretap, slaq_engine) -> Iterator[RunningSidecar]:
     options = SidecarOptions(host="127.0.0.1", port=0, engine_url=wiretap.url, tenant_table=path,  # type: ignore[attr-defined]
                              served_model_name=MODEL, tokenizer=str(ensure_tiny_model()), max_queue_depth=2)
     app = build_app(options)
-    running = RunningSidecar(ServerThread(app).start(), path, app)
+    running = RunningSidecar(app, path)
     running.client.timeout = httpx.Timeout(120.0)
     wait_for(lambda: running.client.get("/ready").status_code == 200, 60.0, "sidecar ready in front of the engine")
     yield running
@@ -72,16 +72,19 @@ def test_non_streaming_completion_and_chat(real) -> None:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}),
 ])
 def test_streaming_completion_and_chat(real, path: str, body: dict) -> None:
-    before = real.client.get("/metrics").text.count("slaq_ttft_seconds_count")
+    before = real.metrics.get("/metrics").text.count("slaq_ttft_seconds_count")
     with real.client.stream("POST", path, json={**body, "model": MODEL, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}, headers=bearer("vip")) as response:
         assert response.status_code == 200
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     usage = json.loads(events[-2])["usage"]
     assert usage["completion_tokens"] == 6
-    metrics = real.client.get("/metrics").text
+    metrics = real.metrics.get("/metrics").text
     assert 'slaq_ttft_seconds_count{tenant="vip",tier="critical"}' in metrics and metrics.count("slaq_ttft_seconds_count") >= before
     assert 'slaq_slo_outcomes_total{outcome=' in metrics
+    # The engine's series, fetched through the sidecar's metrics port (what a cluster's Prometheus scrapes).
+    assert "vllm:num_requests_waiting{" in metrics and "vllm:kv_cache_usage_perc{" in metrics and "slaq_engine_queue_depth{" in metrics
+    assert "python_gc_objects_collected_total" not in metrics
 
 
 def test_client_priority_and_salt_never_reach_the_engine(real, wiretap) -> None:
@@ -134,7 +137,7 @@ def test_unauthorized_through_the_real_path(real) -> None:
 def test_rate_limit_429(real) -> None:
     table = abc_table("tight", std={"requests_per_minute": 1.0})
     write_table(real.table_path, table)
-    wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "tight", what="reload")
+    wait_for(lambda: real.metrics.get("/slaq/usage").json()["tableRevision"] == "tight", what="reload")
     try:
         statuses = [real.client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, headers=bearer("std")) for _ in range(2)]
         assert statuses[0].status_code in (200, 429)
@@ -142,7 +145,7 @@ def test_rate_limit_429(real) -> None:
         assert int(statuses[1].headers["retry-after"]) >= 1
     finally:
         write_table(real.table_path, abc_table("loose", std={"requests_per_minute": 600.0}))
-        wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "loose", what="reload")
+        wait_for(lambda: real.metrics.get("/slaq/usage").json()["tableRevision"] == "loose", what="reload")
 
 
 async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None:
@@ -151,7 +154,7 @@ async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None
     the gate opens again (the engine monitor pumps the queue on every poll). The queued tenant has
     no TTFT objective here, so the deadline guard (its own tests) cannot refuse it first."""
     write_table(real.table_path, abc_table("noslo", std={"ttft_ms": None, "tpot_ms": None, "requests_per_minute": 600.0}))
-    wait_for(lambda: real.client.get("/slaq/usage").json()["tableRevision"] == "noslo", what="reload")
+    wait_for(lambda: real.metrics.get("/slaq/usage").json()["tableRevision"] == "noslo", what="reload")
     gate = real.app.core.gate
     gate.max_in_flight = 0
     try:
@@ -162,7 +165,7 @@ async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None
             shed = await client.post("/v1/completions", json={"model": MODEL, "prompt": "cheap", "max_tokens": 2}, headers=bearer("free"))
             assert shed.status_code == 503 and shed.json()["reason"] == "shedding"
             assert int(shed.headers["retry-after"]) >= 1
-            assert 'slaq_queue_depth{tier="standard"} 1.0' in (await client.get("/metrics")).text
+            assert 'slaq_queue_depth{tier="standard"} 1.0' in (await asyncio.to_thread(real.metrics.get, "/metrics")).text
             gate.max_in_flight = None
             assert (await queued).status_code == 200
     finally:

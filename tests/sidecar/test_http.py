@@ -48,7 +48,7 @@ def test_streaming_chat_records_ttft_and_tokens(sidecar) -> None:
     with sidecar.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer("std")) as response:
         chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    metrics = sidecar.client.get("/metrics").text
+    metrics = sidecar.metrics.get("/metrics").text
     assert 'slaq_tokens_total{direction="out",tenant="std",tier="standard"} 5.0' in metrics
     assert 'slaq_ttft_seconds_count{tenant="std",tier="standard"} 1.0' in metrics
     assert 'slaq_queue_depth{tier="critical"} 0.0' in metrics
@@ -76,7 +76,7 @@ def test_request_rate_429_with_retry_after(start_sidecar, fake_upstream) -> None
     refusal(response, 429, "request_rate")
     assert int(response.headers["retry-after"]) == 30
     assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200
-    usage = sidecar.client.get("/slaq/usage").json()
+    usage = sidecar.metrics.get("/slaq/usage").json()
     assert usage["pool"] == "ns/pool" and usage["tenants"]["std"]["refusedPerMinute"] == 1
 
 
@@ -107,7 +107,7 @@ async def test_concurrency_429_and_batch_shed_503_when_saturated(start_sidecar, 
     reasons = [r.json()["reason"] for r in responses if r.status_code != 200]
     assert "concurrency" in reasons or "queue_full" in reasons
     assert all(r.status_code in (200, 429, 503) for r in responses)
-    metrics = sidecar.client.get("/metrics").text
+    metrics = sidecar.metrics.get("/metrics").text
     assert 'slaq_rejections_total{reason="shedding",tier="batch"} 1.0' in metrics
 
 
@@ -129,7 +129,7 @@ def test_a_stream_the_engine_breaks_ends_with_an_error_event_not_done(sidecar) -
     last = json.loads(events[-1])
     assert last["reason"] == "engine_stream_broken" and last["error"]["code"] == 502, last
     wait_for(lambda: sidecar.app.core.quotas.in_flight("vip") == 0, what="the broken request to be settled")
-    assert 'slaq_requests_total{code="502",tenant="vip",tier="critical"} 1.0' in sidecar.client.get("/metrics").text
+    assert 'slaq_requests_total{code="502",tenant="vip",tier="critical"} 1.0' in sidecar.metrics.get("/metrics").text
 
 
 def test_unreachable_engine(start_sidecar, fake_upstream) -> None:
@@ -159,7 +159,7 @@ def test_table_reload_keeps_in_flight_and_applies_to_new_requests(sidecar) -> No
         table = abc_table("r2")
         table.tenants = [t for t in table.tenants if t.name != "vip"]
         write_table(sidecar.table_path, table)
-        wait_for(lambda: sidecar.client.get("/slaq/usage").json()["tableRevision"] == "r2", what="reload")
+        wait_for(lambda: sidecar.metrics.get("/slaq/usage").json()["tableRevision"] == "r2", what="reload")
         rest = [line for line in lines if line]
     assert first.startswith("data: ") and rest[-1] == "data: [DONE]"
     refusal(sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")), 401, "unauthorized")

@@ -70,13 +70,12 @@ def shared_sidecar(tmp_path_factory, _fake_upstream_server):
     from tests.sidecar.conftest import RunningSidecar, write_table
     from tests.support.polling import wait_for
     from tests.sidecar.tables import abc_table
-    from tests.support.fake_upstream import ServerThread
 
     path = tmp_path_factory.mktemp("malformed") / "tenants.json"
     write_table(path, abc_table())
     options = SidecarOptions(host="127.0.0.1", port=0, engine_url=_fake_upstream_server[1].url, tenant_table=path, served_model_name="fake-model")
     app = build_app(options)
-    running = RunningSidecar(ServerThread(app).start(), path, app)
+    running = RunningSidecar(app, path)
     wait_for(lambda: running.client.get("/ready").status_code == 200, what="ready")
     yield running
     running.stop()
@@ -119,7 +118,7 @@ def test_get_on_completions_is_405(shared_sidecar) -> None:
 
 
 def test_refusals_are_counted_and_the_sidecar_still_serves(shared_sidecar) -> None:
-    metrics = shared_sidecar.client.get("/metrics").text
+    metrics = shared_sidecar.metrics.get("/metrics").text
     assert 'slaq_rejections_total{reason="invalid_field",tier="standard"}' in metrics
     assert shared_sidecar.client.get("/health").status_code == 200
     assert shared_sidecar.app.core.quotas.in_flight("std") == 0 and len(shared_sidecar.app.core.queue) == 0

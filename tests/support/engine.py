@@ -7,6 +7,7 @@ then SIGKILL). Its log goes to a file whose path is printed when the engine fail
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -68,19 +69,31 @@ def _wait_healthy(process: subprocess.Popen, base_url: str, log_path: Path) -> N
     raise RuntimeError(f"slaq engine did not answer /health within {START_TIMEOUT_S:.0f}s; log: {log_path}")
 
 
-@pytest.fixture(scope="session")
-def slaq_engine() -> Iterator[EngineHandle]:
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the series of `name` that carry `labels`; fails when there is none."""
+    values = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
+            values.append(float(value))
+    if not values:
+        raise AssertionError(f"{name}{labels} not on /metrics")
+    return sum(values)
+
+
+@contextlib.contextmanager
+def running_engine(*args: str, env: dict[str, str] | None = None) -> Iterator[EngineHandle]:
+    """A `slaq engine` with these arguments (after host and port), up and healthy, stopped on exit."""
     port = _free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="slaq-engine-test-"))
     log_path = log_dir / "engine.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PROMETHEUS_MULTIPROC_DIR=str(log_dir / "metrics"))
+    environ = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PROMETHEUS_MULTIPROC_DIR=str(log_dir / "metrics"), **(env or {}))
     (log_dir / "metrics").mkdir()
-    command = [
-        sys.executable, "-m", "slaq", "engine", "--host", "127.0.0.1", "--port", str(port),
-        "--max-num-seqs", str(ENGINE_MAX_NUM_SEQS), "--max-model-len", "512",
-    ]
+    command = [sys.executable, "-m", "slaq", "engine", "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(process, base_url, log_path)
@@ -92,3 +105,9 @@ def slaq_engine() -> Iterator[EngineHandle]:
         yield EngineHandle(base_url=base_url, port=port, pid=process.pid, model="slaq-tiny")
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="session")
+def slaq_engine() -> Iterator[EngineHandle]:
+    with running_engine("--max-num-seqs", str(ENGINE_MAX_NUM_SEQS), "--max-model-len", "512") as engine:
+        yield engine

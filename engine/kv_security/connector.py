@@ -1,0 +1,164 @@
+"""`SlaqKVConnector`: slaq's KV security as a vLLM 0.32 KV connector (`--kv-transfer-config`).
+
+vLLM builds one instance in the scheduler process (role SCHEDULER: planner.py) and one in each
+worker (role WORKER: worker.py); the plan built each step travels to the workers inside the
+scheduler output. One connector does both erase and swap, because their order matters within a
+step (a preempted request's blocks are sealed before anything zeroes or reuses them, and blocks
+are zeroed before a host copy is written back into them); vLLM's MultiConnector gives no order
+between its children's worker hooks that slaq could rely on.
+
+Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
+`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
+`inspectPath` and `tamperFlag` (see worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from slaq.engine import vllm_compat as vc
+from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
+from slaq.engine.kv_security.worker import KVSecurityWorker
+
+CONNECTOR_NAME = "SlaqKVConnector"
+CONNECTOR_MODULE = "slaq.engine.kv_security.connector"
+
+
+@dataclass(frozen=True)
+class KVSecuritySettings:
+    erase: bool = True
+    host_cache_bytes: int = 0
+    inspect_path: str | None = None
+    tamper_flag: str | None = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
+        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
+        unknown = set(extra) - known
+        if unknown:
+            raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        return cls(
+            erase=bool(extra.get("erase", True)),
+            host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
+            inspect_path=extra.get("inspectPath"),
+            tamper_flag=extra.get("tamperFlag"),
+        )
+
+    def to_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
+        if self.inspect_path:
+            extra["inspectPath"] = self.inspect_path
+        if self.tamper_flag:
+            extra["tamperFlag"] = self.tamper_flag
+        return extra
+
+
+def transfer_config_json(settings: KVSecuritySettings) -> str:
+    """The `--kv-transfer-config` value that loads this connector. Load failures are recomputed,
+    never served (`kv_load_failure_policy=recompute`)."""
+    return json.dumps({
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": settings.to_extra(),
+    })
+
+
+@dataclass
+class SlaqKVMetadata(vc.KVConnectorMetadata):
+    plan: KVSecurityPlan
+
+
+class SlaqKVConnector(vc.KVConnectorBase_V1):
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        settings = KVSecuritySettings.from_extra(vc.connector_settings(vllm_config))
+        num_blocks = vc.kv_cache_block_count(kv_cache_config)
+        self.settings = settings
+        self.planner: KVSecurityPlanner | None = None
+        self.worker: KVSecurityWorker | None = None
+        if role == vc.KVConnectorRole.SCHEDULER:
+            from slaq.engine.config import tenant_table_path
+            from slaq.engine.metrics import engine_metrics
+            import os
+
+            self.planner = KVSecurityPlanner(
+                num_blocks=num_blocks,
+                block_size=vc.config_block_size(vllm_config),
+                erase=settings.erase,
+                host_capacity_blocks=settings.host_cache_bytes // vc.kv_bytes_per_block(kv_cache_config),
+                metrics=engine_metrics(),
+                inspect=settings.inspect_path is not None,
+                tenant_table=tenant_table_path(os.environ),
+            )
+        else:
+            self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a host copy is a cache: a lost one means a recompute, nothing more
+
+    # -- scheduler side ---------------------------------------------------------------------------
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self.planner is not None:
+            self.planner.manager = kv_cache_manager
+
+    def on_new_request(self, request: Any) -> None:
+        assert self.planner is not None
+        self.planner.arrived(request)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self.planner is not None
+        return self.planner.matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self.planner is not None
+        self.planner.allocated(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> SlaqKVMetadata:
+        assert self.planner is not None
+        return SlaqKVMetadata(self.planner.plan(scheduler_output))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        assert self.planner is not None
+        self.planner.load_failed(vc.failed_block_ids(connector_output))
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self.planner is not None
+        self.planner.finished(request)
+        return False, None
+
+    def reload_tenants(self) -> None:
+        """The tenant table changed (the scheduler's watcher saw it)."""
+        if self.planner is not None:
+            self.planner.reload_tenants()
+
+    # -- worker side ------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        assert self.worker is not None
+        self.worker.register(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        assert self.worker is not None
+        self.worker.before_forward(kv_connector_metadata.plan)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        assert self.worker is not None
+        self.worker.load(self._get_connector_metadata().plan)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self.worker is not None
+        return self.worker.take_failed()

@@ -1,0 +1,166 @@
+"""The scheduler side of slaq's KV connector: one `KVSecurityPlan` per step for the worker.
+
+It hears what vLLM's scheduler did through the connector interface (a request arrived, blocks were
+allocated for a load, a request finished, a step was scheduled) and turns it into orders: blocks
+to zero (ownership.py), preempted requests to seal into host memory and readmitted ones to fill
+from there (swap.py). Tenants' erase modes come from the tenant table (`kvErase`); a tenant that
+leaves the table or whose cache salt changes has all its blocks erased (the engine keeps only a
+fingerprint of each salt, to notice the change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from slaq.api.common import KvErase
+from slaq.api.contract import RequestSLA
+from slaq.api.table import TenantTable
+from slaq.engine import vllm_compat as vc
+from slaq.engine.config import read_tenant_table
+from slaq.engine.errors import SchedulerConfigError
+from slaq.engine.kv_security.ownership import REASON_SALT_CHANGED, REASON_TENANT_REMOVED, BlockOwnership, Reassignment
+from slaq.engine.kv_security.swap import LoadOrder, SaveOrder, SwapLedger
+from slaq.engine.metrics import EngineMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KVSecurityPlan:
+    """What the worker does before a step's forward pass, in this order: seal `saves` into host
+    memory, drop the host copies of `drops`, zero `erase`, fill `loads` from host copies."""
+
+    erase: list[int] = field(default_factory=list)
+    saves: list[SaveOrder] = field(default_factory=list)
+    loads: list[LoadOrder] = field(default_factory=list)
+    drops: list[str] = field(default_factory=list)
+    reassigned: list[Reassignment] = field(default_factory=list)  # only when the test hook inspects
+
+
+@dataclass(frozen=True)
+class TenantKV:
+    erase: KvErase
+    salt_fingerprint: str
+
+
+def tenant_kv_policies(table: TenantTable) -> dict[str, TenantKV]:
+    return {
+        t.name: TenantKV(t.kv_erase, hashlib.sha256(t.cache_salt.encode("utf-8")).hexdigest()[:16])
+        for t in table.tenants
+    }
+
+
+class KVSecurityPlanner:
+    def __init__(self, *, num_blocks: int, block_size: int, erase: bool, host_capacity_blocks: int,
+                 metrics: EngineMetrics, inspect: bool = False, tenant_table: Path | None = None) -> None:
+        self.ownership = BlockOwnership(num_blocks, block_size, erase_on_reuse=erase)
+        self.swap = SwapLedger(host_capacity_blocks, block_size) if host_capacity_blocks > 0 else None
+        self.erase_enabled = erase
+        self.metrics = metrics
+        self.inspect = inspect
+        self.tenant_table = tenant_table
+        self.manager: Any = None  # vLLM's KVCacheManager, bound after the scheduler built it
+        self._tenant_of: dict[str, str] = {}
+        self._policies: dict[str, TenantKV] = {}
+        self._loads: list[LoadOrder] = []
+        self._drops: list[str] = []
+        if tenant_table is not None and tenant_table.is_file():
+            self.reload_tenants()
+
+    # -- tenants ---------------------------------------------------------------------------------
+    def reload_tenants(self) -> None:
+        """Read the tenant table again (it changed): new erase modes; erase every block of a tenant
+        that left it or whose cache salt changed. An unreadable table changes nothing."""
+        if self.tenant_table is None:
+            return
+        try:
+            policies = tenant_kv_policies(read_tenant_table(self.tenant_table))
+        except SchedulerConfigError as exc:
+            log.warning("%s; KV erase modes unchanged", exc)
+            return
+        self.apply_policies(policies)
+
+    def apply_policies(self, policies: Mapping[str, TenantKV]) -> None:
+        if self.erase_enabled:
+            for tenant, old in self._policies.items():
+                new = policies.get(tenant)
+                if new is None:
+                    self.ownership.retire(tenant, REASON_TENANT_REMOVED)
+                elif new.salt_fingerprint != old.salt_fingerprint:
+                    self.ownership.retire(tenant, REASON_SALT_CHANGED)
+            self.ownership.erase_when_freed = {t for t, p in policies.items() if p.erase is KvErase.ON_FREE}
+        self._policies = dict(policies)
+        self._evict()
+
+    # -- requests --------------------------------------------------------------------------------
+    def arrived(self, request: vc.Request) -> None:
+        tenant = RequestSLA.from_extra_args(vc.extra_args(request)).tenant
+        self._tenant_of[request.request_id] = tenant
+        if self.erase_enabled and tenant in self.ownership.erase_when_freed:
+            vc.skip_prefix_cache_reads(request)
+
+    def matched_tokens(self, request: vc.Request, num_computed: int) -> int:
+        if self.swap is None:
+            return 0
+        return self.swap.matched_tokens(request.request_id, num_computed, request.num_tokens)
+
+    def allocated(self, request: vc.Request, blocks: Any, num_external: int) -> None:
+        if self.swap is None or num_external <= 0:
+            return
+        order = self.swap.allocated(request.request_id, vc.first_group_block_ids(blocks), num_external)
+        if order is not None:
+            self.ownership.written(order.tenant, order.block_ids)
+            self._loads.append(order)
+
+    def finished(self, request: vc.Request) -> None:
+        request_id = request.request_id
+        self.ownership.released(request_id)
+        if self.swap is not None and self.swap.forget(request_id):
+            self._drops.append(request_id)
+        self._tenant_of.pop(request_id, None)
+        self._evict()  # before the next schedule() can hit a block about to be zeroed
+
+    def load_failed(self, block_ids: set[int]) -> None:
+        if block_ids:
+            self.metrics.kv_swap_blocks.labels(direction="in", outcome="failed").inc(len(block_ids))
+
+    # -- the step --------------------------------------------------------------------------------
+    def plan(self, output: vc.SchedulerOutput) -> KVSecurityPlan:
+        plan = KVSecurityPlan(loads=self._loads, drops=self._drops)
+        self._loads, self._drops = [], []
+        for request_id in vc.preempted_ids(output):
+            held = self.ownership.released(request_id)
+            if held is None or self.swap is None:
+                continue
+            order = self.swap.preempted(request_id, held)
+            if order is None:
+                self.metrics.kv_swap_blocks.labels(direction="out", outcome="refused").inc(max(1, held.computed_tokens // self.ownership.block_size))
+            else:
+                plan.saves.append(order)
+        tenant_of = self._tenant_of
+        for request_id, block_ids, computed, scheduled, replaces in vc.scheduled_blocks(output):
+            tenant = tenant_of.get(request_id)
+            if tenant is not None:
+                self.ownership.scheduled(request_id, tenant, block_ids, computed, scheduled, replaces=replaces)
+        orders = self.ownership.take_erase_orders()
+        plan.erase = sorted(orders)
+        for reason in set(orders.values()):
+            self.metrics.kv_erased_blocks.labels(reason=reason).inc(sum(1 for r in orders.values() if r == reason))
+        reassigned = self.ownership.take_reassignments()
+        if self.inspect:
+            plan.reassigned = reassigned
+        if plan.saves:
+            self.metrics.kv_swap_blocks.labels(direction="out", outcome="ok").inc(sum(len(s.block_ids) for s in plan.saves))
+        if plan.loads:
+            self.metrics.kv_swap_blocks.labels(direction="in", outcome="ordered").inc(sum(len(l.block_ids) for l in plan.loads))
+        self._evict()
+        return plan
+
+    def _evict(self) -> None:
+        evictions = self.ownership.take_evictions()
+        if evictions and self.manager is not None:
+            vc.evict_cached_blocks(self.manager, sorted(evictions))

@@ -1,0 +1,45 @@
+"""`slaq up` without an engine: the access-log pass-through and the banner's metrics line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from slaq.local.stack import LocalStack, StackOptions
+from slaq.local.up import AccessLines, is_access_line
+
+ACCESS = '{"time":"2026-12-01T00:00:00.000Z","event":"request","tenant":"vip","status":200}'
+
+
+def test_access_lines_hands_back_whole_access_lines_once(tmp_path: Path) -> None:
+    log = tmp_path / "sidecar.log"
+    follower = AccessLines(log)
+    assert follower.read() == []  # no file yet
+    log.write_text("2026-12-01 INFO uvicorn: started\n" + ACCESS + "\n" + ACCESS[:20])
+    assert follower.read() == [ACCESS]
+    with open(log, "a") as out:
+        out.write(ACCESS[20:] + "\n{not json\n" + '{"event":"other"}\n')
+    assert follower.read() == [ACCESS]  # the half line, completed; the rest is not an access line
+    assert follower.read() == []
+
+
+def test_is_access_line() -> None:
+    assert is_access_line(ACCESS)
+    assert not is_access_line('{"event": "startup"}') and not is_access_line("[1, 2]") and not is_access_line("INFO {")
+
+
+def test_metrics_url_is_the_sidecars_metrics_port_when_there_is_a_sidecar(tmp_path: Path) -> None:
+    stack = LocalStack(StackOptions(host="0.0.0.0", port=8000, metrics_port=9555), tmp_path)
+    stack.engine_port, stack.port, stack.metrics_port = 8001, 8000, 9555
+    assert stack.metrics_url == "http://127.0.0.1:8001"  # no sidecar: the engine serves its own metrics
+    stack.sidecar = object()  # type: ignore[assignment]
+    assert stack.metrics_url == "http://127.0.0.1:9555" and stack.url == "http://127.0.0.1:8000"
+
+
+def test_up_accepts_metrics_port() -> None:
+    from slaq.local import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["up", "--metrics-port", "9100"]).metrics_port == 9100
+    assert parser.parse_args(["up"]).metrics_port == 0

@@ -1,0 +1,90 @@
+"""The audit log: one JSON line per answered or refused request; never text, never the key."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+
+from slaq.sidecar.access import AccessLog
+from tests.sidecar.tables import KEYS, abc_table, bearer
+from tests.support.polling import wait_for
+
+SECRET_PROMPT = "the-launch-code-is-4711"
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": SECRET_PROMPT}], "max_tokens": 5}
+
+
+def capture(sidecar) -> io.StringIO:
+    buffer = io.StringIO()
+    sidecar.app.access.attach(buffer)
+    return buffer
+
+
+def lines(buffer: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in buffer.getvalue().splitlines()]
+
+
+def test_an_answered_stream_is_one_line_with_its_figures_and_no_text(sidecar) -> None:
+    buffer = capture(sidecar)
+    with sidecar.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer("std")) as response:
+        streamed = "".join(response.iter_lines())
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    assert (line["tenant"], line["tier"], line["status"], line["reason"], line["stream"]) == ("std", "standard", 200, None, True)
+    assert (line["method"], line["path"], line["event"]) == ("POST", "/v1/chat/completions", "request")
+    assert line["output_tokens"] == 5 and line["prompt_tokens"] > 0
+    assert 0 <= line["ttft_s"] <= line["e2e_s"] and line["tpot_s"] >= 0 and line["queue_wait_s"] >= 0
+    assert line["slo"] in ("met", "ttft_missed", "tpot_missed") and line["time"].endswith("Z")
+    raw = buffer.getvalue()
+    assert "tok " in streamed  # the output went past the sidecar ...
+    assert SECRET_PROMPT not in raw and "tok " not in raw and KEYS["std"] not in raw  # ... and into no log line
+
+
+def test_refusals_are_logged_with_their_reason(start_sidecar, fake_upstream) -> None:
+    sidecar = start_sidecar(fake_upstream[1], abc_table(std={"requests_per_minute": 1.0}), served_model_name="fake-model")
+    buffer = capture(sidecar)
+    sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-" + "x" * 20})
+    sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
+    sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
+    sidecar.client.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers=bearer("vip"))
+    sidecar.client.post("/v1/chat/completions", json=CHAT, headers={**bearer("vip"), "x-fake-status": "400"})
+    wait_for(lambda: len(lines(buffer)) == 5, what="five access lines")
+    got = [(line["tenant"], line["status"], line["reason"]) for line in lines(buffer)]
+    assert got == [
+        (None, 401, "unauthorized"),
+        ("std", 200, None),
+        ("std", 429, "request_rate"),
+        ("vip", 404, "unknown_model"),
+        ("vip", 400, "engine_400"),
+    ]
+    assert "x" * 20 not in buffer.getvalue()
+
+
+def test_probes_are_not_logged_and_other_paths_are(sidecar) -> None:
+    buffer = capture(sidecar)
+    for path in ("/health", "/ready", "/metrics"):
+        sidecar.client.get(path)
+    sidecar.client.get("/v1/models", headers=bearer("free"))
+    wait_for(lambda: len(lines(buffer)) == 2, what="two access lines")
+    assert [(line["path"], line["status"], line["tenant"]) for line in lines(buffer)] == [("/metrics", 404, None), ("/v1/models", 200, "free")]
+
+
+async def test_a_client_that_leaves_is_logged_as_499(start_sidecar, fake_upstream) -> None:
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
+    buffer = capture(sidecar)
+    async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
+        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 16},
+                                 headers={**bearer("vip"), "x-fake-delay-ms": "300"}) as response:
+            async for _ in response.aiter_lines():
+                break
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    assert (line["tenant"], line["status"], line["reason"]) == ("vip", 499, "client_closed")
+
+
+def test_off_writes_nothing(sidecar) -> None:
+    buffer = io.StringIO()
+    sidecar.app.access = AccessLog("off", buffer)
+    assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200
+    assert buffer.getvalue() == ""
