@@ -25,7 +25,8 @@ Steps:
 
 While stock runs, the slaq processes are paused (SIGSTOP), so they take no CPU from it. SLO met
 = first token within the objective, over all requests sent (a refusal by slaq's admission is a
-miss). The example tenants' quotas are lifted so both systems serve the same traffic.
+miss). The example tenants' quotas (rates, concurrency, KV-cache share) are lifted so both
+systems serve the same traffic and face the same KV state.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ import signal
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
@@ -77,9 +79,9 @@ class TenantProfile:
 
 
 SCENARIO = (
-    TenantProfile("A", "A (VIP)", Tier.CRITICAL, 1000, 50.0, 0.4),
+    TenantProfile("A", "A (VIP)", Tier.CRITICAL, 1000, 50.0, 0.5),
     TenantProfile("B", "B (standard)", Tier.STANDARD, 5000, 200.0, 0.2),
-    TenantProfile("C", "C (free)", Tier.BATCH, 100, None, 0.4),
+    TenantProfile("C", "C (free)", Tier.BATCH, 100, None, 0.3),
 )
 STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lower runs earlier
 LOAD = 0.95
@@ -184,11 +186,15 @@ def demo_tenants(local: LocalTenants) -> dict[Tier, TenantSLA]:
 
 
 def scaled_tenant(tenant: TenantSLA, ttft_s: float | None) -> TenantSLA:
-    """The tenant with the scaled TTFT objective, no TPOT objective and no quotas (see module doc)."""
+    """The tenant with the scaled TTFT objective, no TPOT objective and no quotas (see module doc).
+
+    The KV-cache share goes too: with it slaq never lets the batch tier fill the KV cache, so
+    scenario 4.5's premise (a batch load holding nearly all of it) could not be set up for slaq."""
     spec = tenant.spec.model_copy(update={
         "objectives": tenant.spec.objectives.model_copy(update={"ttft_ms": None if ttft_s is None else round(ttft_s * 1000.0, 1),
                                                                 "tpot_ms": None}),
-        "quotas": tenant.spec.quotas.model_copy(update={"requests_per_minute": None, "tokens_per_minute": None, "max_concurrency": None}),
+        "quotas": tenant.spec.quotas.model_copy(update={"requests_per_minute": None, "tokens_per_minute": None, "max_concurrency": None,
+                                                        "kv_cache_share": 1.0}),
     })
     return tenant.model_copy(update={"spec": spec})
 
@@ -253,16 +259,29 @@ def _start_both(stock: LocalStack, slaq_stack: LocalStack, status: StatusLine) -
     with ThreadPoolExecutor(max_workers=2) as pool:
         started = [pool.submit(stock.start, lambda e, line: status.show(f"  starting stock vLLM and slaq … {e:4.0f}s  {line}")),
                    pool.submit(slaq_stack.start)]
-        for future in started:
-            future.result()
+        try:
+            for future in as_completed(started):
+                future.result()
+        except BaseException:
+            # The other start is still waiting for its engine: stopping its children ends that wait.
+            stock.stop()
+            slaq_stack.stop()
+            raise
     elapsed = time.monotonic() - t0
     status.done(f"  stock vLLM and slaq ready in {elapsed:.0f}s (started side by side)")
     return elapsed
 
 
-def _signal_stack(stack: LocalStack, signum: int) -> None:
+@contextmanager
+def paused(stack: LocalStack) -> Iterator[None]:
+    """The stack's processes stopped (SIGSTOP) inside the block, continued (SIGCONT) whatever happens."""
     for child in stack.children:
-        child.signal(signum)
+        child.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for child in stack.children:
+            child.signal(signal.SIGCONT)
 
 
 def _load_run(plan: Plan, workdir: Path, name: str, status: StatusLine) -> list[Any]:
@@ -309,39 +328,39 @@ def run_demo(options: DemoOptions) -> int:
     with slaq_stack, stock:
         timings["engines_start_s"] = _start_both(stock, slaq_stack, status)
         model = stock.served_model_name
-        _signal_stack(slaq_stack, signal.SIGSTOP)  # no CPU from slaq while stock is measured
-        print("2/5 stock vLLM, unloaded and saturated, to choose the objectives")
-        t0 = time.monotonic()
-        calibration = asyncio.run(calibrate(stock.url, model, keys, options))
-        objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
-        rate = LOAD * calibration.capacity_rps
-        workload = loaded_workload(rate, options.vip_samples, options.seed)
-        write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
-        print(describe_calibration(calibration, objectives, rate, workload), flush=True)
-        timings["calibration_s"] = time.monotonic() - t0
+        with paused(slaq_stack):  # no CPU from slaq while stock is measured
+            print("2/5 stock vLLM, unloaded and saturated, to choose the objectives")
+            t0 = time.monotonic()
+            calibration = asyncio.run(calibrate(stock.url, model, keys, options))
+            objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
+            rate = LOAD * calibration.capacity_rps
+            workload = loaded_workload(rate, options.vip_samples, options.seed)
+            write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
+            print(describe_calibration(calibration, objectives, rate, workload), flush=True)
+            timings["calibration_s"] = time.monotonic() - t0
 
-        print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
-        t0 = time.monotonic()
-        scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, options.seed * 10_000 + 1),
-                    _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
-                              STOCK_PRIORITY[Tier.BATCH], options.seed * 10_000 + 2)]
-        timings["scenario_stock_s"] = time.monotonic() - t0
-        print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
-        t0 = time.monotonic()
-        stock_outcomes = _load_run(load_plan(stock.url, model, workload, keys, options.seed * 100_000), workdir, "stock vLLM", status)
-        timings["load_stock_s"] = time.monotonic() - t0
-        stock.stop()
-        _signal_stack(slaq_stack, signal.SIGCONT)
+            print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
+            t0 = time.monotonic()
+            scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, options.seed * 10_000 + 1),
+                        _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
+                                  STOCK_PRIORITY[Tier.BATCH], options.seed * 10_000 + 2)]
+            timings["scenario_stock_s"] = time.monotonic() - t0
+            print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
+            t0 = time.monotonic()
+            stock_outcomes = _load_run(load_plan(stock.url, model, workload, keys, options.seed * 100_000), workdir, "stock vLLM", status)
+            timings["load_stock_s"] = time.monotonic() - t0
+            stock.stop()
 
         print("5/5 slaq: scenario 4.5, then the same load (stock vLLM stopped)")
         t0 = time.monotonic()
-        _wait_table_loaded(slaq_stack, names, objectives)
+        _settle(slaq_stack)
         scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, options.seed * 10_000 + 3))
         timings["scenario_slaq_s"] = time.monotonic() - t0
         t0 = time.monotonic()
-        before = sidecar_ttft_buckets(sidecar_metrics_url(slaq_stack))
+        metrics_url = sidecar_metrics_url(slaq_stack)
+        before = sidecar_ttft_buckets(metrics_url)
         slaq_outcomes = _load_run(load_plan(slaq_stack.url, model, workload, keys, options.seed * 200_000), workdir, "slaq", status)
-        after = sidecar_ttft_buckets(sidecar_metrics_url(slaq_stack))
+        after = sidecar_ttft_buckets(metrics_url)
         timings["load_slaq_s"] = time.monotonic() - t0
     sidecar = {letter: bucket_delta(after.get(name, []), before.get(name)) for letter, name in names.items()}
     load = {"stock": figures(stock_outcomes, objectives), "slaq": figures(slaq_outcomes, objectives, sidecar)}
@@ -383,22 +402,22 @@ def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priori
     return run
 
 
-def _wait_table_loaded(stack: LocalStack, names: Mapping[str, str], objectives: Mapping[str, float | None],
-                       timeout_s: float = 30.0) -> None:
-    """Until the sidecar serves the table with the scaled objectives (it polls the file every second)."""
+def _settle(stack: LocalStack, timeout_s: float = 30.0) -> None:
+    """After SIGCONT: until the sidecar answers /ready again, then one poll of its table file (every 1 s),
+    so it serves the objectives written while it was paused."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if stack.sidecar is not None and not stack.sidecar.running():
-            raise LocalError("the sidecar exited")
+        if stack.failed_child() is not None:
+            raise LocalError(f"slaq's {stack.failed_child().name} exited; its log is in {stack.workdir}")  # type: ignore[union-attr]
         try:
             if httpx.get(stack.url + "/ready", timeout=5.0).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    time.sleep(1.5)  # one table poll of the sidecar (1 s) after it resumed
+    time.sleep(1.5)
 
 
 def describe_calibration(calibration: Calibration, objectives: Mapping[str, float | None], rate: float,

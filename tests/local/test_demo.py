@@ -90,6 +90,7 @@ def test_demo_tenants_get_the_scaled_ttft_no_tpot_and_no_quotas() -> None:
     scaled = scaled_tenant(vip, 0.1234)
     assert scaled.spec.objectives.ttft_ms == 123.4 and scaled.spec.objectives.tpot_ms is None
     assert scaled.spec.quotas.requests_per_minute is None and scaled.spec.quotas.max_concurrency is None
+    assert scaled.spec.quotas.kv_cache_share == 1.0 != vip.spec.quotas.kv_cache_share
     assert vip.spec.objectives.ttft_ms == 50  # the manifest's tenant is left as it was
     local.tenants[:] = [scaled if t is vip else t for t in local.tenants]
     entry = next(e for e in plan_local_table(local, local_pool("slaq-tiny")).tenants if e.name == vip.metadata.name)
