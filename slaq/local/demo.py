@@ -49,7 +49,7 @@ from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
 from slaq.bench.metrics import percentile
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, scenario_block, write_json, write_png,
+    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, refusal_lines, scenario_block, write_json, write_png,
 )
 from slaq.local.errors import LocalError, StartupError
 from slaq.local.loadgen import Plan, PlannedRequest, client, run_in_subprocess, stream_one
@@ -107,7 +107,7 @@ class DemoOptions:
     @classmethod
     def quick(cls, **kwargs: Any) -> "DemoOptions":
         """For CI: the same steps with fewer samples (percentiles are rougher)."""
-        return cls(**{"vip_samples": 24, "unloaded_samples": 5, "capacity_burst": 20, **kwargs})
+        return cls(**{"vip_samples": 48, "unloaded_samples": 5, "capacity_burst": 24, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -375,6 +375,8 @@ def run_demo(options: DemoOptions) -> int:
     print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({LOAD:.0%} of capacity), "
           f"{sum(p is SCENARIO[0] for _, p in workload)} of them VIP")
     print(load_table({"stock vLLM (FCFS)": load["stock"], "slaq": load["slaq"]}, {p.letter: p.label for p in SCENARIO}))
+    if refusals := refusal_lines(load):
+        print(refusals)
     print("\n(TTFT in ms as the client saw it (p50, p99) and as slaq's sidecar measured it (sc p99, from its "
           "slaq_ttft_seconds histogram; stock has no sidecar); a gap between the two is the client waiting for CPU. "
           "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")

@@ -137,6 +137,17 @@ def load_table(runs: Mapping[str, Mapping[str, TenantFigures]], labels: Mapping[
     return "\n".join(lines)
 
 
+def refusal_lines(runs: Mapping[str, Mapping[str, TenantFigures]]) -> str:
+    """Requests refused with an HTTP status, per system and tenant ("" when none was)."""
+    lines = []
+    for system, rows in runs.items():
+        for letter, row in rows.items():
+            codes = sorted({o.status for o in row.outcomes if o.status is not None and o.status != 200})
+            if codes:
+                lines.append(f"  {system}: {row.refused} of {letter}'s {row.sent} requests refused (HTTP {', '.join(map(str, codes))})")
+    return "\n".join(lines)
+
+
 def scenario_block(runs: Sequence[ScenarioRun]) -> str:
     lines = [f"  {'system':<22} {'started':<11} {'TTFT ms: A':>10} {'B':>6} {'C':>6}   report's answer"]
     for run in runs:

@@ -18,7 +18,7 @@ from slaq.local.demo import (
     SCENARIO, VIP_SAMPLES, Calibration, DemoOptions, demo_engine_args, load_plan, loaded_workload, mix_burst, scaled_tenant,
 )
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, demo_json, histogram_quantile, load_table, order_text, scenario_block, write_png,
+    TenantFigures, bucket_delta, buckets_by_label, demo_json, histogram_quantile, load_table, order_text, refusal_lines, scenario_block, write_png,
 )
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, request_body, stream_one
 from slaq.local.scenario45 import KV_BLOCKS, REQUESTS, KvPlan, ScenarioRun, Sized
@@ -206,6 +206,8 @@ def test_attainment_counts_refusals_and_unfinished_streams_as_misses() -> None:
     row = TenantFigures(0.1, [Outcome("A", status=200, ttft_s=0.05, finished=True), Outcome("A", status=429),
                               Outcome("A", status=200, ttft_s=0.05, finished=False), Outcome("A", status=200, ttft_s=0.2, finished=True)])
     assert row.attainment == 0.25 and row.sent == 4 and row.done == 2 and row.refused == 1
+    assert refusal_lines({"slaq": {"A": row}, "stock": {"A": TenantFigures(0.1, row.outcomes[:1])}}) == \
+        "  slaq: 1 of A's 4 requests refused (HTTP 429)"
     assert TenantFigures(None, row.outcomes).attainment is None
 
 
