@@ -167,6 +167,12 @@ def load_plan(url: str, model: str, workload: Sequence[tuple[float, TenantProfil
                              for i, (at, p) in enumerate(workload)])
 
 
+def scenario_seed(base: int, run: int) -> int:
+    """Prompt seeds of the `run`-th scenario-4.5 run: runs whose seeds overlap would send the same
+    prompt prefixes, and a prefix-cache hit makes B fit where it must not."""
+    return base * 100_000 + run * 1_000
+
+
 def demo_engine_args(user_args: Sequence[str]) -> tuple[str, ...]:
     """`slaq engine` flags: the demo's, then the user's (which win), then vLLM's after `--`."""
     user = list(user_args)
@@ -341,9 +347,9 @@ def run_demo(options: DemoOptions) -> int:
 
             print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
             t0 = time.monotonic()
-            scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, options.seed * 10_000 + 1),
+            scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 1)),
                         _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
-                                  STOCK_PRIORITY[Tier.BATCH], options.seed * 10_000 + 2)]
+                                  STOCK_PRIORITY[Tier.BATCH], scenario_seed(options.seed, 2))]
             timings["scenario_stock_s"] = time.monotonic() - t0
             print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
             t0 = time.monotonic()
@@ -354,7 +360,7 @@ def run_demo(options: DemoOptions) -> int:
         print("5/5 slaq: scenario 4.5, then the same load (stock vLLM stopped)")
         t0 = time.monotonic()
         _settle(slaq_stack)
-        scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, options.seed * 10_000 + 3))
+        scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 3)))
         timings["scenario_slaq_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         metrics_url = sidecar_metrics_url(slaq_stack)

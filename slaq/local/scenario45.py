@@ -118,7 +118,20 @@ class ScenarioRun:
 
     def as_json(self) -> dict:
         return {"order": self.order, "together": self.groups, "arrival_order": list(ARRIVAL_ORDER), "report_order": list(REPORT_ORDER[self.system]),
-                "ttft_ms": {x: self.ttft_ms(x) for x in "ABC"}, "finished": {x: self.finished(x) for x in "ABC"}}
+                "ttft_ms": {x: self.ttft_ms(x) for x in "ABC"}, "finished": {x: self.finished(x) for x in "ABC"},
+                "sent_ms": {x: _ms(self.outcomes[x].sent_at) for x in "ABC"},
+                "first_token_ms": {x: _ms(self.outcomes[x].first_token_at) for x in "ABC"}}
+
+
+def scenario_requests(seed: int, keys: Mapping[str, str], priorities: Mapping[str, int | None], background_key: str,
+                      background_priority: int | None) -> list[PlannedRequest]:
+    """The background requests, then B, A and C in arrival order; each prompt drawn from its own seed."""
+    out = [PlannedRequest(0.0, "bg", background_key, s.prompt_tokens, s.output_tokens, seed + i, background_priority)
+           for i, s in enumerate(BACKGROUND)]
+    for n, letter in enumerate(ARRIVAL_ORDER):
+        size = REQUESTS[letter]
+        out.append(PlannedRequest(0.0, letter, keys[letter], size.prompt_tokens, size.output_tokens, seed + 100 + n, priorities[letter]))
+    return out
 
 
 async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str], priorities: Mapping[str, int | None],
@@ -127,22 +140,23 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
     """Fill the KV cache with the background, then send B, A, C together; `keys`/`priorities` by letter.
 
     `seed` picks fresh prompt tokens: a run must not hit the prefix cache an earlier run left."""
+    requests = scenario_requests(seed, keys, priorities, background_key, background_priority)
+    background, trio_requests = requests[:len(BACKGROUND)], requests[len(BACKGROUND):]
     async with client() as http:
         origin = time.monotonic()
-        decoding = [asyncio.Event() for _ in BACKGROUND]
-        background = [asyncio.create_task(stream_one(http, url, model, PlannedRequest(
-            0.0, "bg", background_key, s.prompt_tokens, s.output_tokens, seed + i, background_priority), origin, event))
-            for i, (s, event) in enumerate(zip(BACKGROUND, decoding))]
+        decoding = [asyncio.Event() for _ in background]
+        running = [asyncio.create_task(stream_one(http, url, model, r, origin, event)) for r, event in zip(background, decoding)]
         # The background holds its KV blocks once it decodes: its first token is back.
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
-        if any(t.done() for t in background):
+        if any(t.done() for t in running):
             raise ScenarioError("a background request ended before A, B and C were sent (the engine ran faster than planned)")
         trio: dict[str, asyncio.Task] = {}
-        for n, letter in enumerate(ARRIVAL_ORDER):
+        for n, request in enumerate(trio_requests):
             if n:
                 await asyncio.sleep(ARRIVAL_GAP_S)
-            size = REQUESTS[letter]
-            request = PlannedRequest(0.0, letter, keys[letter], size.prompt_tokens, size.output_tokens, seed + 100 + n, priorities[letter])
-            trio[letter] = asyncio.create_task(stream_one(http, url, model, request, origin))
-        await asyncio.wait_for(asyncio.gather(*trio.values(), *background), timeout_s)
+            trio[request.letter] = asyncio.create_task(stream_one(http, url, model, request, origin))
+        await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
     return ScenarioRun(system, {x: trio[x].result() for x in "ABC"})
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)

@@ -112,6 +112,17 @@ def test_the_kv_plan_leaves_room_for_a_and_c_but_not_b() -> None:
     assert small_first.problems() == ["B does not fit even once one background request is done"]
 
 
+def test_no_two_scenario_runs_send_a_prompt_block_twice() -> None:
+    from slaq.local.demo import scenario_seed
+    from slaq.local.scenario45 import BACKGROUND, BLOCK_SIZE, scenario_requests
+
+    first_blocks = []
+    for run in (1, 2, 3):
+        for request in scenario_requests(scenario_seed(45, run), {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, "k", None):
+            first_blocks.append(tuple(request_body("m", request)["prompt"][:BLOCK_SIZE]))
+    assert len(first_blocks) == 3 * (len(BACKGROUND) + 3) == len(set(first_blocks))
+
+
 def _outcome(letter: str, first_token_at: float | None, finished: bool = True) -> Outcome:
     return Outcome(letter, ttft_s=None if first_token_at is None else first_token_at - 0.01,
                    first_token_at=first_token_at, finished=finished, status=200)
