@@ -49,11 +49,11 @@ from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
 from slaq.bench.metrics import percentile
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, refusal_lines, scenario_block, write_json, write_png,
+    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
 )
-from slaq.local.errors import LocalError, StartupError
+from slaq.local.errors import LocalError, ScenarioError, StartupError
 from slaq.local.loadgen import Plan, PlannedRequest, client, run_in_subprocess, stream_one
-from slaq.local.scenario45 import BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, ScenarioRun, run_scenario
+from slaq.local.scenario45 import BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
 
@@ -79,9 +79,9 @@ class TenantProfile:
 
 
 SCENARIO = (
-    TenantProfile("A", "A (VIP)", Tier.CRITICAL, 1000, 50.0, 0.5),
-    TenantProfile("B", "B (standard)", Tier.STANDARD, 5000, 200.0, 0.2),
-    TenantProfile("C", "C (free)", Tier.BATCH, 100, None, 0.3),
+    TenantProfile("A", "A (VIP)", Tier.CRITICAL, 1000, 50.0, 0.25),
+    TenantProfile("B", "B (standard)", Tier.STANDARD, 5000, 200.0, 0.25),
+    TenantProfile("C", "C (free)", Tier.BATCH, 100, None, 0.5),
 )
 STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lower runs earlier
 LOAD = 0.95
@@ -404,10 +404,17 @@ def _ms_map(values: Mapping[str, float | None]) -> dict[str, float | None]:
 
 
 def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],
-              background_priority: int | None, seed: int) -> ScenarioRun:
-    run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed, keys["C"], background_priority))
-    print(f"  {system}: started {', '.join(run.order)}", flush=True)
-    return run
+              background_priority: int | None, seed: int, attempts: int = 3) -> ScenarioRun:
+    for attempt in range(attempts):
+        try:
+            # Each attempt's prompts are new (seed + 300 per attempt stays within the run's 1,000 seeds).
+            run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed + 300 * attempt, keys["C"], background_priority))
+        except NotTogether as exc:
+            print(f"  {system}: {exc}; again", flush=True)
+            continue
+        print(f"  {system}: started {order_text(run.groups)}", flush=True)
+        return run
+    raise ScenarioError(f"scenario 4.5 under {system}: A, B and C were never sent together in {attempts} attempts")
 
 
 def _settle(stack: LocalStack, timeout_s: float = 30.0) -> None:

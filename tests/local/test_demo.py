@@ -247,3 +247,43 @@ def test_the_json_has_the_keys_the_issue_names_and_the_png_is_written(tmp_path: 
     assert report["load"]["slaq"]["A"]["attainment"] == 1.0 and report["load"]["stock"]["A"]["sidecar_ttft_p99_ms"] is None
     png = write_png(_load(), {"A": "critical", "B": "standard", "C": "batch"}, tmp_path / "p.png", "t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _fake_engine(monkeypatch: pytest.MonkeyPatch, first_token_after_s: dict[int, float], stall_s: dict[int, float]) -> None:
+    """An upstream keyed by prompt length: background (416 tokens) decodes for 0.3 s; a request of
+    length n answers its first token after first_token_after_s[n]; stall_s[n] blocks the client's loop."""
+    import time as clock
+
+    from slaq.local import scenario45
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = len(json.loads(request.content)["prompt"])
+        clock.sleep(stall_s.get(n, 0.0))  # a synchronous hold-up of the client's event loop
+
+        async def chunks():
+            await asyncio.sleep(0.0 if n == 416 else first_token_after_s[n])
+            yield b'data: {"choices": [{"text": "x"}]}\n\n'
+            await asyncio.sleep(0.3 if n == 416 else 0.0)
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    monkeypatch.setattr(scenario45, "client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+
+def test_a_scenario_run_orders_by_first_tokens_once_the_background_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slaq.local.scenario45 import run_scenario
+
+    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {})
+    run = asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))
+    assert run.order == ["A", "C", "B"] and run.groups == [["A"], ["C"], ["B"]]
+    sent = [run.outcomes[x].sent_at for x in "BAC"]
+    assert sent == sorted(sent) and sent[-1] - sent[0] < 0.03  # B, A, C: together, in that order
+
+
+def test_a_run_whose_requests_were_not_sent_together_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slaq.local.scenario45 import NotTogether, run_scenario
+
+    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # B's send holds the loop up 200 ms
+    with pytest.raises(NotTogether, match="ms apart, not together"):
+        asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))
