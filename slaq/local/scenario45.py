@@ -147,6 +147,9 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
     requests = scenario_requests(seed, keys, priorities, background_key, background_priority)
     background, trio_requests = requests[:len(BACKGROUND)], requests[len(BACKGROUND):]
     async with client() as http:
+        # Open the connections first: a new connection's set-up on a busy machine can take longer
+        # than the gap between two sends, and then the three do not arrive together.
+        await asyncio.gather(*(http.get(url + "/health") for _ in range(len(requests))), return_exceptions=True)
         origin = time.monotonic()
         decoding = [asyncio.Event() for _ in background]
         running = [asyncio.create_task(stream_one(http, url, model, r, origin, event)) for r, event in zip(background, decoding)]
