@@ -229,13 +229,24 @@ async def calibrate(url: str, model: str, keys: Mapping[str, str], options: Demo
             p90[profile.letter] = percentile(samples, 90) or p50[profile.letter]
         burst = [PlannedRequest(0, p.letter, keys[p.letter], p.prompt_tokens, p.output_tokens, seed + 2000 + i)
                  for i, p in enumerate(mix_burst(options.capacity_burst))]
-        started = time.monotonic()
         outcomes = await asyncio.gather(*(stream_one(http, url, model, r, origin) for r in burst))
-        elapsed = time.monotonic() - started
-    done = sum(o.finished for o in outcomes)
-    if done == 0:
-        raise LocalError("the engine finished no request of the capacity burst")
-    return Calibration(p50, p90, done / elapsed)
+    capacity = steady_rate([o.ended_at for o in outcomes if o.finished and o.ended_at is not None])
+    if capacity is None:
+        raise LocalError("the engine finished too few requests of the capacity burst to measure its rate")
+    return Calibration(p50, p90, capacity)
+
+
+def steady_rate(ended_at: Sequence[float]) -> float | None:
+    """Completions per second between the first and the last quarter of a burst's completions.
+
+    The whole burst's count over its whole time would undercount: at its start the first
+    requests are still in prefill, at its end the batch runs less than full."""
+    ends = sorted(ended_at)
+    if len(ends) < 8:
+        return None
+    first, last = len(ends) // 4, (3 * len(ends)) // 4
+    span = ends[last] - ends[first]
+    return (last - first) / span if span > 0 else None
 
 
 def sidecar_ttft_buckets(metrics_url: str) -> dict[str, list[tuple[float, float]]]:
@@ -442,7 +453,8 @@ def describe_calibration(calibration: Calibration, objectives: Mapping[str, floa
         lines.append(f"    {p.label:<13} prompt {p.prompt_tokens:>4} tokens (report: {p.report_prompt_tokens}), "
                      f"{p.output_tokens} out: {calibration.unloaded_p50_s[p.letter] * 1000:.0f} / "
                      f"{calibration.unloaded_p90_s[p.letter] * 1000:.0f} ms")
-    lines.append(f"    capacity for the mix: {calibration.capacity_rps:.2f} requests/s (a saturating burst)")
+    lines.append(f"    capacity for the mix: {calibration.capacity_rps:.2f} requests/s (completions of a saturating burst "
+                 "between its first and last quarter)")
     vip = SCENARIO[0]
     lines.append(f"  objectives: scale = {OBJECTIVE_MARGIN:.0f} × {calibration.unloaded_p90_s[vip.letter] * 1000:.0f} ms "
                  f"(A's unloaded p90) / {vip.report_ttft_ms:.0f} ms (A's objective in the report) = {calibration.scale:.2f}; "

@@ -45,6 +45,7 @@ class Outcome:
     ttft_s: float | None = None
     first_token_at: float | None = None  # seconds after the plan's start
     finished: bool = False
+    ended_at: float | None = None  # seconds after the plan's start, when the response ended
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ async def stream_one(http: Any, url: str, model: str, request: PlannedRequest, o
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     outcome.finished = True
+                    outcome.ended_at = time.monotonic() - origin
                     break
                 if outcome.ttft_s is not None:
                     continue  # only the first token's time is needed: spare the CPU the engine shares

@@ -69,6 +69,14 @@ def test_each_system_gets_prompts_of_its_own() -> None:
     assert [r.key for r in stock.requests] == [{"A": "a", "B": "b", "C": "c"}[p.letter] for _, p in workload]
 
 
+def test_capacity_is_the_burst_steady_rate_without_its_ramp_and_tail() -> None:
+    from slaq.local.demo import steady_rate
+
+    ends = [0.5, 0.9] + [1.0 + i * 0.1 for i in range(12)] + [3.0, 4.0]  # slow start, 10/s, a long tail
+    assert steady_rate(ends) == pytest.approx(10.0)
+    assert steady_rate([1.0] * 4) is None and steady_rate([1.0] * 10) is None
+
+
 def test_prompts_keep_the_reports_proportions() -> None:
     assert [p.prompt_tokens * 10 for p in SCENARIO] == [p.report_prompt_tokens for p in SCENARIO] == [1000, 5000, 100]
 
