@@ -12,16 +12,17 @@ fit the tiny CPU model. Two systems, each started once (both at the same time, t
 
 Steps:
 1. on stock (FCFS): each tenant's unloaded TTFT (requests one at a time; median and 90th
-   percentile) and the capacity for the tenant mix (requests per second through a burst);
-2. objectives: scale = 3 × A's unloaded p90 / 50 ms; each tenant's objective is its report
-   objective × scale, raised to 3 × its own unloaded p90 where that is larger (so the unloaded
-   system meets every objective with margin); the slaq tenant table gets them;
-3. scenario 4.5 (`scenario45`) under stock FCFS, stock priority and slaq: the order A, B and C
-   started in, next to the report's answer;
-4. one Poisson workload at 95 % of the measured capacity, long enough for `VIP_SAMPLES` VIP
-   requests, replayed by a load generator in its own process at the lowest CPU priority
-   (`loadgen`) against stock (FCFS) and against slaq; TTFT per tenant as the client saw it and
-   as the sidecar measured it.
+   percentile) and the capacity for the tenant mix (the steady rate of a saturating burst);
+2. scenario 4.5 (`scenario45`) under stock FCFS and stock priority; then one Poisson workload at
+   95 % of the measured capacity, long enough for `VIP_SAMPLES` VIP requests, replayed by a load
+   generator in its own process at the lowest CPU priority (`loadgen`) against stock (FCFS);
+3. on slaq: each tenant's unloaded TTFT again (the sidecar adds a hop); objectives: scale =
+   3 × A's unloaded p90 (the larger of the two systems') / 50 ms; each tenant's objective is its
+   report objective × scale, raised to 3 × its own unloaded p90 where that is larger, so both
+   systems meet every objective unloaded with margin; the slaq tenant table gets them;
+4. scenario 4.5 under slaq, then the same workload through slaq. TTFT per tenant as the client
+   saw it and as the sidecar measured it; SLO met for both systems against the same objectives
+   (stock never sees them: it has no use for them).
 
 While stock runs, the slaq processes are paused (SIGSTOP), so they take no CPU from it. SLO met
 = first token within the objective, over all requests sent (a refusal by slaq's admission is a
@@ -87,6 +88,7 @@ STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lo
 LOAD = 0.95
 OBJECTIVE_MARGIN = 3.0  # objectives ≥ this × the unloaded p90
 VIP_SAMPLES = 100
+TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
 # A small batch and a small KV cache: queues form at demo rates, and scenario 4.5's "KV nearly
 # exhausted" holds (scenario45.KvPlan checks the arithmetic).
 ENGINE_ARGS = ("--max-num-seqs", "8", "--max-model-len", "768")
@@ -111,20 +113,31 @@ class DemoOptions:
 
 
 @dataclass(frozen=True)
+class Unloaded:
+    """One system's TTFT per tenant, requests sent one at a time (by letter)."""
+
+    p50_s: dict[str, float]
+    p90_s: dict[str, float]
+
+
+@dataclass(frozen=True)
 class Calibration:
-    unloaded_p50_s: dict[str, float]  # by letter
-    unloaded_p90_s: dict[str, float]
-    capacity_rps: float
+    unloaded: dict[str, Unloaded]  # by system: stock, slaq
+    capacity_rps: float  # stock's, for the mix
+
+    def p90_s(self, letter: str) -> float:
+        """The larger unloaded p90 of the systems: every system meets the objectives unloaded, with margin."""
+        return max(u.p90_s[letter] for u in self.unloaded.values())
 
     @property
     def scale(self) -> float:
         vip = SCENARIO[0]
-        return OBJECTIVE_MARGIN * self.unloaded_p90_s[vip.letter] / (vip.report_ttft_ms / 1000.0)  # type: ignore[operator]
+        return OBJECTIVE_MARGIN * self.p90_s(vip.letter) / (vip.report_ttft_ms / 1000.0)  # type: ignore[operator]
 
     def objective_s(self, profile: TenantProfile) -> float | None:
         if profile.report_ttft_ms is None:
             return None
-        return max(profile.report_ttft_ms / 1000.0 * self.scale, OBJECTIVE_MARGIN * self.unloaded_p90_s[profile.letter])
+        return max(profile.report_ttft_ms / 1000.0 * self.scale, OBJECTIVE_MARGIN * self.p90_s(profile.letter))
 
 
 # ---------------------------------------------------------------- workload
@@ -208,32 +221,38 @@ def scaled_tenant(tenant: TenantSLA, ttft_s: float | None) -> TenantSLA:
 # ---------------------------------------------------------------- measuring
 
 
-async def calibrate(url: str, model: str, keys: Mapping[str, str], options: DemoOptions) -> Calibration:
-    """Unloaded TTFT per tenant (one request at a time) and the capacity for the mix (a saturating burst)."""
+async def unloaded(url: str, model: str, keys: Mapping[str, str], samples: int, seed: int) -> Unloaded:
+    """TTFT per tenant with requests sent one at a time (after one warm-up request)."""
     p50: dict[str, float] = {}
     p90: dict[str, float] = {}
-    seed = options.seed * 1_000_000
     async with client() as http:
         origin = time.monotonic()
         await stream_one(http, url, model, PlannedRequest(0, "A", keys["A"], 8, 4, seed), origin)  # warm-up
         for profile in SCENARIO:
-            samples = []
-            for i in range(options.unloaded_samples):
+            ttfts = []
+            for i in range(samples):
                 request = PlannedRequest(0, profile.letter, keys[profile.letter], profile.prompt_tokens, profile.output_tokens, seed + 1000 + i)
                 outcome = await stream_one(http, url, model, request, origin)
                 if outcome.ttft_s is not None:
-                    samples.append(outcome.ttft_s)
-            if not samples:
-                raise LocalError(f"the engine answered no unloaded request of tenant {profile.label}")
-            p50[profile.letter] = statistics.median(samples)
-            p90[profile.letter] = percentile(samples, 90) or p50[profile.letter]
-        burst = [PlannedRequest(0, p.letter, keys[p.letter], p.prompt_tokens, p.output_tokens, seed + 2000 + i)
-                 for i, p in enumerate(mix_burst(options.capacity_burst))]
+                    ttfts.append(outcome.ttft_s)
+            if not ttfts:
+                raise LocalError(f"no unloaded request of tenant {profile.label} was answered")
+            p50[profile.letter] = statistics.median(ttfts)
+            p90[profile.letter] = percentile(ttfts, 90) or p50[profile.letter]
+    return Unloaded(p50, p90)
+
+
+async def capacity(url: str, model: str, keys: Mapping[str, str], burst_size: int, seed: int) -> float:
+    """Requests per second for the mix: the steady rate of a saturating burst."""
+    burst = [PlannedRequest(0, p.letter, keys[p.letter], p.prompt_tokens, p.output_tokens, seed + i)
+             for i, p in enumerate(mix_burst(burst_size))]
+    async with client() as http:
+        origin = time.monotonic()
         outcomes = await asyncio.gather(*(stream_one(http, url, model, r, origin) for r in burst))
-    capacity = steady_rate([o.ended_at for o in outcomes if o.finished and o.ended_at is not None])
-    if capacity is None:
+    rate = steady_rate([o.ended_at for o in outcomes if o.finished and o.ended_at is not None])
+    if rate is None:
         raise LocalError("the engine finished too few requests of the capacity burst to measure its rate")
-    return Calibration(p50, p90, capacity)
+    return rate
 
 
 def steady_rate(ended_at: Sequence[float]) -> float | None:
@@ -346,14 +365,14 @@ def run_demo(options: DemoOptions) -> int:
         timings["engines_start_s"] = _start_both(stock, slaq_stack, status)
         model = stock.served_model_name
         with paused(slaq_stack):  # no CPU from slaq while stock is measured
-            print("2/5 stock vLLM, unloaded and saturated, to choose the objectives")
+            print("2/5 stock vLLM, unloaded and saturated: the load's rate and (with slaq's, later) the objectives")
             t0 = time.monotonic()
-            calibration = asyncio.run(calibrate(stock.url, model, keys, options))
-            objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
-            rate = LOAD * calibration.capacity_rps
+            calibration_seed = options.seed * 1_000_000
+            stock_unloaded = asyncio.run(unloaded(stock.url, model, keys, options.unloaded_samples, calibration_seed))
+            capacity_rps = asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000))
+            rate = LOAD * capacity_rps
             workload = loaded_workload(rate, options.vip_samples, options.seed)
-            write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
-            print(describe_calibration(calibration, objectives, rate, workload), flush=True)
+            print(describe_load(capacity_rps, rate, workload), flush=True)
             timings["calibration_s"] = time.monotonic() - t0
 
             print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
@@ -368,9 +387,17 @@ def run_demo(options: DemoOptions) -> int:
             timings["load_stock_s"] = time.monotonic() - t0
             stock.stop()
 
-        print("5/5 slaq: scenario 4.5, then the same load (stock vLLM stopped)")
+        print("5/5 slaq: unloaded, then scenario 4.5, then the same load (stock vLLM stopped)")
         t0 = time.monotonic()
-        _settle(slaq_stack)
+        _wait_ready(slaq_stack)
+        slaq_unloaded = asyncio.run(unloaded(slaq_stack.url, model, keys, options.unloaded_samples, calibration_seed + 10_000))
+        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, capacity_rps)
+        objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
+        write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
+        print(describe_objectives(calibration, objectives), flush=True)
+        time.sleep(TABLE_POLL_S)  # the sidecar looks at the table file every second
+        timings["calibration_s"] += time.monotonic() - t0
+        t0 = time.monotonic()
         scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 3)))
         timings["scenario_slaq_s"] = time.monotonic() - t0
         t0 = time.monotonic()
@@ -399,7 +426,8 @@ def run_demo(options: DemoOptions) -> int:
           "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")
     print(f"picture: {png}")
     report = demo_json(scenario, load, {
-        "calibration": {"unloaded_p50_ms": _ms_map(calibration.unloaded_p50_s), "unloaded_p90_ms": _ms_map(calibration.unloaded_p90_s),
+        "calibration": {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
+                        "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
                         "capacity_rps": round(calibration.capacity_rps, 3), "scale": round(calibration.scale, 3),
                         "objective_margin": OBJECTIVE_MARGIN},
         "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3), "requests": len(workload),
@@ -428,45 +456,47 @@ def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priori
     raise ScenarioError(f"scenario 4.5 under {system}: A, B and C were never sent together in {attempts} attempts")
 
 
-def _settle(stack: LocalStack, timeout_s: float = 30.0) -> None:
-    """After SIGCONT: until the sidecar answers /ready again, then one poll of its table file (every 1 s),
-    so it serves the objectives written while it was paused."""
+def _wait_ready(stack: LocalStack, timeout_s: float = 30.0) -> None:
+    """After SIGCONT: until the sidecar answers /ready again."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if stack.failed_child() is not None:
-            raise LocalError(f"slaq's {stack.failed_child().name} exited; its log is in {stack.workdir}")  # type: ignore[union-attr]
+        if (failed := stack.failed_child()) is not None:
+            raise LocalError(f"slaq's {failed.name} exited; its log is {failed.log_path}")
         try:
             if httpx.get(stack.url + "/ready", timeout=5.0).status_code == 200:
-                break
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    time.sleep(1.5)
+    raise LocalError(f"slaq's sidecar was not ready {timeout_s:.0f}s after it was resumed")
 
 
-def describe_calibration(calibration: Calibration, objectives: Mapping[str, float | None], rate: float,
-                         workload: Sequence[tuple[float, TenantProfile]]) -> str:
-    lines = ["  measured on stock vLLM (unloaded, one request at a time; TTFT median / p90):"]
+def describe_load(capacity_rps: float, rate: float, workload: Sequence[tuple[float, TenantProfile]]) -> str:
+    vips = sum(p is SCENARIO[0] for _, p in workload)
+    return (f"  capacity for the mix: {capacity_rps:.2f} requests/s (completions of a saturating burst between its "
+            f"first and last quarter)\n"
+            f"  load: {LOAD:.0%} of capacity = {rate:.2f} requests/s, Poisson, {len(workload)} requests over "
+            f"{workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
+
+
+def describe_objectives(calibration: Calibration, objectives: Mapping[str, float | None]) -> str:
+    lines = ["  unloaded TTFT (one request at a time; median / p90 in ms):"]
     for p in SCENARIO:
+        cells = "   ".join(f"{system} {u.p50_s[p.letter] * 1000:.0f} / {u.p90_s[p.letter] * 1000:.0f}"
+                           for system, u in calibration.unloaded.items())
         lines.append(f"    {p.label:<13} prompt {p.prompt_tokens:>4} tokens (report: {p.report_prompt_tokens}), "
-                     f"{p.output_tokens} out: {calibration.unloaded_p50_s[p.letter] * 1000:.0f} / "
-                     f"{calibration.unloaded_p90_s[p.letter] * 1000:.0f} ms")
-    lines.append(f"    capacity for the mix: {calibration.capacity_rps:.2f} requests/s (completions of a saturating burst "
-                 "between its first and last quarter)")
+                     f"{p.output_tokens} out: {cells}")
     vip = SCENARIO[0]
-    lines.append(f"  objectives: scale = {OBJECTIVE_MARGIN:.0f} × {calibration.unloaded_p90_s[vip.letter] * 1000:.0f} ms "
-                 f"(A's unloaded p90) / {vip.report_ttft_ms:.0f} ms (A's objective in the report) = {calibration.scale:.2f}; "
+    lines.append(f"  objectives: scale = {OBJECTIVE_MARGIN:.0f} × {calibration.p90_s(vip.letter) * 1000:.0f} ms (A's unloaded p90, "
+                 f"the larger of the systems') / {vip.report_ttft_ms:.0f} ms (A's objective in the report) = {calibration.scale:.2f}; "
                  f"each = report objective × scale, at least {OBJECTIVE_MARGIN:.0f} × its own unloaded p90")
     for p in SCENARIO:
         if p.report_ttft_ms is not None:
             lines.append(f"    {p.label:<13} max({p.report_ttft_ms:.0f} ms × {calibration.scale:.2f}, "
-                         f"{OBJECTIVE_MARGIN:.0f} × {calibration.unloaded_p90_s[p.letter] * 1000:.0f} ms) = "
+                         f"{OBJECTIVE_MARGIN:.0f} × {calibration.p90_s(p.letter) * 1000:.0f} ms) = "
                          f"{objectives[p.letter] * 1000:.0f} ms")  # type: ignore[operator]
-    vips = sum(p is vip for _, p in workload)
-    lines.append(f"  load: {LOAD:.0%} of capacity = {rate:.2f} requests/s, Poisson, {len(workload)} requests over "
-                 f"{workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
     return "\n".join(lines)
 
 
