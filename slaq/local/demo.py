@@ -33,8 +33,6 @@ systems serve the same traffic and face the same KV state.
 from __future__ import annotations
 
 import asyncio
-import math
-import os
 import random
 import signal
 import statistics

@@ -13,11 +13,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from slaq.bench.metrics import percentile
 from slaq.local.loadgen import Outcome
-from slaq.local.scenario45 import REPORT_ANSWER, ScenarioRun
+from slaq.local.scenario45 import REPORT_ANSWER, REPORT_ORDER, ScenarioRun
 
 Buckets = list[tuple[float, float]]  # cumulative (upper bound, count), +inf last
 
@@ -155,7 +155,7 @@ def scenario_block(runs: Sequence[ScenarioRun]) -> str:
         unfinished = [x for x in "ABC" if not run.finished(x)]
         note = f"  (not finished: {', '.join(unfinished)})" if unfinished else ""
         lines.append(f"  {SYSTEM_NAMES[run.system]:<22} {order_text(run.groups):<11} {ttfts:>24}   "
-                     f"{', '.join(_report_order(run.system))}: {REPORT_ANSWER[run.system]}{note}")
+                     f"{', '.join(REPORT_ORDER[run.system])}: {REPORT_ANSWER[run.system]}{note}")
     return "\n".join(lines)
 
 
@@ -165,12 +165,6 @@ def order_text(groups: Sequence[Sequence[str]]) -> str:
 
 
 SYSTEM_NAMES = {"fcfs": "stock vLLM, FCFS", "priority": "stock vLLM, priority", "slaq": "slaq (sidecar + engine)"}
-
-
-def _report_order(system: str) -> Iterable[str]:
-    from slaq.local.scenario45 import REPORT_ORDER
-
-    return REPORT_ORDER[system]
 
 
 # ---------------------------------------------------------------- files
