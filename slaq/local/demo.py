@@ -409,6 +409,19 @@ def run_demo(options: DemoOptions) -> int:
     png = write_png(load, {p.letter: p.tier.value for p in SCENARIO}, workdir / "demo-ttft.png",
                     "TTFT per tenant (A = critical, B = standard, C = batch), stock vLLM vs slaq; objectives dashed")
     timings["total_s"] = time.monotonic() - t_start
+    print_results(scenario, load, rate, workload, png)
+    report = demo_json(scenario, load, {
+        "calibration": calibration_json(calibration), "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3),
+        "requests": len(workload), "png": str(png), "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "workdir": str(workdir)})
+    if options.json_path is not None:
+        print(f"figures: {write_json(report, options.json_path)}")
+    print(f"demo took {timings['total_s']:.0f}s (engines {timings['engines_start_s']:.0f}s).")
+    return 0
+
+
+def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float,
+                  workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
     print()
     print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a batch-tier load holds all but "
           f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
@@ -423,17 +436,13 @@ def run_demo(options: DemoOptions) -> int:
           "slaq_ttft_seconds histogram; stock has no sidecar); a gap between the two is the client waiting for CPU. "
           "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")
     print(f"picture: {png}")
-    report = demo_json(scenario, load, {
-        "calibration": {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
-                        "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
-                        "capacity_rps": round(calibration.capacity_rps, 3), "scale": round(calibration.scale, 3),
-                        "objective_margin": OBJECTIVE_MARGIN},
-        "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3), "requests": len(workload),
-        "png": str(png), "timings_s": {k: round(v, 1) for k, v in timings.items()}, "workdir": str(workdir)})
-    if options.json_path is not None:
-        print(f"figures: {write_json(report, options.json_path)}")
-    print(f"demo took {timings['total_s']:.0f}s (engines {timings['engines_start_s']:.0f}s).")
-    return 0
+
+
+def calibration_json(calibration: Calibration) -> dict[str, Any]:
+    return {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
+            "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
+            "capacity_rps": round(calibration.capacity_rps, 3), "scale": round(calibration.scale, 3),
+            "objective_margin": OBJECTIVE_MARGIN}
 
 
 def _ms_map(values: Mapping[str, float | None]) -> dict[str, float | None]:

@@ -149,12 +149,12 @@ def refusal_lines(runs: Mapping[str, Mapping[str, TenantFigures]]) -> str:
 
 
 def scenario_block(runs: Sequence[ScenarioRun]) -> str:
-    lines = [f"  {'system':<22} {'started':<11} {'TTFT ms: A':>10} {'B':>6} {'C':>6}   report's answer"]
+    lines = [f"  {'system':<23} {'started':<11} {'TTFT ms: A':>10} {'B':>6} {'C':>6}   report's answer"]
     for run in runs:
         ttfts = " ".join(_cell(run.ttft_ms(x), 6) for x in "ABC")
         unfinished = [x for x in "ABC" if not run.finished(x)]
         note = f"  (not finished: {', '.join(unfinished)})" if unfinished else ""
-        lines.append(f"  {SYSTEM_NAMES[run.system]:<22} {order_text(run.groups):<11} {ttfts:>24}   "
+        lines.append(f"  {SYSTEM_NAMES[run.system]:<23} {order_text(run.groups):<11} {ttfts:>24}   "
                      f"{', '.join(REPORT_ORDER[run.system])}: {REPORT_ANSWER[run.system]}{note}")
     return "\n".join(lines)
 
