@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None, help="default: slaq-tiny for the tiny model, else the model")
     parser.add_argument("--revision", default=None)
     parser.add_argument("--scheduler-config", default=None, metavar="JSON|FILE", help="the pool's spec.scheduler (wire JSON, or a file holding it)")
-    parser.add_argument("--scheduler", choices=("slaq", "stock"), default="slaq",
-                        help="slaq (default): SLAScheduler with priority policy; stock: vLLM's own FCFS scheduler, as a baseline")
+    parser.add_argument("--scheduler", choices=("slaq", "stock", "stock-priority"), default="slaq",
+                        help="slaq (default): SLAScheduler with priority policy; stock: vLLM's own scheduler, FCFS, as a baseline; "
+                        "stock-priority: vLLM's own scheduler with its static priority policy (the request's `priority` field)")
     parser.add_argument("--kv-erase", choices=("on", "off"), default="on",
                         help="on (default): zero a KV block before another tenant's request gets it (kvErase onFree tenants: as soon as freed); "
                         "off: only for comparisons")

@@ -23,9 +23,12 @@ TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0
 KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
 # "stock" leaves vLLM's defaults (its own scheduler, FCFS): the baseline slaq is compared against.
+# "stock-priority" is vLLM's own scheduler with its static priority policy (the request's
+# `priority`, then arrival): with every request at the same priority it orders as FCFS does.
 SCHEDULERS: dict[str, tuple[str, ...]] = {
     "slaq": ("--scheduler-cls", SCHEDULER_CLS, "--scheduling-policy", "priority"),
     "stock": (),
+    "stock-priority": ("--scheduling-policy", "priority"),
 }
 
 

@@ -2,7 +2,8 @@
 
 Modules: `tenants` (manifests → tenant table, via the operator's plan_tables), `processes`
 (child processes stopped by pid), `stack` (engine + sidecar lifecycle), `up` (serve until
-interrupted), `demo` (the report's A/B/C scenario, stock vLLM vs slaq).
+interrupted), `demo` (the report's A/B/C scenario, stock vLLM vs slaq: `scenario45` the report's
+three requests, `loadgen` the client in its own process, `demo_report` the table, JSON and PNG).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address the sidecar listens on (default 127.0.0.1)")
     parser.add_argument("--model", default=None, help="a real vLLM model (on GPU); default: the tiny built-in model on CPU")
     parser.add_argument("--demo", action="store_true", help="run the A/B/C scenario, stock vLLM vs slaq, print the table, exit")
-    parser.add_argument("--demo-seconds", type=float, default=None, metavar="S",
-                        help="length of each demo run's arrivals (default 45)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --demo: fewer samples (48 VIP requests in the loaded run instead of 100), for CI")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", dest="json_path",
+                        help="with --demo: also write every figure of the demo to FILE as JSON")
     parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then further `slaq engine` flags")
     parser.set_defaults(handler=_up)
 
@@ -52,7 +55,12 @@ def _up(args: argparse.Namespace) -> int:
     if args.demo:
         from slaq.local.demo import DemoOptions, run_demo_main
 
-        return run_demo_main(DemoOptions(tenants=tenants, model=args.model, engine_args=tuple(extra),
-                                         **({"run_seconds": args.demo_seconds} if args.demo_seconds else {})))
+        make = DemoOptions.quick if args.quick else DemoOptions
+        return run_demo_main(make(tenants=tenants, model=args.model, engine_args=tuple(extra), json_path=args.json_path))
+    if args.quick or args.json_path:
+        import sys
+
+        print("slaq up: --quick and --json go with --demo", file=sys.stderr)
+        return 2
     return main(UpOptions(tenants=tenants, host=args.host, port=args.port, metrics_port=args.metrics_port,
                           model=args.model, engine_args=tuple(extra)))

@@ -1,66 +1,96 @@
-"""`slaq up --demo`: the design report's scenario (4.5), once with stock vLLM and once with slaq.
+"""`slaq up --demo`: the design report's scenario 4.5 and a loaded run, stock vLLM against slaq.
 
-Three tenants: A, VIP (critical, TTFT objective 50 ms), B, standard (200 ms), C, free (batch, no
-objective), with the report's prompt sizes (1,000 / 5,000 / 100 tokens) divided by 10 to fit the
-tiny CPU model. The objectives are scaled honestly, from measurements on this machine:
+Three tenants: A, VIP (critical, TTFT objective 50 ms in the report), B, standard (200 ms), C,
+free (batch, no objective), with the report's prompts divided by 10 (100 / 500 / 10 tokens) to
+fit the tiny CPU model. Two systems, each started once (both at the same time, to save a start):
 
-1. the stock engine starts; each tenant's unloaded TTFT is measured (requests sent one at a
-   time; median and 90th percentile), and the engine's capacity for the tenant mix (requests per
-   second while saturated by a burst);
-2. scale = the VIP prompt's unloaded TTFT here (90th percentile: an objective is a tail target,
-   and this machine's latency is noisy where the reference model's is not) / its TTFT on the
-   reference GPU (Llama-3-8B on an H200, from the benchmark's step-time model,
-   `slaq.bench.stepcost`); each tenant's objective is its report objective × scale;
-3. one Poisson workload at 95 % of the measured capacity is replayed against stock vLLM (its
-   own scheduler, FCFS, clients straight to the engine) and against slaq (sidecar + SLAScheduler
-   with the tenants' table), and the per-tenant figures are printed side by side.
+- stock vLLM: its own scheduler with its static priority policy (`slaq engine --scheduler
+  stock-priority`), clients straight to the engine. A request without `priority` gets 0, so
+  sent without one the requests are served first come, first served: this one engine is both
+  the FCFS baseline and the static-priority one;
+- slaq: `slaq engine` (SLAScheduler) and the sidecar in front of it, with the tenants' table.
 
-The scenario names only TTFT objectives, so SLO met = first token within the objective; a
-request refused by slaq's admission counts as not met. The example tenants' quotas are lifted
-so both runs serve the same traffic.
+Steps:
+1. on stock (FCFS): each tenant's unloaded TTFT (requests one at a time; median and 90th
+   percentile) and the capacity for the tenant mix (the steady rate of a saturating burst);
+2. scenario 4.5 (`scenario45`) under stock FCFS and stock priority; then one Poisson workload at
+   95 % of the measured capacity, long enough for `VIP_SAMPLES` VIP requests, replayed by a load
+   generator in its own process at the lowest CPU priority (`loadgen`) against stock (FCFS);
+3. on slaq: each tenant's unloaded TTFT again (the sidecar adds a hop); objectives: scale =
+   3 × A's unloaded p90 (the larger of the two systems') / 50 ms; each tenant's objective is its
+   report objective × scale, raised to 3 × its own unloaded p90 where that is larger, so both
+   systems meet every objective unloaded with margin; the slaq tenant table gets them;
+4. scenario 4.5 under slaq, then the same workload through slaq. TTFT per tenant as the client
+   saw it and as the sidecar measured it; SLO met for both systems against the same objectives
+   (stock never sees them: it has no use for them).
+
+While stock runs, the slaq processes are paused (SIGSTOP), so they take no CPU from it. SLO met
+= first token within the objective, over all requests sent (a refusal by slaq's admission is a
+miss). The example tenants' quotas (rates, concurrency, KV-cache share) are lifted so both
+systems serve the same traffic and face the same KV state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
+import signal
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
-from slaq.local.errors import LocalError, StartupError
+from slaq.bench.metrics import percentile
+from slaq.local.demo_report import (
+    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
+)
+from slaq.local.errors import LocalError, ScenarioError, StartupError
+from slaq.local.loadgen import Plan, PlannedRequest, client, run_in_subprocess, stream_one
+from slaq.local.scenario45 import BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
-
-PROMPT_DIVISOR = 10  # the report's prompts (1,000 / 5,000 / 100 tokens) scaled to the tiny model
 
 
 @dataclass(frozen=True)
 class TenantProfile:
-    """One of the report's three tenants: its tier, prompt and objective on the reference GPU."""
+    """One of the report's three tenants: its letter, tier, prompt and objective in the report."""
 
+    letter: str
     label: str
     tier: Tier
     report_prompt_tokens: int
     report_ttft_ms: float | None
-    output_tokens: int
-    share: float  # fraction of the requests
+    share: float  # fraction of the loaded run's requests
+
+    @property
+    def prompt_tokens(self) -> int:
+        return REQUESTS[self.letter].prompt_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return REQUESTS[self.letter].output_tokens
 
 
 SCENARIO = (
-    TenantProfile("A (VIP)", Tier.CRITICAL, 1000, 50.0, 16, 0.2),
-    TenantProfile("B (standard)", Tier.STANDARD, 5000, 200.0, 64, 0.3),
-    TenantProfile("C (free)", Tier.BATCH, 100, None, 256, 0.5),
+    TenantProfile("A", "A (VIP)", Tier.CRITICAL, 1000, 50.0, 0.25),
+    TenantProfile("B", "B (standard)", Tier.STANDARD, 5000, 200.0, 0.25),
+    TenantProfile("C", "C (free)", Tier.BATCH, 100, None, 0.5),
 )
-REFERENCE_PROFILE = "h200-llama3-8b"
+STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lower runs earlier
 LOAD = 0.95
-ENGINE_ARGS = ("--max-num-seqs", "2", "--max-model-len", "1024")  # a small batch, so the queue forms at demo rates
+OBJECTIVE_MARGIN = 3.0  # objectives ≥ this × the unloaded p90
+VIP_SAMPLES = 100
+TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
+# A small batch and a small KV cache: queues form at demo rates, and scenario 4.5's "KV nearly
+# exhausted" holds (scenario45.KvPlan checks the arithmetic).
+ENGINE_ARGS = ("--max-num-seqs", "8", "--max-model-len", "768")
+VLLM_ARGS = ("--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(KV_BLOCKS))
 
 
 @dataclass(frozen=True)
@@ -68,63 +98,68 @@ class DemoOptions:
     tenants: tuple[Path, ...]
     model: str | None = None
     engine_args: tuple[str, ...] = ()
-    run_seconds: float = 45.0
+    vip_samples: int = VIP_SAMPLES
     unloaded_samples: int = 10
-    capacity_burst: int = 24
+    capacity_burst: int = 40
+    json_path: Path | None = None
     seed: int = 45
+
+    @classmethod
+    def quick(cls, **kwargs: Any) -> "DemoOptions":
+        """For CI: the same steps with fewer samples (percentiles are rougher)."""
+        return cls(**{"vip_samples": 48, "unloaded_samples": 5, "capacity_burst": 24, **kwargs})
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    """One system's TTFT per tenant, requests sent one at a time (by letter)."""
+
+    p50_s: dict[str, float]
+    p90_s: dict[str, float]
 
 
 @dataclass(frozen=True)
 class Calibration:
-    unloaded_ttft_s: dict[str, float]  # by tenant label: median
-    unloaded_p90_s: dict[str, float]  # by tenant label: 90th percentile
-    reference_ttft_s: float  # the VIP prompt on the reference GPU
-    capacity_rps: float
+    unloaded: dict[str, Unloaded]  # by system: stock, slaq
+    capacity_rps: float  # stock's, for the mix
+
+    def p90_s(self, letter: str) -> float:
+        """The larger unloaded p90 of the systems: every system meets the objectives unloaded, with margin."""
+        return max(u.p90_s[letter] for u in self.unloaded.values())
 
     @property
     def scale(self) -> float:
-        return self.unloaded_p90_s[SCENARIO[0].label] / self.reference_ttft_s
+        vip = SCENARIO[0]
+        return OBJECTIVE_MARGIN * self.p90_s(vip.letter) / (vip.report_ttft_ms / 1000.0)  # type: ignore[operator]
 
     def objective_s(self, profile: TenantProfile) -> float | None:
-        return None if profile.report_ttft_ms is None else profile.report_ttft_ms / 1000.0 * self.scale
-
-
-@dataclass
-class RunFigures:
-    sent: int = 0
-    completed: int = 0
-    met: int = 0
-    refused: int = 0
-    ttft_s: list[float] = field(default_factory=list)
+        if profile.report_ttft_ms is None:
+            return None
+        return max(profile.report_ttft_ms / 1000.0 * self.scale, OBJECTIVE_MARGIN * self.p90_s(profile.letter))
 
 
 # ---------------------------------------------------------------- workload
 
 
-def prompt_tokens(profile: TenantProfile) -> int:
-    return max(1, profile.report_prompt_tokens // PROMPT_DIVISOR)
+def pick_tenant(rng: random.Random) -> TenantProfile:
+    pick, acc = rng.random(), 0.0
+    for profile in SCENARIO:
+        acc += profile.share
+        if pick < acc:
+            return profile
+    return SCENARIO[-1]
 
 
-def reference_ttft_s(tokens: int) -> float:
-    """Unloaded TTFT (one prefill step) of `tokens` on the reference GPU, from the step-time model."""
-    from slaq.bench.pool_profile import load_profile
-    from slaq.bench.stepcost import ScheduledWork, StepCostModel
-
-    return StepCostModel(load_profile(REFERENCE_PROFILE)).step_seconds([ScheduledWork(tokens, 0, True)])
-
-
-def scenario_workload(rate_rps: float, seconds: float, seed: int) -> list[tuple[float, TenantProfile]]:
-    """Poisson arrivals at `rate_rps` for `seconds`, each request drawn from the tenant mix."""
+def loaded_workload(rate_rps: float, vip_samples: int, seed: int) -> list[tuple[float, TenantProfile]]:
+    """Poisson arrivals at `rate_rps`, tenants drawn from the mix, until `vip_samples` VIP requests are in."""
     rng = random.Random(seed)
-    arrivals, now = [], rng.expovariate(rate_rps)
-    while now < seconds:
-        pick, acc = rng.random(), 0.0
-        for profile in SCENARIO:
-            acc += profile.share
-            if pick < acc:
-                break
-        arrivals.append((now, profile))
+    arrivals: list[tuple[float, TenantProfile]] = []
+    now, vips = 0.0, 0
+    while vips < vip_samples:
         now += rng.expovariate(rate_rps)
+        profile = pick_tenant(rng)
+        arrivals.append((now, profile))
+        vips += profile is SCENARIO[0]
     return arrivals
 
 
@@ -136,7 +171,27 @@ def mix_burst(count: int) -> list[TenantProfile]:
     return out
 
 
-def demo_tenants(local: LocalTenants) -> tuple[LocalTenants, dict[Tier, TenantSLA]]:
+def load_plan(url: str, model: str, workload: Sequence[tuple[float, TenantProfile]], keys: Mapping[str, str],
+              seed: int) -> Plan:
+    """The loaded run for one system; `seed` gives it prompts of its own (no prefix-cache hits across runs)."""
+    return Plan(url, model, [PlannedRequest(at, p.letter, keys[p.letter], p.prompt_tokens, p.output_tokens, seed + i)
+                             for i, (at, p) in enumerate(workload)])
+
+
+def scenario_seed(base: int, run: int) -> int:
+    """Prompt seeds of the `run`-th scenario-4.5 run: runs whose seeds overlap would send the same
+    prompt prefixes, and a prefix-cache hit makes B fit where it must not."""
+    return base * 100_000 + run * 1_000
+
+
+def demo_engine_args(user_args: Sequence[str]) -> tuple[str, ...]:
+    """`slaq engine` flags: the demo's, then the user's (which win), then vLLM's after `--`."""
+    user = list(user_args)
+    own, vllm = (user[:user.index("--")], user[user.index("--") + 1:]) if "--" in user else (user, [])
+    return (*ENGINE_ARGS, *own, "--", *VLLM_ARGS, *vllm)
+
+
+def demo_tenants(local: LocalTenants) -> dict[Tier, TenantSLA]:
     """One tenant per tier from the manifests (the first by name)."""
     by_tier: dict[Tier, TenantSLA] = {}
     for tenant in sorted(local.tenants, key=lambda t: t.metadata.name):
@@ -144,219 +199,311 @@ def demo_tenants(local: LocalTenants) -> tuple[LocalTenants, dict[Tier, TenantSL
     missing = [p.tier.value for p in SCENARIO if p.tier not in by_tier]
     if missing:
         raise LocalError(f"the demo needs a TenantSLA of each tier; none of tier {', '.join(missing)} in the --tenants files")
-    return local, by_tier
+    return by_tier
 
 
 def scaled_tenant(tenant: TenantSLA, ttft_s: float | None) -> TenantSLA:
-    """The tenant with the scaled TTFT objective, no TPOT objective and no quotas (see module doc)."""
+    """The tenant with the scaled TTFT objective, no TPOT objective and no quotas (see module doc).
+
+    The KV-cache share goes too: with it slaq never lets the batch tier fill the KV cache, so
+    scenario 4.5's premise (a batch load holding nearly all of it) could not be set up for slaq."""
     spec = tenant.spec.model_copy(update={
         "objectives": tenant.spec.objectives.model_copy(update={"ttft_ms": None if ttft_s is None else round(ttft_s * 1000.0, 1),
                                                                 "tpot_ms": None}),
-        "quotas": tenant.spec.quotas.model_copy(update={"requests_per_minute": None, "tokens_per_minute": None, "max_concurrency": None}),
+        "quotas": tenant.spec.quotas.model_copy(update={"requests_per_minute": None, "tokens_per_minute": None, "max_concurrency": None,
+                                                        "kv_cache_share": 1.0}),
     })
     return tenant.model_copy(update={"spec": spec})
 
 
-# ---------------------------------------------------------------- HTTP
+# ---------------------------------------------------------------- measuring
 
 
-async def _request(client, url: str, model: str, key: str, prompt: int, output: int, seed: int) -> tuple[int | None, float | None, bool]:
-    """(status, ttft seconds, finished) of one streaming completion."""
-    import json
-
-    rng = random.Random(seed)
-    body = {"model": model, "prompt": [rng.randrange(10, 200) for _ in range(prompt)], "max_tokens": output,
-            "min_tokens": output, "ignore_eos": True, "stream": True}
-    started = time.monotonic()
-    ttft = None
-    try:
-        async with client.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return response.status_code, None, False
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return 200, ttft, True
-                if ttft is not None:
-                    continue  # only the first token's time is needed: spare the CPU the engine shares
-                # Every chunk carries new tokens; the first token's text may still be empty (a partial
-                # UTF-8 sequence from the random-weight model), so any chunk with a choice counts.
-                choices = json.loads(payload).get("choices") or []
-                if ttft is None and choices:
-                    ttft = time.monotonic() - started
-    except Exception:  # a broken stream is a result here, not a crash
-        return None, ttft, False
-    return 200, ttft, False
+async def unloaded(url: str, model: str, keys: Mapping[str, str], samples: int, seed: int) -> Unloaded:
+    """TTFT per tenant with requests sent one at a time (after one warm-up request)."""
+    p50: dict[str, float] = {}
+    p90: dict[str, float] = {}
+    async with client() as http:
+        origin = time.monotonic()
+        await stream_one(http, url, model, PlannedRequest(0, "A", keys["A"], 8, 4, seed), origin)  # warm-up
+        for profile in SCENARIO:
+            ttfts = []
+            for i in range(samples):
+                request = PlannedRequest(0, profile.letter, keys[profile.letter], profile.prompt_tokens, profile.output_tokens, seed + 1000 + i)
+                outcome = await stream_one(http, url, model, request, origin)
+                if outcome.ttft_s is not None:
+                    ttfts.append(outcome.ttft_s)
+            if not ttfts:
+                raise LocalError(f"no unloaded request of tenant {profile.label} was answered")
+            p50[profile.letter] = statistics.median(ttfts)
+            p90[profile.letter] = percentile(ttfts, 90) or p50[profile.letter]
+    return Unloaded(p50, p90)
 
 
-def _client():
+async def capacity(url: str, model: str, keys: Mapping[str, str], burst_size: int, seed: int) -> float:
+    """Requests per second for the mix: the steady rate of a saturating burst."""
+    burst = [PlannedRequest(0, p.letter, keys[p.letter], p.prompt_tokens, p.output_tokens, seed + i)
+             for i, p in enumerate(mix_burst(burst_size))]
+    async with client() as http:
+        origin = time.monotonic()
+        outcomes = await asyncio.gather(*(stream_one(http, url, model, r, origin) for r in burst))
+    rate = steady_rate([o.ended_at for o in outcomes if o.finished and o.ended_at is not None])
+    if rate is None:
+        raise LocalError("the engine finished too few requests of the capacity burst to measure its rate")
+    return rate
+
+
+def steady_rate(ended_at: Sequence[float]) -> float | None:
+    """Completions per second between the first and the last quarter of a burst's completions.
+
+    The whole burst's count over its whole time would undercount: at its start the first
+    requests are still in prefill, at its end the batch runs less than full."""
+    ends = sorted(ended_at)
+    if len(ends) < 8:
+        return None
+    first, last = len(ends) // 4, (3 * len(ends)) // 4
+    span = ends[last] - ends[first]
+    return (last - first) / span if span > 0 else None
+
+
+def sidecar_ttft_buckets(metrics_url: str) -> dict[str, list[tuple[float, float]]]:
+    """The sidecar's `slaq_ttft_seconds` buckets by tenant, read from `metrics_url` (its /metrics)."""
     import httpx
 
-    return httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), limits=httpx.Limits(max_connections=512))
+    return buckets_by_label(httpx.get(metrics_url, timeout=10.0).text, "slaq_ttft_seconds", "tenant")
 
 
-async def calibrate(url: str, model: str, key: str, options: DemoOptions) -> Calibration:
-    unloaded: dict[str, float] = {}
-    tails: dict[str, float] = {}
-    async with _client() as client:
-        await _request(client, url, model, key, 8, 4, 0)  # warm-up: first-request costs are not the model's
-        for profile in SCENARIO:
-            samples = []
-            for i in range(options.unloaded_samples):
-                _, ttft, _ = await _request(client, url, model, key, prompt_tokens(profile), profile.output_tokens, 1000 + i)
-                if ttft is not None:
-                    samples.append(ttft)
-            if not samples:
-                raise LocalError(f"the engine answered no unloaded request of tenant {profile.label}")
-            unloaded[profile.label] = statistics.median(samples)
-            tails[profile.label] = nearest_rank(samples, 90) or unloaded[profile.label]
-        burst = mix_burst(options.capacity_burst)
-        started = time.monotonic()
-        results = await asyncio.gather(*(_request(client, url, model, key, prompt_tokens(p), p.output_tokens, 2000 + i)
-                                         for i, p in enumerate(burst)))
-        elapsed = time.monotonic() - started
-    done = sum(1 for _, _, finished in results if finished)
-    if done == 0:
-        raise LocalError("the engine finished no request of the capacity burst")
-    return Calibration(unloaded, tails, reference_ttft_s(SCENARIO[0].report_prompt_tokens), done / elapsed)
+def sidecar_metrics_url(stack: LocalStack) -> str:
+    return stack.metrics_url + "/metrics"
 
 
-async def replay(url: str, model: str, keys: dict[str, str], workload: Sequence[tuple[float, TenantProfile]],
-                 objectives: dict[str, float | None], label: str, status: StatusLine, seconds: float) -> dict[str, RunFigures]:
-    figures = {p.label: RunFigures() for p in SCENARIO}
-    answered = 0
-
-    async def one(index: int, at: float, profile: TenantProfile) -> None:
-        nonlocal answered
-        await asyncio.sleep(max(0.0, started + at - time.monotonic()))
-        code, ttft, finished = await _request(client, url, model, keys[profile.label], prompt_tokens(profile),
-                                              profile.output_tokens, 10_000 + index)
-        row = figures[profile.label]
-        row.sent += 1
-        row.refused += code is not None and code != 200
-        row.completed += finished
-        if ttft is not None:
-            row.ttft_s.append(ttft)
-        goal = objectives[profile.label]
-        row.met += finished and ttft is not None and (goal is None or ttft <= goal)
-        answered += 1
-
-    async with _client() as client:
-        started = time.monotonic()
-        tasks = [asyncio.create_task(one(i, at, p)) for i, (at, p) in enumerate(workload)]
-        while not all(t.done() for t in tasks):
-            elapsed = time.monotonic() - started
-            status.show(f"  {label}: {min(elapsed, seconds):4.0f}/{seconds:.0f}s of arrivals, {answered}/{len(workload)} answered")
-            await asyncio.wait(tasks, timeout=0.5)
-        for task in tasks:
-            task.result()
-    status.done(f"  {label}: {len(workload)} requests answered in {time.monotonic() - started:.0f}s")
-    return figures
+def figures(outcomes: Sequence[Any], objectives: Mapping[str, float | None],
+            sidecar: Mapping[str, list[tuple[float, float]]] | None = None) -> dict[str, TenantFigures]:
+    rows = {p.letter: TenantFigures(objectives[p.letter], [o for o in outcomes if o.letter == p.letter],
+                                    None if sidecar is None else sidecar.get(p.letter, [])) for p in SCENARIO}
+    return rows
 
 
-# ---------------------------------------------------------------- report
+# ---------------------------------------------------------------- processes
 
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value * 1000:.0f}"
+def _start_both(stock: LocalStack, slaq_stack: LocalStack, status: StatusLine) -> float:
+    """Start both stacks at once (an engine start is most of the demo's time); seconds taken."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        started = [pool.submit(stock.start, lambda e, line: status.show(f"  starting stock vLLM and slaq … {e:4.0f}s  {line}")),
+                   pool.submit(slaq_stack.start)]
+        try:
+            for future in as_completed(started):
+                future.result()
+        except BaseException:
+            # The other start is still waiting for its engine: stopping its children ends that wait.
+            stock.stop()
+            slaq_stack.stop()
+            raise
+    elapsed = time.monotonic() - t0
+    status.done(f"  stock vLLM and slaq ready in {elapsed:.0f}s (started side by side)")
+    return elapsed
 
 
-def _pct(part: int, whole: int) -> str:
-    return "—" if whole == 0 else f"{100.0 * part / whole:.0f}%"
+@contextmanager
+def paused(stack: LocalStack) -> Iterator[None]:
+    """The stack's processes stopped (SIGSTOP) inside the block, continued (SIGCONT) whatever happens."""
+    for child in stack.children:
+        child.signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for child in stack.children:
+            child.signal(signal.SIGCONT)
 
 
-def nearest_rank(values: Sequence[float], pct: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(pct / 100.0 * len(ordered)) - 1)]
-
-
-def results_table(runs: dict[str, dict[str, RunFigures]], objectives: dict[str, float | None]) -> str:
-    names = list(runs)
-    head1 = f"{'tenant':<14} {'objective':>9} │ " + " │ ".join(f"{n:^33}" for n in names)
-    head2 = f"{'':<14} {'TTFT ms':>9} │ " + " │ ".join(f"{'p50':>6} {'p99':>6} {'SLO met':>8} {'done':>9}" for _ in names)
-    lines = [head1, head2, "─" * len(head2)]
-    for profile in SCENARIO:
-        goal = objectives[profile.label]
-        cells = []
-        for name in names:
-            row = runs[name][profile.label]
-            met = _pct(row.met, row.sent) if goal is not None else "no SLO"
-            cells.append(f"{_ms(nearest_rank(row.ttft_s, 50)):>6} {_ms(nearest_rank(row.ttft_s, 99)):>6} {met:>8} "
-                         f"{f'{row.completed}/{row.sent}':>9}")
-        lines.append(f"{profile.label:<14} {_ms(goal):>9} │ " + " │ ".join(cells))
-    return "\n".join(lines)
+def _load_run(plan: Plan, workdir: Path, name: str, status: StatusLine) -> list[Any]:
+    t0 = time.monotonic()
+    duration = plan.requests[-1].at if plan.requests else 0.0
+    outcomes = run_in_subprocess(plan, workdir, name, lambda done, total: status.show(
+        f"  {name}: {time.monotonic() - t0:4.0f}s ({duration:.0f}s of arrivals), {done}/{total} answered"))
+    status.done(f"  {name}: {len(plan.requests)} requests answered in {time.monotonic() - t0:.0f}s")
+    return outcomes
 
 
 # ---------------------------------------------------------------- the run
 
 
-def _start(stack: LocalStack, status: StatusLine, what: str) -> None:
-    t0 = time.monotonic()
-    stack.start(lambda elapsed, line: status.show(f"  starting {what} … {elapsed:4.0f}s  {line}"))
-    status.done(f"  {what} ready in {time.monotonic() - t0:.0f}s")
-
-
 def run_demo(options: DemoOptions) -> int:
     t_start = time.monotonic()
+    timings: dict[str, float] = {}
     status = StatusLine(every_s=5.0)
-    local, by_tier = demo_tenants(read_tenants(list(options.tenants)))
-    keys = {p.label: local.keys[by_tier[p.tier].metadata.name][0] for p in SCENARIO}
-    engine_args = ENGINE_ARGS + tuple(options.engine_args)
+    if problems := KvPlan().problems():
+        raise LocalError("scenario 4.5's KV plan is inconsistent: " + "; ".join(problems))
+    local = read_tenants(list(options.tenants))
+    by_tier = demo_tenants(local)
+    names = {p.letter: by_tier[p.tier].metadata.name for p in SCENARIO}
+    keys = {letter: local.keys[name][0] for letter, name in names.items()}
+    engine_args = demo_engine_args(options.engine_args)
     workdir = new_workdir("slaq-demo-")
     print("slaq demo: the design report's scenario 4.5 — A (VIP, TTFT < 50 ms), B (standard, < 200 ms), C (free, no SLO)")
-    print(f"  tenants {', '.join(f'{p.label} = {by_tier[p.tier].metadata.name}' for p in SCENARIO)}; logs in {workdir}")
+    print(f"  tenants {', '.join(f'{p.label} = {names[p.letter]}' for p in SCENARIO)}; logs in {workdir}")
 
-    print("1/4 stock vLLM (its own scheduler, FCFS), clients straight to the engine")
-    stock = LocalStack(StackOptions(model=options.model, scheduler="stock", engine_args=engine_args), workdir)
-    with stock:
-        _start(stock, status, "stock vLLM engine")
+    def tenants_with(objectives: Mapping[str, float | None]) -> LocalTenants:
+        return LocalTenants([scaled_tenant(by_tier[p.tier], objectives[p.letter]) for p in SCENARIO],
+                            {name: local.keys[name] for name in names.values()})
+
+    table_path = workdir / "tenants.json"
+    model_name = options.model or "slaq-tiny"
+    # The manifests' objectives until calibration; the sidecar reloads the file when it changes.
+    report_objectives = {p.letter: None if p.report_ttft_ms is None else p.report_ttft_ms / 1000.0 for p in SCENARIO}
+    write_table(plan_local_table(tenants_with(report_objectives), local_pool(model_name)), table_path)
+    stock = LocalStack(StackOptions(model=options.model, scheduler="stock-priority", engine_args=engine_args), workdir)
+    slaq_stack = LocalStack(StackOptions(port=0, model=options.model, scheduler="slaq", engine_args=engine_args,
+                                         tenant_table=table_path), workdir)
+    print("1/5 starting stock vLLM (its own scheduler; priority policy, FCFS when no priority is sent) and slaq "
+          "(sidecar + SLAScheduler) side by side")
+    with slaq_stack, stock:
+        timings["engines_start_s"] = _start_both(stock, slaq_stack, status)
         model = stock.served_model_name
-        status.done("  measuring unloaded TTFT and capacity …")
-        calibration = asyncio.run(calibrate(stock.url, model, keys[SCENARIO[0].label], options))
-        objectives = {p.label: calibration.objective_s(p) for p in SCENARIO}
-        rate = LOAD * calibration.capacity_rps
-        workload = scenario_workload(rate, options.run_seconds, options.seed)
-        print(describe_calibration(calibration, objectives, rate, len(workload), options.run_seconds), flush=True)
-        print("2/4 load on stock vLLM")
-        stock_figures = asyncio.run(replay(stock.url, model, keys, workload, objectives, "stock vLLM", status, options.run_seconds))
+        with paused(slaq_stack):  # no CPU from slaq while stock is measured
+            print("2/5 stock vLLM, unloaded and saturated: the load's rate and (with slaq's, later) the objectives")
+            t0 = time.monotonic()
+            calibration_seed = options.seed * 1_000_000
+            stock_unloaded = asyncio.run(unloaded(stock.url, model, keys, options.unloaded_samples, calibration_seed))
+            capacity_rps = asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000))
+            rate = LOAD * capacity_rps
+            workload = loaded_workload(rate, options.vip_samples, options.seed)
+            print(describe_load(capacity_rps, rate, workload), flush=True)
+            timings["calibration_s"] = time.monotonic() - t0
 
-    print("3/4 slaq: sidecar + SLAScheduler, the same tenants with the scaled objectives")
-    scaled = LocalTenants([scaled_tenant(by_tier[p.tier], objectives[p.label]) for p in SCENARIO],
-                          {by_tier[p.tier].metadata.name: local.keys[by_tier[p.tier].metadata.name] for p in SCENARIO})
-    table = write_table(plan_local_table(scaled, local_pool(model)), workdir / "tenants.json")
-    slaq_stack = LocalStack(StackOptions(port=0, model=options.model, scheduler="slaq", engine_args=engine_args, tenant_table=table), workdir)
-    with slaq_stack:
-        _start(slaq_stack, status, "slaq engine + sidecar")
-        print("4/4 the same load through slaq")
-        slaq_figures = asyncio.run(replay(slaq_stack.url, model, keys, workload, objectives, "slaq", status, options.run_seconds))
+            print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
+            t0 = time.monotonic()
+            scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 1)),
+                        _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
+                                  STOCK_PRIORITY[Tier.BATCH], scenario_seed(options.seed, 2))]
+            timings["scenario_stock_s"] = time.monotonic() - t0
+            print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
+            t0 = time.monotonic()
+            stock_outcomes = _load_run(load_plan(stock.url, model, workload, keys, options.seed * 100_000), workdir, "stock vLLM", status)
+            timings["load_stock_s"] = time.monotonic() - t0
+            stock.stop()
 
-    print()
-    print(results_table({"stock vLLM (FCFS)": stock_figures, "slaq": slaq_figures}, objectives))
-    print(f"\n(TTFT in ms measured by the client; SLO met = first token within the objective, over all requests sent; "
-          f"done = streams completed / sent. Demo took {time.monotonic() - t_start:.0f}s.)")
+        print("5/5 slaq: unloaded, then scenario 4.5, then the same load (stock vLLM stopped)")
+        t0 = time.monotonic()
+        _wait_ready(slaq_stack)
+        slaq_unloaded = asyncio.run(unloaded(slaq_stack.url, model, keys, options.unloaded_samples, calibration_seed + 10_000))
+        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, capacity_rps)
+        objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
+        write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
+        print(describe_objectives(calibration, objectives), flush=True)
+        time.sleep(TABLE_POLL_S)  # the sidecar looks at the table file every second
+        timings["calibration_s"] += time.monotonic() - t0
+        t0 = time.monotonic()
+        scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 3)))
+        timings["scenario_slaq_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        metrics_url = sidecar_metrics_url(slaq_stack)
+        before = sidecar_ttft_buckets(metrics_url)
+        slaq_outcomes = _load_run(load_plan(slaq_stack.url, model, workload, keys, options.seed * 200_000), workdir, "slaq", status)
+        after = sidecar_ttft_buckets(metrics_url)
+        timings["load_slaq_s"] = time.monotonic() - t0
+    sidecar = {letter: bucket_delta(after.get(name, []), before.get(name)) for letter, name in names.items()}
+    load = {"stock": figures(stock_outcomes, objectives), "slaq": figures(slaq_outcomes, objectives, sidecar)}
+    png = write_png(load, {p.letter: p.tier.value for p in SCENARIO}, workdir / "demo-ttft.png",
+                    "TTFT per tenant (A = critical, B = standard, C = batch), stock vLLM vs slaq; objectives dashed")
+    timings["total_s"] = time.monotonic() - t_start
+    print_results(scenario, load, rate, workload, png)
+    report = demo_json(scenario, load, {
+        "calibration": calibration_json(calibration), "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3),
+        "requests": len(workload), "png": str(png), "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "workdir": str(workdir)})
+    if options.json_path is not None:
+        print(f"figures: {write_json(report, options.json_path)}")
+    print(f"demo took {timings['total_s']:.0f}s (engines {timings['engines_start_s']:.0f}s).")
     return 0
 
 
-def describe_calibration(calibration: Calibration, objectives: dict[str, float | None], rate: float, count: int, seconds: float) -> str:
-    lines = ["  measured on this machine (stock engine, unloaded, one request at a time; median / p90):"]
-    for profile in SCENARIO:
-        lines.append(f"    {profile.label:<13} prompt {prompt_tokens(profile):>4} tokens (report: {profile.report_prompt_tokens}), "
-                     f"{profile.output_tokens} out: TTFT {_ms(calibration.unloaded_ttft_s[profile.label])} / "
-                     f"{_ms(calibration.unloaded_p90_s[profile.label])} ms")
-    lines.append(f"    capacity for the mix: {calibration.capacity_rps:.2f} requests/s (a saturating burst)")
-    lines.append(f"  scale = {_ms(calibration.unloaded_p90_s[SCENARIO[0].label])} ms (VIP prompt here, p90) / "
-                 f"{calibration.reference_ttft_s * 1000:.1f} ms (1,000-token prompt on an H200, Llama-3-8B, step-time model) "
-                 f"= {calibration.scale:.2f}")
-    for profile in SCENARIO:
-        if profile.report_ttft_ms is not None:
-            lines.append(f"    {profile.label:<13} TTFT objective {profile.report_ttft_ms:.0f} ms × {calibration.scale:.2f} = {_ms(objectives[profile.label])} ms")
-    lines.append(f"  load: {LOAD:.0%} of capacity = {rate:.2f} requests/s, Poisson, {count} requests over {seconds:.0f}s "
-                 f"(mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
+def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float,
+                  workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
+    print()
+    print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a batch-tier load holds all but "
+          f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
+    print(scenario_block(scenario))
+    print()
+    print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({LOAD:.0%} of capacity), "
+          f"{sum(p is SCENARIO[0] for _, p in workload)} of them VIP")
+    print(load_table({"stock vLLM (FCFS)": load["stock"], "slaq": load["slaq"]}, {p.letter: p.label for p in SCENARIO}))
+    if refusals := refusal_lines(load):
+        print(refusals)
+    print("\n(TTFT in ms as the client saw it (p50, p99) and as slaq's sidecar measured it (sc p99, from its "
+          "slaq_ttft_seconds histogram; stock has no sidecar); a gap between the two is the client waiting for CPU. "
+          "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")
+    print(f"picture: {png}")
+
+
+def calibration_json(calibration: Calibration) -> dict[str, Any]:
+    return {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
+            "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
+            "capacity_rps": round(calibration.capacity_rps, 3), "scale": round(calibration.scale, 3),
+            "objective_margin": OBJECTIVE_MARGIN}
+
+
+def _ms_map(values: Mapping[str, float | None]) -> dict[str, float | None]:
+    return {k: None if v is None else round(v * 1000.0, 1) for k, v in values.items()}
+
+
+def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],
+              background_priority: int | None, seed: int, attempts: int = 3) -> ScenarioRun:
+    for attempt in range(attempts):
+        try:
+            # Each attempt's prompts are new (seed + 300 per attempt stays within the run's 1,000 seeds).
+            run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed + 300 * attempt, keys["C"], background_priority))
+        except NotTogether as exc:
+            print(f"  {system}: {exc}; again", flush=True)
+            continue
+        print(f"  {system}: started {order_text(run.groups)}", flush=True)
+        return run
+    raise ScenarioError(f"scenario 4.5 under {system}: A, B and C were never sent together in {attempts} attempts")
+
+
+def _wait_ready(stack: LocalStack, timeout_s: float = 30.0) -> None:
+    """After SIGCONT: until the sidecar answers /ready again."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (failed := stack.failed_child()) is not None:
+            raise LocalError(f"slaq's {failed.name} exited; its log is {failed.log_path}")
+        try:
+            if httpx.get(stack.url + "/ready", timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise LocalError(f"slaq's sidecar was not ready {timeout_s:.0f}s after it was resumed")
+
+
+def describe_load(capacity_rps: float, rate: float, workload: Sequence[tuple[float, TenantProfile]]) -> str:
+    vips = sum(p is SCENARIO[0] for _, p in workload)
+    return (f"  capacity for the mix: {capacity_rps:.2f} requests/s (completions of a saturating burst between its "
+            f"first and last quarter)\n"
+            f"  load: {LOAD:.0%} of capacity = {rate:.2f} requests/s, Poisson, {len(workload)} requests over "
+            f"{workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
+
+
+def describe_objectives(calibration: Calibration, objectives: Mapping[str, float | None]) -> str:
+    lines = ["  unloaded TTFT (one request at a time; median / p90 in ms):"]
+    for p in SCENARIO:
+        cells = "   ".join(f"{system} {u.p50_s[p.letter] * 1000:.0f} / {u.p90_s[p.letter] * 1000:.0f}"
+                           for system, u in calibration.unloaded.items())
+        lines.append(f"    {p.label:<13} prompt {p.prompt_tokens:>4} tokens (report: {p.report_prompt_tokens}), "
+                     f"{p.output_tokens} out: {cells}")
+    vip = SCENARIO[0]
+    lines.append(f"  objectives: scale = {OBJECTIVE_MARGIN:.0f} × {calibration.p90_s(vip.letter) * 1000:.0f} ms (A's unloaded p90, "
+                 f"the larger of the systems') / {vip.report_ttft_ms:.0f} ms (A's objective in the report) = {calibration.scale:.2f}; "
+                 f"each = report objective × scale, at least {OBJECTIVE_MARGIN:.0f} × its own unloaded p90")
+    for p in SCENARIO:
+        if p.report_ttft_ms is not None:
+            lines.append(f"    {p.label:<13} max({p.report_ttft_ms:.0f} ms × {calibration.scale:.2f}, "
+                         f"{OBJECTIVE_MARGIN:.0f} × {calibration.p90_s(p.letter) * 1000:.0f} ms) = "
+                         f"{objectives[p.letter] * 1000:.0f} ms")  # type: ignore[operator]
     return "\n".join(lines)
 
 

@@ -2,7 +2,8 @@
 
 LocalError
 ├── TenantFileError   the --tenants manifests cannot make a tenant table (names file and field)
-└── StartupError      a child process exited or did not get ready (carries the child, for its log)
+├── StartupError      a child process exited or did not get ready (carries the child, for its log)
+└── ScenarioError     the demo's scenario 4.5 did not find the state it sets up (says which)
 """
 
 from __future__ import annotations
@@ -22,3 +23,7 @@ class StartupError(LocalError):
     def __init__(self, child: Any, message: str) -> None:
         super().__init__(message)
         self.child = child
+
+
+class ScenarioError(LocalError):
+    pass

@@ -1,17 +1,27 @@
-"""`slaq up --demo`'s pure parts: the workload, the objective scaling, the tenants it serves, the table."""
+"""`slaq up --demo`'s parts without an engine: workload, objectives, scenario 4.5's arithmetic and
+order, the client, the sidecar's histogram, the table, the JSON and the PNG."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
+from pathlib import Path
 
+import httpx
 import pytest
 
 from slaq.api.common import Tier
-from slaq.cli import build_parser, repo_root
+from slaq.cli import build_parser, main, repo_root
+from slaq.local import loadgen
 from slaq.local.demo import (
-    SCENARIO, Calibration, RunFigures, mix_burst, prompt_tokens, reference_ttft_s, results_table, scaled_tenant,
-    scenario_workload,
+    SCENARIO, VIP_SAMPLES, Calibration, DemoOptions, Unloaded, demo_engine_args, load_plan, loaded_workload, mix_burst, scaled_tenant,
 )
+from slaq.local.demo_report import (
+    TenantFigures, bucket_delta, buckets_by_label, demo_json, histogram_quantile, load_table, order_text, refusal_lines, scenario_block, write_png,
+)
+from slaq.local.loadgen import Outcome, Plan, PlannedRequest, request_body, stream_one
+from slaq.local.scenario45 import KV_BLOCKS, REQUESTS, KvPlan, ScenarioRun, Sized
 from slaq.local.tenants import local_pool, plan_local_table, read_tenants
 
 
@@ -21,34 +31,74 @@ def test_the_readme_first_command_installs_and_runs_the_demo() -> None:
     assert block[0].split("#")[0].strip() == "scripts/setup.sh && slaq up --demo"
     assert block[1].split("#")[0].strip() == "scripts/setup.sh && scripts/test.sh"
     args = build_parser().parse_args(["up", "--demo"])
-    assert args.demo and args.handler.__name__ == "_up"
+    assert args.demo and args.handler.__name__ == "_up" and not args.quick and args.json_path is None
 
 
-def test_workload_rate_and_mix_follow_the_request() -> None:
-    arrivals = scenario_workload(4.0, 200.0, seed=1)
-    assert 700 < len(arrivals) < 900  # Poisson, 4/s over 200 s
-    assert all(0 <= a < b for (a, _), (b, _) in zip(arrivals, arrivals[1:]))
+def test_quick_and_json_are_demo_options(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["up", "--demo", "--quick", "--json", "out/f.json"])
+    assert args.quick and args.json_path == Path("out/f.json")
+    assert main(["up", "--quick"]) == 2
+    assert "--quick and --json go with --demo" in capsys.readouterr().err
+    quick = DemoOptions.quick(tenants=(), json_path=Path("f"))
+    assert quick.vip_samples < VIP_SAMPLES == DemoOptions(tenants=()).vip_samples and quick.json_path == Path("f")
+
+
+def test_the_users_engine_flags_come_after_the_demos_and_vllms_after_the_separator() -> None:
+    assert demo_engine_args(["--max-num-seqs", "4", "--", "--seed", "1"]) == (
+        "--max-num-seqs", "8", "--max-model-len", "768", "--max-num-seqs", "4",
+        "--", "--block-size", "32", "--num-gpu-blocks-override", str(KV_BLOCKS), "--seed", "1")
+
+
+def test_the_loaded_run_has_exactly_the_vip_samples_asked_for_at_the_rate() -> None:
+    arrivals = loaded_workload(8.0, 100, seed=1)
+    vip = SCENARIO[0]
+    assert sum(p is vip for _, p in arrivals) == 100 and arrivals[-1][1] is vip
+    assert all(0 < a < b for (a, _), (b, _) in zip(arrivals, arrivals[1:]))
+    assert len(arrivals) / arrivals[-1][0] == pytest.approx(8.0, rel=0.25)  # Poisson at 8/s
     for profile in SCENARIO:
-        share = sum(1 for _, p in arrivals if p is profile) / len(arrivals)
-        assert abs(share - profile.share) < 0.05
-    assert scenario_workload(4.0, 200.0, seed=1) == arrivals  # seeded: both runs see the same traffic
-    assert len(mix_burst(24)) == 24
+        assert abs(sum(p is profile for _, p in arrivals) / len(arrivals) - profile.share) < 0.08
+    assert loaded_workload(8.0, 100, seed=1) == arrivals  # seeded: both systems see the same traffic
+    assert len(mix_burst(40)) == 40
+
+
+def test_each_system_gets_prompts_of_its_own() -> None:
+    workload = loaded_workload(8.0, 5, seed=1)
+    stock, slaq = (load_plan("http://x", "m", workload, {"A": "a", "B": "b", "C": "c"}, seed) for seed in (0, 10_000))
+    assert [r.at for r in stock.requests] == [r.at for r in slaq.requests]
+    assert all(request_body("m", s)["prompt"] != request_body("m", q)["prompt"] for s, q in zip(stock.requests, slaq.requests))
+    assert [r.key for r in stock.requests] == [{"A": "a", "B": "b", "C": "c"}[p.letter] for _, p in workload]
+
+
+def test_capacity_is_the_burst_steady_rate_without_its_ramp_and_tail() -> None:
+    from slaq.local.demo import steady_rate
+
+    ends = [0.5, 0.9] + [1.0 + i * 0.1 for i in range(12)] + [3.0, 4.0]  # slow start, 10/s, a long tail
+    assert steady_rate(ends) == pytest.approx(10.0)
+    assert steady_rate([1.0] * 4) is None and steady_rate([1.0] * 10) is None
 
 
 def test_prompts_keep_the_reports_proportions() -> None:
-    assert [prompt_tokens(p) for p in SCENARIO] == [100, 500, 10]
+    assert [p.prompt_tokens * 10 for p in SCENARIO] == [p.report_prompt_tokens for p in SCENARIO] == [1000, 5000, 100]
 
 
-def test_objectives_scale_by_the_measured_p90_over_the_reference_vip_ttft() -> None:
+def test_objectives_are_the_report_scaled_by_three_times_the_vip_p90_and_never_under_three_times_their_own() -> None:
     vip, standard, free = SCENARIO
-    reference = reference_ttft_s(vip.report_prompt_tokens)
-    assert 0.02 < reference < 0.05  # a 1,000-token prefill on an H200 for an 8B model: tens of ms
-    calibration = Calibration({vip.label: 3 * reference, standard.label: 0.1, free.label: 0.01},
-                              {vip.label: 4 * reference, standard.label: 0.2, free.label: 0.02}, reference, 3.0)
-    assert calibration.scale == pytest.approx(4.0)
-    assert calibration.objective_s(vip) == pytest.approx(0.2)
-    assert calibration.objective_s(standard) == pytest.approx(0.8)
+    stock = Unloaded({"A": 0.02, "B": 0.05, "C": 0.01}, {"A": 0.03, "B": 0.10, "C": 0.02})
+    calibration = Calibration({"stock": stock}, 5.0)
+    assert calibration.scale == pytest.approx(3 * 0.03 / 0.050)
+    assert calibration.objective_s(vip) == pytest.approx(0.09)  # 50 ms × 1.8 = 3 × its p90
+    assert calibration.objective_s(standard) == pytest.approx(0.36)  # 200 ms × 1.8 > 3 × 0.10
     assert calibration.objective_s(free) is None
+    slow_b = Calibration({"stock": Unloaded(stock.p50_s, {**stock.p90_s, "B": 0.15})}, 5.0)
+    assert slow_b.objective_s(standard) == pytest.approx(0.45)  # 3 × its own p90 is larger
+
+
+def test_objectives_leave_the_slower_system_its_margin_too() -> None:
+    stock = Unloaded({"A": 0.02, "B": 0.05, "C": 0.01}, {"A": 0.03, "B": 0.10, "C": 0.02})
+    slaq = Unloaded({"A": 0.03, "B": 0.06, "C": 0.02}, {"A": 0.05, "B": 0.09, "C": 0.03})
+    both = Calibration({"stock": stock, "slaq": slaq}, 5.0)
+    assert both.p90_s("A") == 0.05 and both.p90_s("B") == 0.10
+    assert both.objective_s(SCENARIO[0]) == pytest.approx(0.15) and both.scale == pytest.approx(3.0)
 
 
 def test_demo_tenants_get_the_scaled_ttft_no_tpot_and_no_quotas() -> None:
@@ -57,21 +107,200 @@ def test_demo_tenants_get_the_scaled_ttft_no_tpot_and_no_quotas() -> None:
     scaled = scaled_tenant(vip, 0.1234)
     assert scaled.spec.objectives.ttft_ms == 123.4 and scaled.spec.objectives.tpot_ms is None
     assert scaled.spec.quotas.requests_per_minute is None and scaled.spec.quotas.max_concurrency is None
+    assert scaled.spec.quotas.kv_cache_share == 1.0 != vip.spec.quotas.kv_cache_share
     assert vip.spec.objectives.ttft_ms == 50  # the manifest's tenant is left as it was
     local.tenants[:] = [scaled if t is vip else t for t in local.tenants]
     entry = next(e for e in plan_local_table(local, local_pool("slaq-tiny")).tenants if e.name == vip.metadata.name)
     assert entry.ttft_ms == 123.4 and entry.share.requests_per_minute is None
 
 
-def test_the_table_shows_both_runs_per_tenant() -> None:
-    vip, standard, free = SCENARIO
-    runs = {
-        "stock": {vip.label: RunFigures(10, 10, 3, 0, [0.1] * 10), standard.label: RunFigures(4, 4, 4, 0, [0.2] * 4),
-                  free.label: RunFigures(5, 5, 0, 0, [0.3] * 5)},
-        "slaq": {vip.label: RunFigures(10, 9, 9, 1, [0.05] * 9), standard.label: RunFigures(4, 4, 2, 0, [0.5] * 4),
-                 free.label: RunFigures(5, 2, 0, 3, [1.0, 2.0])},
-    }
-    table = results_table(runs, {vip.label: 0.09, standard.label: 0.36, free.label: None})
+# ---------------------------------------------------------------- scenario 4.5
+
+
+def test_the_kv_plan_leaves_room_for_a_and_c_but_not_b() -> None:
+    plan = KvPlan()
+    assert plan.problems() == []
+    a, b, c = (REQUESTS[x] for x in "ABC")
+    assert a.blocks_when_done() + c.blocks_when_done() <= plan.free_blocks(background_done=True)
+    assert b.blocks_at_admission() > plan.free_blocks(background_done=False)
+    assert KvPlan(kv_blocks=KV_BLOCKS + 8).problems() == ["B fits beside the background: nothing waits"]
+    assert "A and C do not both fit beside the background" in KvPlan(kv_blocks=34).problems()
+    small_first = KvPlan(background=(*KvPlan().background, Sized(32, 0)))  # it frees only one block when it ends
+    assert small_first.problems() == ["B does not fit even once one background request is done"]
+
+
+def test_no_two_scenario_runs_send_a_prompt_block_twice() -> None:
+    from slaq.local.demo import scenario_seed
+    from slaq.local.scenario45 import BACKGROUND, BLOCK_SIZE, scenario_requests
+
+    first_blocks = []
+    for run in (1, 2, 3):
+        for request in scenario_requests(scenario_seed(45, run), {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, "k", None):
+            first_blocks.append(tuple(request_body("m", request)["prompt"][:BLOCK_SIZE]))
+    assert len(first_blocks) == 3 * (len(BACKGROUND) + 3) == len(set(first_blocks))
+
+
+def _outcome(letter: str, first_token_at: float | None, finished: bool = True) -> Outcome:
+    return Outcome(letter, ttft_s=None if first_token_at is None else first_token_at - 0.01,
+                   first_token_at=first_token_at, finished=finished, status=200)
+
+
+def test_the_order_is_the_first_tokens_order_and_close_ones_started_together() -> None:
+    run = ScenarioRun("slaq", {"A": _outcome("A", 0.050), "B": _outcome("B", 1.2), "C": _outcome("C", 0.060)})
+    assert run.order == ["A", "C", "B"] and run.groups == [["A", "C"], ["B"]]
+    assert order_text(run.groups) == "[A C], B"
+    late = ScenarioRun("fcfs", {"A": _outcome("A", None, finished=False), "B": _outcome("B", 1.0), "C": _outcome("C", 2.0)})
+    assert late.order == ["B", "C", "A"] and late.groups == [["B"], ["C"], ["A"]]
+    data = late.as_json()
+    assert data["order"] == ["B", "C", "A"] and data["report_order"] == ["B", "A", "C"] and data["finished"]["A"] is False
+    block = scenario_block([run, late])
+    assert "[A C], B" in block and "A and C first" in block and "not finished: A" in block
+
+
+# ---------------------------------------------------------------- the client
+
+
+def _sse_transport(seen: list[dict], status: int = 200) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if status != 200:
+            return httpx.Response(status, json={"reason": "refused"})
+        async def chunks():  # the first token's text may be empty: it still counts
+            for chunk in (b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": "x"}]}\n\n', b"data: [DONE]\n\n"):
+                yield chunk
+
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    return httpx.MockTransport(handler)
+
+
+def test_stream_one_times_the_first_chunk_and_sends_priority_only_when_asked() -> None:
+    async def go(status: int, priority: int | None) -> tuple[Outcome, list[dict]]:
+        seen: list[dict] = []
+        async with httpx.AsyncClient(transport=_sse_transport(seen, status)) as http:
+            event = asyncio.Event()
+            outcome = await stream_one(http, "http://e", "m", PlannedRequest(0, "A", "k", 7, 3, 1, priority), 0.0, event)
+            assert event.is_set() == (status == 200)
+        return outcome, seen
+
+    ok, seen = asyncio.run(go(200, 2))
+    assert ok.finished and ok.status == 200 and ok.ttft_s is not None and ok.first_token_at is not None
+    assert seen[0]["priority"] == 2 and len(seen[0]["prompt"]) == 7 and seen[0]["max_tokens"] == seen[0]["min_tokens"] == 3
+    refused, seen = asyncio.run(go(429, None))
+    assert not refused.finished and refused.status == 429 and refused.ttft_s is None and "priority" not in seen[0]
+
+
+def test_the_load_generator_lowers_its_own_cpu_priority_and_writes_its_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    niced: list[int] = []
+    monkeypatch.setattr(loadgen.os, "nice", niced.append)
+    plan = Plan("http://127.0.0.1:9", "m", [PlannedRequest(0.0, "B", "k", 4, 2, 1)])  # nothing listens: a failed request
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    assert Plan.from_json(plan.to_json()) == plan
+    assert loadgen.main([str(tmp_path / "plan.json"), str(tmp_path / "out.json")]) == 0
+    assert niced == [19]
+    [row] = json.loads((tmp_path / "out.json").read_text())
+    assert row["letter"] == "B" and row["finished"] is False and row["status"] is None
+
+
+def test_the_load_generator_runs_in_a_process_of_its_own(tmp_path: Path) -> None:
+    plan = Plan("http://127.0.0.1:9", "m", [PlannedRequest(0.0, "A", "k", 4, 2, 1), PlannedRequest(0.01, "C", "k", 4, 2, 2)])
+    seen: list[tuple[int, int]] = []
+    outcomes = loadgen.run_in_subprocess(plan, tmp_path, "t", lambda done, total: seen.append((done, total)))
+    assert [o.letter for o in outcomes] == ["A", "C"] and not any(o.finished for o in outcomes)
+    assert (tmp_path / "t-results.json").exists() and seen[-1] == (2, 2)
+
+
+# ---------------------------------------------------------------- the sidecar's histogram, the table, the files
+
+
+def test_sidecar_percentiles_come_from_its_real_histogram_minus_the_earlier_reading() -> None:
+    from slaq.sidecar.metrics import SidecarMetrics
+
+    metrics = SidecarMetrics(depth=lambda: {}, risk=lambda: 0.0, in_flight=lambda: 0)
+    metrics.ttft.labels("vip", "critical").observe(5.0)  # before the run: must not count
+    before = buckets_by_label(metrics.render().decode(), "slaq_ttft_seconds", "tenant")
+    for value in [0.04] * 90 + [0.15] * 10:
+        metrics.ttft.labels("vip", "critical").observe(value)
+    after = buckets_by_label(metrics.render().decode(), "slaq_ttft_seconds", "tenant")
+    run = bucket_delta(after["vip"], before["vip"])
+    assert run[-1][1] == 100
+    assert histogram_quantile(0.5, run) == pytest.approx(0.025 + 0.025 * 50 / 90)  # in the (25 ms, 50 ms] bucket
+    assert histogram_quantile(0.99, run) == pytest.approx(0.1 + 0.1 * 9 / 10)  # in the (100 ms, 200 ms] bucket
+    assert histogram_quantile(1.0, bucket_delta(after["vip"], None)) > 3.0  # without the delta, the 5 s one is in
+    assert histogram_quantile(0.5, []) is None
+
+
+def test_attainment_counts_refusals_and_unfinished_streams_as_misses() -> None:
+    row = TenantFigures(0.1, [Outcome("A", status=200, ttft_s=0.05, finished=True), Outcome("A", status=429),
+                              Outcome("A", status=200, ttft_s=0.05, finished=False), Outcome("A", status=200, ttft_s=0.2, finished=True)])
+    assert row.attainment == 0.25 and row.sent == 4 and row.done == 2 and row.refused == 1
+    assert refusal_lines({"slaq": {"A": row}, "stock": {"A": TenantFigures(0.1, row.outcomes[:1])}}) == \
+        "  slaq: 1 of A's 4 requests refused (HTTP 429)"
+    assert TenantFigures(None, row.outcomes).attainment is None
+
+
+def _load() -> dict[str, dict[str, TenantFigures]]:
+    def rows(ttft: float, sidecar: list | None) -> dict[str, TenantFigures]:
+        return {x: TenantFigures(goal, [Outcome(x, status=200, ttft_s=ttft * (i + 1) / 10, finished=True) for i in range(10)], sidecar)
+                for x, goal in (("A", 0.09), ("B", 0.36), ("C", None))}
+
+    return {"stock": rows(1.0, None), "slaq": rows(0.05, [(0.05, 8.0), (0.1, 10.0), (float("inf"), 10.0)])}
+
+
+def test_the_table_shows_both_systems_client_and_sidecar_figures() -> None:
+    table = load_table({"stock vLLM (FCFS)": _load()["stock"], "slaq": _load()["slaq"]}, {p.letter: p.label for p in SCENARIO})
     rows = {line.split("│")[0].split("  ")[0].strip(): line for line in table.splitlines()[3:]}
-    assert re.search(r"100\s+100\s+30%\s+10/10 │\s+50\s+50\s+90%\s+9/10", rows[vip.label])
-    assert "no SLO" in rows[free.label] and "2/5" in rows[free.label] and "2000" in rows[free.label]
+    assert re.search(r"A \(VIP\)\s+90 │\s+500\s+1000\s+—\s+0%\s+10/10 │\s+25\s+50\s+98\s+100%\s+10/10", rows["A (VIP)"])
+    assert "no SLO" in rows["C (free)"]
+
+
+def test_the_json_has_the_keys_the_issue_names_and_the_png_is_written(tmp_path: Path) -> None:
+    run = ScenarioRun("slaq", {"A": _outcome("A", 0.05), "B": _outcome("B", 1.0), "C": _outcome("C", 0.2)})
+    report = json.loads(json.dumps(demo_json([run], _load(), {"png": "x"})))
+    assert report["scenario_45"]["slaq"]["order"] == ["A", "C", "B"]
+    for system in ("stock", "slaq"):
+        for letter in "ABC":
+            assert {"attainment", "ttft_p50_ms", "ttft_p99_ms", "sidecar_ttft_p99_ms", "done", "sent"} <= set(report["load"][system][letter])
+    assert report["load"]["slaq"]["A"]["attainment"] == 1.0 and report["load"]["stock"]["A"]["sidecar_ttft_p99_ms"] is None
+    png = write_png(_load(), {"A": "critical", "B": "standard", "C": "batch"}, tmp_path / "p.png", "t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _fake_engine(monkeypatch: pytest.MonkeyPatch, first_token_after_s: dict[int, float], stall_s: dict[int, float]) -> None:
+    """An upstream keyed by prompt length: background (416 tokens) decodes for 0.3 s; a request of
+    length n answers its first token after first_token_after_s[n]; stall_s[n] blocks the client's loop."""
+    import time as clock
+
+    from slaq.local import scenario45
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = len(json.loads(request.content)["prompt"])
+        clock.sleep(stall_s.get(n, 0.0))  # a synchronous hold-up of the client's event loop
+
+        async def chunks():
+            await asyncio.sleep(0.0 if n == 416 else first_token_after_s[n])
+            yield b'data: {"choices": [{"text": "x"}]}\n\n'
+            await asyncio.sleep(0.3 if n == 416 else 0.0)
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+
+    monkeypatch.setattr(scenario45, "client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+
+
+def test_a_scenario_run_orders_by_first_tokens_once_the_background_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slaq.local.scenario45 import run_scenario
+
+    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {})
+    run = asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))
+    assert run.order == ["A", "C", "B"] and run.groups == [["A"], ["C"], ["B"]]
+    sent = [run.outcomes[x].sent_at for x in "BAC"]
+    assert sent == sorted(sent) and sent[-1] - sent[0] < 0.03  # B, A, C: together, in that order
+
+
+def test_a_run_whose_requests_were_not_sent_together_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slaq.local.scenario45 import NotTogether, run_scenario
+
+    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # B's send holds the loop up 200 ms
+    with pytest.raises(NotTogether, match="ms apart, not together"):
+        asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))

@@ -49,3 +49,13 @@ def test_a_cpu_pool_naming_the_tiny_model_gets_the_built_in_one() -> None:
         plan_launch(EngineOptions(model="slaq-tiny"), environ={})
     other = plan_launch(EngineOptions(model="meta-llama/Llama-3.1-8B"), environ={}).argv
     assert other[other.index("--model") + 1] == "meta-llama/Llama-3.1-8B"
+
+
+def test_stock_priority_is_vllms_own_scheduler_with_its_priority_policy() -> None:
+    from slaq.engine import vllm_compat
+
+    argv = plan_launch(EngineOptions(scheduler="stock-priority"), model_path="/cache/tiny", environ={}).argv
+    args = vllm_compat.parse_server_args(argv)
+    assert args.scheduling_policy == "priority"
+    assert args.scheduler_cls in (None, "") or "slaq" not in str(args.scheduler_cls)
+    assert build_parser().parse_args(["engine", "--scheduler", "stock-priority"]).scheduler == "stock-priority"

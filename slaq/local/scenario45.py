@@ -1,0 +1,174 @@
+"""The design report's scenario 4.5, literally: A, B and C arrive together while the KV cache is nearly full.
+
+The report: a VIP request A (1,000-token prompt, TTFT < 50 ms), a standard request B (5,000
+tokens, < 200 ms) and a free request C (100 tokens, no SLO) arrive at once while the load is at
+95 % and the KV cache is nearly exhausted. Its answers: FCFS serves them in arrival order (B first
+makes A and C wait); static priority serves A first, then B, and C waits behind B; dynamic
+priority serves A and C (C's short prompt fits beside A in the KV cache left) and B later,
+aging guarding it against starvation.
+
+Here: the prompts are divided by 10 (100 / 500 / 10 tokens); the engine's KV cache is
+`KV_BLOCKS` blocks of `BLOCK_SIZE` tokens; a batch-tier load of `BACKGROUND` requests is running
+and holds nearly all of it: what is left fits A and C but not B until one of them finishes
+(`KvPlan` checks that arithmetic). Then B, A and C are sent `ARRIVAL_GAP_S` apart, in that order
+(B first: the report's bad case for FCFS), and the order of their first tokens is recorded.
+Nothing here knows the expected answer except `REPORT_ORDER`, printed beside what was observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from slaq.local.errors import ScenarioError
+from slaq.local.loadgen import Outcome, PlannedRequest, client, stream_one
+
+class NotTogether(ScenarioError):
+    """A, B and C were not sent within `TOGETHER_S` of each other: run it again."""
+
+
+BLOCK_SIZE = 32  # the CPU backend's preferred multiple
+KV_BLOCKS = 40
+ARRIVAL_ORDER = ("B", "A", "C")
+ARRIVAL_GAP_S = 0.005
+TOGETHER_S = 0.03
+REPORT_ORDER = {"fcfs": ("B", "A", "C"), "priority": ("A", "B", "C"), "slaq": ("A", "C", "B")}
+REPORT_ANSWER = {
+    "fcfs": "arrival order: B first holds the KV cache, A and C wait (A's SLO lost)",
+    "priority": "A first; B next; C waits behind B although it would fit",
+    "slaq": "A and C first (C fits beside A); B later, aging keeps it from starving",
+}
+
+
+@dataclass(frozen=True)
+class Sized:
+    prompt_tokens: int
+    output_tokens: int
+
+    def blocks_at_admission(self) -> int:
+        return math.ceil(self.prompt_tokens / BLOCK_SIZE)
+
+    def blocks_when_done(self) -> int:
+        return math.ceil((self.prompt_tokens + self.output_tokens) / BLOCK_SIZE)
+
+
+REQUESTS: dict[str, Sized] = {"A": Sized(100, 8), "B": Sized(500, 16), "C": Sized(10, 16)}
+BACKGROUND = (Sized(416, 96), Sized(416, 96))  # batch tier, running when A, B and C arrive
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """The block arithmetic the scenario rests on."""
+
+    kv_blocks: int = KV_BLOCKS
+    requests: Mapping[str, Sized] = field(default_factory=lambda: dict(REQUESTS))
+    background: tuple[Sized, ...] = BACKGROUND
+
+    def free_blocks(self, background_done: bool) -> int:
+        """Blocks left by the running background: at its admission (most left) or when it has decoded everything."""
+        held = sum(s.blocks_when_done() if background_done else s.blocks_at_admission() for s in self.background)
+        return self.kv_blocks - held
+
+    def problems(self) -> list[str]:
+        """Why this plan would not pose the report's question (empty: it does)."""
+        out = []
+        a, b, c = (self.requests[x] for x in "ABC")
+        if a.blocks_when_done() + c.blocks_when_done() > self.free_blocks(background_done=True):
+            out.append("A and C do not both fit beside the background")
+        if b.blocks_at_admission() <= self.free_blocks(background_done=False):
+            out.append("B fits beside the background: nothing waits")
+        held_when_done = [s.blocks_when_done() for s in self.background]
+        if b.blocks_at_admission() > self.kv_blocks - sum(held_when_done) + min(held_when_done):
+            out.append("B does not fit even once one background request is done")
+        return out
+
+
+@dataclass
+class ScenarioRun:
+    system: str
+    outcomes: dict[str, Outcome]  # by letter: A, B, C
+
+    @property
+    def order(self) -> list[str]:
+        """The letters in the order their first tokens came back; a request without one comes last."""
+        started = [x for x in self.outcomes if self.outcomes[x].first_token_at is not None]
+        started.sort(key=lambda x: self.outcomes[x].first_token_at)  # type: ignore[arg-type, return-value]
+        return started + [x for x in self.outcomes if x not in started]
+
+    @property
+    def groups(self) -> list[list[str]]:
+        """`order` cut where first tokens came more than `TOGETHER_S` apart: a group started in one go
+        (the client's own reading spreads one engine step's tokens over a few milliseconds)."""
+        out: list[list[str]] = []
+        last: float | None = None
+        for letter in self.order:
+            at = self.outcomes[letter].first_token_at
+            if out and at is not None and last is not None and at - last <= TOGETHER_S:
+                out[-1].append(letter)
+            else:
+                out.append([letter])
+            last = at
+        return out
+
+    def ttft_ms(self, letter: str) -> float | None:
+        ttft = self.outcomes[letter].ttft_s
+        return None if ttft is None else round(ttft * 1000.0, 1)
+
+    def finished(self, letter: str) -> bool:
+        return self.outcomes[letter].finished
+
+    def as_json(self) -> dict:
+        return {"order": self.order, "together": self.groups, "arrival_order": list(ARRIVAL_ORDER), "report_order": list(REPORT_ORDER[self.system]),
+                "ttft_ms": {x: self.ttft_ms(x) for x in "ABC"}, "finished": {x: self.finished(x) for x in "ABC"},
+                "sent_ms": {x: _ms(self.outcomes[x].sent_at) for x in "ABC"},
+                "first_token_ms": {x: _ms(self.outcomes[x].first_token_at) for x in "ABC"}}
+
+
+def scenario_requests(seed: int, keys: Mapping[str, str], priorities: Mapping[str, int | None], background_key: str,
+                      background_priority: int | None) -> list[PlannedRequest]:
+    """The background requests, then B, A and C in arrival order; each prompt drawn from its own seed."""
+    out = [PlannedRequest(0.0, "bg", background_key, s.prompt_tokens, s.output_tokens, seed + i, background_priority)
+           for i, s in enumerate(BACKGROUND)]
+    for n, letter in enumerate(ARRIVAL_ORDER):
+        size = REQUESTS[letter]
+        out.append(PlannedRequest(0.0, letter, keys[letter], size.prompt_tokens, size.output_tokens, seed + 100 + n, priorities[letter]))
+    return out
+
+
+async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str], priorities: Mapping[str, int | None],
+                       seed: int, background_key: str, background_priority: int | None = None,
+                       timeout_s: float = 60.0) -> ScenarioRun:
+    """Fill the KV cache with the background, then send B, A, C together; `keys`/`priorities` by letter.
+
+    `seed` picks fresh prompt tokens: a run must not hit the prefix cache an earlier run left."""
+    requests = scenario_requests(seed, keys, priorities, background_key, background_priority)
+    background, trio_requests = requests[:len(BACKGROUND)], requests[len(BACKGROUND):]
+    async with client() as http:
+        # Open the connections first: a new connection's set-up on a busy machine can take longer
+        # than the gap between two sends, and then the three do not arrive together.
+        await asyncio.gather(*(http.get(url + "/health") for _ in range(len(requests))), return_exceptions=True)
+        origin = time.monotonic()
+        decoding = [asyncio.Event() for _ in background]
+        running = [asyncio.create_task(stream_one(http, url, model, r, origin, event)) for r, event in zip(background, decoding)]
+        # The background holds its KV blocks once it decodes: its first token is back.
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
+        if any(t.done() for t in running):
+            raise ScenarioError("a background request ended before A, B and C were sent (the engine ran faster than planned)")
+        trio: dict[str, asyncio.Task] = {}
+        for n, request in enumerate(trio_requests):
+            if n:
+                await asyncio.sleep(ARRIVAL_GAP_S)
+            trio[request.letter] = asyncio.create_task(stream_one(http, url, model, request, origin))
+        await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
+    sent = [task.result().sent_at for task in trio.values()]
+    if max(sent) - min(sent) > TOGETHER_S:
+        # This client's event loop was held up between two sends (it happens on a busy machine):
+        # the three did not arrive together, so the run does not pose the report's question.
+        raise NotTogether(f"A, B and C were sent {1000 * (max(sent) - min(sent)):.0f} ms apart, not together")
+    return ScenarioRun(system, {x: trio[x].result() for x in "ABC"})
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
