@@ -11,6 +11,7 @@ from slaq.api.common import Tier
 from slaq.bench.capacity import Capacity, measure_capacity
 from slaq.bench.errors import PolicyUnavailable, WorkloadError
 from slaq.bench.metrics import policy_figures
+from slaq.bench.pod import PodConfig
 from slaq.bench.policies import PolicySpec
 from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.report import SCHEMA
@@ -100,8 +101,9 @@ RunDone = Callable[[PolicySpec, float, dict[str, Any]], None]
 def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequence[PolicySpec], loads: Sequence[float], *,
                   capacity_rps: float | None = None, max_drain_s: float = 1800.0,
                   on_start: RunObserver | None = None, on_done: RunDone | None = None,
-                  keep_results: list[tuple[float, RunResult]] | None = None) -> dict[str, Any]:
-    """Every policy at every load; the report (single load: top-level `policies`; several: `sweep`)."""
+                  keep_results: list[tuple[float, RunResult]] | None = None, pod: PodConfig | None = None) -> dict[str, Any]:
+    """Every policy at every load; the report (single load: top-level `policies`; several: `sweep`).
+    With `pod`, the policies whose pod ships the sidecar run behind its real core (`slaq.bench.pod`)."""
     if not loads or any(not (x > 0) for x in loads):
         raise WorkloadError(f"loads must be positive numbers, got {list(loads)}")
     requests = workload.build()
@@ -119,7 +121,7 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         for spec in policies:
             progress = on_start(spec, load) if on_start else None
             try:
-                result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress)
+                result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress, pod=pod)
             except PolicyUnavailable:
                 raise
             except Exception as exc:  # a scheduler that crashes is a result: report it, run the others
@@ -139,6 +141,9 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         entries.append({"load": load, "rate_rps": round(rate, 6), "policies": results})
     report: dict[str, Any] = {
         "schema": SCHEMA,
+        # engine: every policy drives the engine scheduler alone; pod: as the pod ships (see slaq.bench.pod)
+        "mode": "pod" if pod is not None else "engine",
+        "pod": None if pod is None else pod.describe(),
         "workload": workload.describe(requests),
         "profile": {"name": profile.name, **profile.model_dump(mode="json", exclude={"name"}), "num_gpu_blocks": profile.num_gpu_blocks},
         "capacity": {

@@ -65,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
     sim.add_argument("--max-drain", type=float, default=1800.0, metavar="SECONDS",
                      help="stop this long (simulated) after the last arrival; what has not finished is reported unfinished")
+    sim.add_argument("--pod", action="store_true",
+                     help="measure the pod as it ships: slaq runs behind the real sidecar core (admission, quotas, queue, release "
+                          "rule, length prediction) in simulated time; fcfs and priority are stock vLLM pods with no sidecar")
+    sim.add_argument("--quota", action="append", default=[], metavar="TENANT:rpm=N[,tpm=N][,concurrency=N]",
+                     help="with --pod: a tenant's quota share on the pod (tenants are TIER-INDEX, e.g. batch-0); repeatable")
     sim.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     sim.add_argument("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots here (needs matplotlib)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -90,6 +95,44 @@ def _objectives(overrides: list[str]) -> dict:
         except ValueError as exc:
             raise WorkloadError(f"bad --objective {text!r} (use TIER=TTFT_S[:TPOT_S], tiers critical|standard|batch): {exc}") from exc
     return objectives
+
+
+QUOTA_FIELDS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute", "concurrency": "max_concurrency"}
+
+
+def parse_quotas(texts: list[str]) -> dict:  # tenant -> ReplicaShare
+    from pydantic import ValidationError
+
+    from slaq.api.table import ReplicaShare
+    from slaq.bench.errors import WorkloadError
+
+    quotas = {}
+    for text in texts:
+        tenant, _, fields = text.partition(":")
+        values = {}
+        for part in filter(None, (p.strip() for p in fields.split(","))):
+            name, _, number = part.partition("=")
+            if name.strip() not in QUOTA_FIELDS:
+                raise WorkloadError(f"bad --quota {text!r}: unknown field {name.strip()!r} (use {', '.join(QUOTA_FIELDS)})")
+            values[QUOTA_FIELDS[name.strip()]] = number.strip()
+        if not tenant.strip() or not values:
+            raise WorkloadError(f"bad --quota {text!r}: use TENANT:rpm=N[,tpm=N][,concurrency=N]")
+        try:
+            quotas[tenant.strip()] = ReplicaShare.model_validate(values)
+        except ValidationError as exc:
+            raise WorkloadError(f"bad --quota {text!r}: {exc.errors()[0]['loc'][0]} {exc.errors()[0]['msg']}") from None
+    return quotas
+
+
+def pod_from_args(args: argparse.Namespace):  # -> PodConfig | None
+    from slaq.bench.errors import WorkloadError
+    from slaq.bench.pod import PodConfig
+
+    if not args.pod:
+        if args.quota:
+            raise WorkloadError("--quota needs --pod (quotas are the sidecar's)")
+        return None
+    return PodConfig(quotas=parse_quotas(args.quota))
 
 
 def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
@@ -128,6 +171,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         spec.load()  # fail before any simulation when a policy is not available
     loads = args.load_sweep or [args.load or 1.0]
     workload = workload_from_args(args)
+    pod = pod_from_args(args)
     profile = load_profile(args.profile)
     bars: dict[tuple[str, float], ProgressBar] = {}
 
@@ -149,12 +193,14 @@ def _run_sim(args: argparse.Namespace) -> int:
         print("measuring capacity...", file=sys.stderr)
     kept: list = [] if args.plots else None
     report = run_benchmark(workload, profile, policies, loads, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain,
-                           on_start=on_start, on_done=on_done, keep_results=kept)
+                           on_start=on_start, on_done=on_done, keep_results=kept, pod=pod)
     entries = report.get("sweep") or [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
     capacity = report["capacity"]["requests_per_s"]
     workload_info = report["workload"]
     print(f"{workload_info['requests']} requests ({workload_info['trace'] or 'synthetic'}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
           f"profile {profile.name}; capacity {capacity:.2f} req/s ({report['capacity']['method']})")
+    print("mode: pod (slaq behind the sidecar core; fcfs/priority stock vLLM without one; oracle the engine alone)" if pod is not None
+          else "mode: engine (every policy drives the engine scheduler alone, no sidecar)")
     for entry in entries:
         print()
         print(format_table(entry["policies"], title=f"load {entry['load']:g} ({entry['rate_rps']:.2f} req/s)"))

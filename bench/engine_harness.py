@@ -193,3 +193,11 @@ def deliveries(engine_outputs: dict[int, Any]) -> Iterator[tuple[str, int, bool]
 
 def preemptions(request: Any) -> int:
     return request.num_preemptions
+
+
+def engine_gauges(scheduler: Any) -> tuple[int, int, float]:
+    """(waiting, running, KV cache use 0..1) as the engine exports them on /metrics
+    (`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`): vLLM's
+    `make_stats` counts deferred requests apart from the waiting ones."""
+    running, waiting = scheduler.get_request_counts()
+    return waiting - len(scheduler.deferred_waiting), running, scheduler.get_kv_cache_usage()

@@ -7,6 +7,11 @@ wait is first scheduled minus arrival (never scheduled: simulation end minus arr
 bound). Goodput and throughput are over the run's makespan (first arrival to last token).
 The recompute tax is the tokens computed a second time because a preemption threw their KV
 away, as a share of all the workload's prompt tokens.
+
+With `--pod`, a request the sidecar refused for good (quota 429, shedding 503, ... after the
+client's retries) counts as not attained and not completed, and is counted under `refused` with
+its reasons, apart from `unfinished`; its wait is left out of the wait figures. `client_retries`
+counts the refusals that were retried. `sidecar_wait_*` is release to the engine minus arrival.
 """
 
 from __future__ import annotations
@@ -54,7 +59,12 @@ def group_figures(records: Sequence[RequestRecord], objectives: dict[Tier, TierO
     count = len(records)
     ttft = [r.ttft_s if r.ttft_s is not None else math.inf for r in records]
     tpot = [r.tpot_s if r.finished and r.tpot_s is not None else math.inf for r in records]
-    waits = [r.queue_wait_s if r.queue_wait_s is not None else end_s - r.arrival_s for r in records]
+    waits = [r.queue_wait_s if r.queue_wait_s is not None else end_s - r.arrival_s for r in records if r.refused_reason is None]
+    sidecar_waits = [r.sidecar_wait_s for r in records if r.sidecar_wait_s is not None]
+    refusals: dict[str, int] = defaultdict(int)
+    for record in records:
+        if record.refused_reason is not None:
+            refusals[f"{record.refused_status} {record.refused_reason}"] += 1
     good = [r for r in records if attained(r, objectives[r.tier])]
     ttft_ok = sum(1 for r in records if r.ttft_s is not None and (objectives[r.tier].ttft_s is None or r.ttft_s <= objectives[r.tier].ttft_s))
     tpot_ok = sum(1 for r in records if r.finished and (objectives[r.tier].tpot_s is None or (r.tpot_s or 0.0) <= objectives[r.tier].tpot_s))
@@ -73,6 +83,11 @@ def group_figures(records: Sequence[RequestRecord], objectives: dict[Tier, TierO
         max_wait_s=round(max(waits), 6) if waits else None,
         wait_p99_s=percentile(waits, 99),
         completed_fraction=_ratio(sum(r.finished for r in records), count),
+        refused=sum(refusals.values()),
+        refusals=dict(sorted(refusals.items())),
+        client_retries=sum(r.client_retries for r in records),
+        sidecar_wait_p50_s=percentile(sidecar_waits, 50),
+        sidecar_wait_p99_s=percentile(sidecar_waits, 99),
         preemptions=sum(r.preemptions for r in records),
         recomputed_tokens=sum(r.recomputed_tokens for r in records),
         recompute_tax=recompute_tax(records),
@@ -117,7 +132,11 @@ def policy_figures(result: RunResult, objectives: dict[Tier, TierObjectives]) ->
         "goodput_rps": overall["goodput_rps"],
         "throughput_tok_s": overall["throughput_tok_s"],
         "completed_fraction": overall["completed_fraction"],
-        "unfinished": sum(not r.finished for r in records),
+        "unfinished": sum(not r.finished and r.refused_reason is None for r in records),
+        "refused": overall["refused"],
+        "refusals": overall["refusals"],
+        "client_retries": overall["client_retries"],
+        "behind_sidecar": result.behind_sidecar,
         "preemptions": overall["preemptions"],
         "recomputed_tokens": overall["recomputed_tokens"] if result.sees_kv else None,
         "recompute_tax": overall["recompute_tax"] if result.sees_kv else None,

@@ -6,6 +6,10 @@
   with a message saying so, it is never replaced by something else;
 - `oracle`: `slaq.bench.oracle.OracleScheduler`, which knows every request's true output
   length and the exact step-time model: a bound, not a deployable policy.
+
+With `--pod` the policies whose pod ships a sidecar (`behind_sidecar`: `slaq`) run behind the real
+sidecar core (`slaq.bench.pod`); stock vLLM's pod has none, and the oracle stays a bound on the
+engine alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class PolicySpec:
     module: str
     attribute: str
     knows_true_lengths: bool = False
+    behind_sidecar: bool = False  # --pod: its pod runs the slaq sidecar in front of the engine
 
     def load(self) -> type:
         try:
@@ -44,7 +49,7 @@ POLICIES: dict[str, PolicySpec] = {
     for spec in (
         PolicySpec("fcfs", "fcfs", "stock vLLM AsyncScheduler, first come first served", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-        PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/)", "slaq.engine.scheduler", "SLAScheduler"),
+        PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True),
         PolicySpec("oracle", "priority", "bound: knows true output lengths and the step-time model", "slaq.bench.oracle", "OracleScheduler", knows_true_lengths=True),
     )
 }

@@ -55,6 +55,15 @@ TABLE_COLUMNS = (
 )
 
 
+def _refused(figures: dict[str, Any]) -> str:
+    """`3 refused by the sidecar (429 request_rate: 3), ` or nothing."""
+    retried = f"{figures['client_retries']} client retries, " if figures.get("client_retries") else ""
+    if not figures.get("refused"):
+        return retried
+    reasons = ", ".join(f"{reason}: {n}" for reason, n in figures["refusals"].items())
+    return f"{retried}{figures['refused']} refused by the sidecar ({reasons}), "
+
+
 def format_table(policies: dict[str, Any], *, title: str = "") -> str:
     """Policies side by side: one block per policy, one row per tier, plus the policy's totals."""
     rows: list[list[str]] = []
@@ -69,7 +78,7 @@ def format_table(policies: dict[str, Any], *, title: str = "") -> str:
         if baseline and name != "fcfs" and baseline["goodput_rps"] > 0:
             ratio = f"  goodput {figures['goodput_rps'] / baseline['goodput_rps']:.2f}x fcfs, throughput {figures['throughput_tok_s'] / baseline['throughput_tok_s']:.3f}x"
         rows.append([f"{name}: attainment {_fmt(figures['attainment'], 'pct')}, {figures['throughput_tok_s']:,.0f} tok/s, "
-                     f"{figures['unfinished']} unfinished, {figures['preemptions']} preemptions, "
+                     f"{figures['unfinished']} unfinished, {_refused(figures)}{figures['preemptions']} preemptions, "
                      f"recompute tax {_fmt(figures.get('recompute_tax'), 'pct')}{ratio}"])
         for tier in Tier:
             tier_figures = figures["tiers"][tier.value]

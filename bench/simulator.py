@@ -8,6 +8,11 @@ therefore first seen when step N+2 is scheduled (at the end of step N), as on a 
 Each step's GPU time comes from `StepCostModel`; tokens are stamped with the simulated time at
 which `update_from_output` delivers them. The scheduler reads simulated time through
 `time.time()`/`time.monotonic()` (see `slaq.bench.clock`).
+
+With a `PodFront` (`slaq bench sim --pod`, see `slaq.bench.pod`) requests reach the sidecar core
+instead, at their own arrival times even while a step runs (the sidecar does not wait for the
+engine's steps); what it releases reaches the engine at the release time, its refusals are
+recorded, and its engine scrapes run every `scrape_interval_s`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from slaq.api.common import Tier
 from slaq.bench import engine_harness as harness
@@ -23,6 +28,9 @@ from slaq.bench.clock import SimClock
 from slaq.bench.errors import SimulationError
 from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
 from slaq.bench.workload import BenchRequest, TierObjectives
+
+if TYPE_CHECKING:
+    from slaq.bench.pod import PodFront
 
 BATCH_QUEUE_SIZE = 2  # vLLM's batch queue depth with async scheduling
 
@@ -45,6 +53,10 @@ class RequestRecord:
     preemptions: int = 0
     computed_tokens: int = 0  # the furthest position ever computed: the KV a preemption throws away
     recomputed_tokens: int = 0  # positions computed again after a preemption (the recompute tax)
+    released_s: float | None = None  # --pod: when the sidecar released it to the engine
+    refused_status: int | None = None  # --pod: the sidecar refused it (HTTP status) ...
+    refused_reason: str | None = None  # ... for this reason (e.g. request_rate); it never reached the engine
+    client_retries: int = 0  # --pod: refusals the client retried after their Retry-After
 
     @property
     def ttft_s(self) -> float | None:
@@ -61,6 +73,10 @@ class RequestRecord:
     def queue_wait_s(self) -> float | None:
         return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
 
+    @property
+    def sidecar_wait_s(self) -> float | None:
+        return None if self.released_s is None else self.released_s - self.arrival_s
+
 
 @dataclass
 class RunResult:
@@ -73,6 +89,7 @@ class RunResult:
     overhead_s: list[float] = field(default_factory=list)
     stop_reason: str = "all requests finished"
     sees_kv: bool = True  # False where the KV work is out of sight (live: over HTTP), so no recompute tax
+    behind_sidecar: bool = False  # --pod: the sidecar core admitted, queued and released the requests
 
 
 ProgressCallback = Callable[[int, int], None]
@@ -90,7 +107,7 @@ class Simulator:
 
     def __init__(self, scheduler: Any, cost: StepCostModel, requests: Sequence[BenchRequest],
                  objectives: dict[Tier, TierObjectives], *, policy_name: str, clock: SimClock | None = None,
-                 max_drain_s: float = 1800.0, progress: ProgressCallback | None = None) -> None:
+                 max_drain_s: float = 1800.0, progress: ProgressCallback | None = None, front: "PodFront | None" = None) -> None:
         self.scheduler = scheduler
         self.cost = cost
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
@@ -107,6 +124,9 @@ class Simulator:
         self._vllm_requests: dict[str, Any] = {}
         self._overhead: list[float] = []
         self._finished = 0
+        self.front = front
+        if front is not None:
+            front.connect(self._release, self._refused)
 
     def _admit(self, request: BenchRequest) -> None:
         sla = request.sla(self.objectives, self.clock.epoch)
@@ -121,6 +141,51 @@ class Simulator:
         )
         self._vllm_requests[request.request_id] = vllm_request
         self.scheduler.add_request(vllm_request)
+
+    def _release(self, request_id: str, body: dict[str, Any]) -> None:
+        """The sidecar released a request now: the engine gets the body the sidecar enriched and,
+        as vLLM's OpenAI server does, stamps its arrival on receipt."""
+        self.records[request_id].released_s = self.clock.now
+        prompt_tokens = len(body["prompt"])
+        vllm_request = harness.make_request(
+            request_id,
+            prompt_tokens,
+            max_tokens=body.get("max_tokens") or max(1, self.max_model_len - prompt_tokens),
+            arrival_time=self.clock.wall(),
+            priority=body.get("priority", 0),
+            extra_args=body.get("vllm_xargs") or {},
+        )
+        self._vllm_requests[request_id] = vllm_request
+        with self.clock.installed():
+            self.scheduler.add_request(vllm_request)
+
+    def _arrive(self, request: BenchRequest) -> None:
+        if self.front is None:
+            with self.clock.installed():
+                self._admit(request)
+            return
+        self.front.arrive(request)
+
+    def _refused(self, request_id: str, refusal: Any) -> None:
+        record = self.records[request_id]
+        record.refused_status, record.refused_reason = refusal.status, refusal.reason
+
+    def _next_event_s(self, pending: deque[BenchRequest]) -> float:
+        """The next arrival, or (with a pod front) the sidecar's next retry or engine scrape if sooner."""
+        arrival = pending[0].arrival_s if pending else float("inf")
+        return arrival if self.front is None else min(arrival, self.front.next_event_s())
+
+    def _advance_to(self, t: float, pending: deque[BenchRequest]) -> None:
+        """Move the clock to `t`. With a pod front, the sidecar's events up to `t` happen on the
+        way, each at its own time; without one, arrivals wait for the loop's next turn."""
+        if self.front is not None:
+            while (event_s := self._next_event_s(pending)) <= t:
+                self.clock.advance_to(max(self.clock.now, event_s))
+                if pending and pending[0].arrival_s <= event_s:
+                    self._arrive(pending.popleft())
+                else:
+                    self.front.fire(lambda: harness.engine_gauges(self.scheduler))
+        self.clock.advance_to(max(self.clock.now, t))
 
     def _step_work(self, output: Any) -> tuple[StepLoad, dict[str, int]]:
         load, sampled = StepLoad(), {}
@@ -144,11 +209,15 @@ class Simulator:
             if tokens:
                 if record.first_token_s is None:
                     record.first_token_s = now
+                    if self.front is not None:
+                        self.front.first_token(request_id)
                 record.last_token_s = now
                 record.tokens_out += tokens
             if finished and not record.finished:
                 record.finished = True
                 self._finished += 1
+                if self.front is not None:
+                    self.front.finished(request_id, record.tokens_out)
 
     def run(self) -> RunResult:
         if not self.requests:
@@ -160,9 +229,11 @@ class Simulator:
         stop_reason = "all requests finished"
         clock, scheduler, total = self.clock, self.scheduler, len(self.requests)
         while True:
-            while pending and pending[0].arrival_s <= clock.now:
-                with clock.installed():
-                    self._admit(pending.popleft())
+            if self.front is None:
+                while pending and pending[0].arrival_s <= clock.now:
+                    self._arrive(pending.popleft())
+            else:
+                self._advance_to(clock.now, pending)
             if clock.now > deadline:
                 stop_reason = f"stopped {self.max_drain_s:.0f} s of simulated time after the last arrival"
                 break
@@ -182,12 +253,12 @@ class Simulator:
                 if len(inflight) < BATCH_QUEUE_SIZE and (executed or scheduler.has_requests()):
                     continue
             elif not inflight:
-                if not pending:
+                if not pending and not (self.front is not None and self.front.holding()):
                     break
-                clock.advance_to(pending[0].arrival_s)
+                self._advance_to(self._next_event_s(pending), pending)
                 continue
             step = inflight.pop()
-            clock.advance_to(max(clock.now, step.end_s))
+            self._advance_to(max(clock.now, step.end_s), pending)
             req_ids = harness.scheduled_ids(step.output)
             started = time.perf_counter()
             with clock.installed():
@@ -202,10 +273,10 @@ class Simulator:
             if not req_ids and not any(harness.step_has_tokens(s.output) for s in inflight):
                 empty_spins += 1
                 if empty_spins > 2 * BATCH_QUEUE_SIZE:
-                    if not pending:
+                    if not pending and not (self.front is not None and self.front.holding()):
                         stop_reason = "the scheduler holds requests but schedules nothing"
                         break
-                    clock.advance_to(max(clock.now, pending[0].arrival_s))
+                    self._advance_to(self._next_event_s(pending), pending)
                     empty_spins = 0
             else:
                 empty_spins = 0
@@ -213,6 +284,9 @@ class Simulator:
             self.progress(self._finished, total)
         for req_id, request in self._vllm_requests.items():
             self.records[req_id].preemptions = harness.preemptions(request)
+        if self.front is not None:
+            for req_id, retries in self.front.retries.items():
+                self.records[req_id].client_retries = retries
         last_token = max((r.last_token_s for r in self.records.values() if r.last_token_s is not None), default=0.0)
         return RunResult(
             policy=self.policy_name,
@@ -223,4 +297,5 @@ class Simulator:
             end_s=clock.now,
             overhead_s=self._overhead,
             stop_reason=stop_reason,
+            behind_sidecar=self.front is not None,
         )

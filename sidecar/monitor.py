@@ -58,9 +58,7 @@ class EngineMonitor:
         waiting = gauge_sum(text, ENGINE_WAITING)
         running = gauge_sum(text, ENGINE_RUNNING)
         kv = gauge_sum(text, ENGINE_KV_USAGE)
-        self.core.gate.observe_engine(None if waiting is None else int(waiting), released_before, None if running is None else int(running))
-        self.core.engine_kv_usage = kv
-        self.core.dispatcher.pump()
+        self.core.observe_engine(None if waiting is None else int(waiting), None if running is None else int(running), kv, released_before)
 
     async def run(self) -> None:
         while True:

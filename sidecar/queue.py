@@ -159,6 +159,9 @@ class Dispatcher:
         self.pool_view = pool_view
         self.clock = clock
         self.pace = ReleasePace()
+        # Called with every entry released (at once or from the queue): how a host without an
+        # event loop (the simulator) learns what went to the engine; the server awaits `waiter`.
+        self.on_release: Callable[[QueuedRequest], None] | None = None
 
     def may_release(self, view: RequestView, now: float, pool: PoolView) -> bool:
         """The gate's answer for this request: an attainable request of a protected tier counts only
@@ -210,6 +213,8 @@ class Dispatcher:
         self.pace.released(now, from_queue)
         entry.released = True
         entry.release_time = now
+        if self.on_release is not None:
+            self.on_release(entry)
 
     def pump(self) -> int:
         """Release as many queued requests as the gate allows; returns how many."""

@@ -167,8 +167,9 @@ class SidecarCore:
             self.usage.refused(identity.tenant.name, self.clock())
             self.metrics.quota_refusals.labels(identity.tenant.name, tier, error.reason).inc()
 
-    async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
-        """Check, charge and queue one request; returns once it is released to the engine."""
+    def check_in(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
+        """Check and charge one request, ready to queue (everything `admit` does before it waits;
+        no event loop needed, so the simulator runs it in simulated time)."""
         now = self.clock()  # arrival: parsing and token counting are part of the sidecar's latency
         try:
             if self.draining:
@@ -199,13 +200,26 @@ class SidecarCore:
             prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
         )
         self.risk.waiting(flight.key, now, identity.ttft_ms)
+        return flight
+
+    async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
+        """Check, charge and queue one request; returns once it is released to the engine."""
+        flight = self.check_in(identity, kind, raw)
         try:
             await self.dispatcher.wait_turn(flight.entry)
         except asyncio.CancelledError:
             self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499)
             raise
-        self.metrics.queue_wait.labels(tenant.tier.value).observe(max(0.0, (flight.entry.release_time or now) - now))
+        self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None) -> None:
+        """A scrape of the engine's gauges (`monitor.EngineMonitor`, or the simulator's engine):
+        feed the release gate and the load, then release what the gate now lets go.
+        `released_before`: the gate's `released_total` when the scrape was sent."""
+        self.gate.observe_engine(waiting, released_before, running)
+        self.engine_kv_usage = kv_usage
+        self.dispatcher.pump()
 
     def enriched_body(self, flight: Flight) -> bytes:
         identity = flight.identity
