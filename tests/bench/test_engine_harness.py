@@ -57,3 +57,14 @@ def test_preempted_requests_still_deliver_exactly_their_tokens(small_profile) ->
     result = run_policy(policy("fcfs"), requests, tight, DEFAULT_OBJECTIVES)
     assert sum(r.preemptions for r in result.records) > 0
     assert all(r.finished and r.tokens_out == 300 for r in result.records)
+
+
+def test_engine_gauges_are_what_the_engine_exports(small_profile) -> None:
+    scheduler = _scheduler(small_profile)
+    assert harness.engine_gauges(scheduler) == (0, 0, 0.0)
+    for i in range(3):
+        scheduler.add_request(harness.make_request(f"g{i}", 600, max_tokens=4, arrival_time=SIM_EPOCH, priority=0, extra_args={}))
+    assert harness.engine_gauges(scheduler) == (3, 0, 0.0)
+    scheduler.schedule()
+    waiting, running, kv_usage = harness.engine_gauges(scheduler)
+    assert waiting + running == 3 and running >= 1 and 0.0 < kv_usage < 1.0
