@@ -37,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the sidecar's metrics port: /metrics (sidecar and engine series) and /slaq/usage (default 0: a free one, printed at start)")
     parser.add_argument("--host", default="127.0.0.1", help="address the sidecar listens on (default 127.0.0.1)")
     parser.add_argument("--model", default=None, help="a real vLLM model (on GPU); default: the tiny built-in model on CPU")
+    parser.add_argument("--scheduler-config", default=None, metavar="JSON|FILE",
+                        help="the pool's spec.scheduler (wire JSON, or a file holding it), handed to the engine and the sidecar alike")
     parser.add_argument("--demo", action="store_true", help="run the A/B/C scenario, stock vLLM vs slaq, print the table, exit")
     parser.add_argument("--quick", action="store_true",
                         help="with --demo: fewer samples (48 VIP requests in the loaded run instead of 100), for CI")
@@ -52,6 +54,22 @@ def _up(args: argparse.Namespace) -> int:
 
     extra = passthrough_args(args.engine_args)
     tenants = tuple(args.tenants or [default_tenants()])
+    scheduler_config = None
+    if args.scheduler_config is not None:
+        import sys
+
+        from slaq.engine.config import SchedulerConfigError, read_scheduler_config_argument
+
+        try:
+            scheduler_config = read_scheduler_config_argument(args.scheduler_config)
+        except SchedulerConfigError as exc:
+            print(f"slaq up: {exc}", file=sys.stderr)
+            return 2
+    if args.demo and scheduler_config is not None:
+        import sys
+
+        print("slaq up: --scheduler-config is for serving; the demo compares stock vLLM with slaq's defaults", file=sys.stderr)
+        return 2
     if args.demo:
         from slaq.local.demo import DemoOptions, run_demo_main
 
@@ -63,4 +81,4 @@ def _up(args: argparse.Namespace) -> int:
         print("slaq up: --quick and --json go with --demo", file=sys.stderr)
         return 2
     return main(UpOptions(tenants=tenants, host=args.host, port=args.port, metrics_port=args.metrics_port,
-                          model=args.model, engine_args=tuple(extra)))
+                          model=args.model, engine_args=tuple(extra), scheduler_config=scheduler_config))

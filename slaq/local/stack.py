@@ -35,6 +35,9 @@ class StackOptions:
     tenant_table: Path | None = None  # None: no sidecar, clients talk to the engine directly
     start_timeout_s: float = ENGINE_START_TIMEOUT_S
     served_model_name: str | None = None
+    # The pool's spec.scheduler as validated wire JSON, handed to the engine and the sidecar alike
+    # (as the operator does in a pod); None: both use the defaults.
+    scheduler_config: str | None = None
 
 
 @dataclass
@@ -72,16 +75,33 @@ class LocalStack:
     def children(self) -> list[Child]:
         return [c for c in (self.sidecar, self.engine) if c is not None]
 
+    def _scheduler_args(self) -> list[str]:
+        config = self.options.scheduler_config
+        return [] if config is None else ["--scheduler-config", config]
+
+    def engine_command(self) -> list[str]:
+        opts = self.options
+        command = slaq_command("engine", "--host", "127.0.0.1", "--port", str(self.engine_port), "--scheduler", opts.scheduler)
+        if opts.model:
+            command += ["--model", opts.model]
+        if opts.served_model_name:
+            command += ["--served-model-name", opts.served_model_name]
+        return command + self._scheduler_args() + list(opts.engine_args)
+
+    def sidecar_command(self) -> list[str]:
+        opts = self.options
+        return slaq_command(
+            "sidecar", "--host", opts.host, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+            "--engine-url", f"http://127.0.0.1:{self.engine_port}",
+            "--tenant-table", str(opts.tenant_table), "--drain-timeout", str(SIDECAR_DRAIN_S),
+            "--served-model-name", self.served_model_name,
+        ) + self._scheduler_args()
+
     def start(self, progress: Callable[[float, str], None] | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Start the engine (and sidecar), wait until ready; on failure everything started is stopped."""
         opts = self.options
         self.engine_port = free_port()
-        engine_cmd = slaq_command("engine", "--host", "127.0.0.1", "--port", str(self.engine_port), "--scheduler", opts.scheduler)
-        if opts.model:
-            engine_cmd += ["--model", opts.model]
-        if opts.served_model_name:
-            engine_cmd += ["--served-model-name", opts.served_model_name]
-        engine_cmd += list(opts.engine_args)
+        engine_cmd = self.engine_command()
         try:
             # The engine's scheduler reads tenants' KV shares from the same table the sidecar serves.
             engine_env = {**os.environ, TENANT_TABLE_ENV: str(opts.tenant_table)} if opts.tenant_table is not None else None
@@ -90,13 +110,7 @@ class LocalStack:
             if opts.tenant_table is not None:
                 self.port = opts.port or free_port(opts.host)
                 self.metrics_port = opts.metrics_port or free_port(opts.host)
-                sidecar_cmd = slaq_command(
-                    "sidecar", "--host", opts.host, "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                    "--engine-url", f"http://127.0.0.1:{self.engine_port}",
-                    "--tenant-table", str(opts.tenant_table), "--drain-timeout", str(SIDECAR_DRAIN_S),
-                )
-                sidecar_cmd += ["--served-model-name", self.served_model_name]
-                self.sidecar = start_child("sidecar", sidecar_cmd, self.workdir / "sidecar.log", f"http://{self._host}:{self.port}{READY_PATH}",
+                self.sidecar = start_child("sidecar", self.sidecar_command(), self.workdir / "sidecar.log", f"http://{self._host}:{self.port}{READY_PATH}",
                                            stop_timeout_s=SIDECAR_DRAIN_S + 10)
             engine = self.engine
 

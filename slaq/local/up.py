@@ -29,6 +29,7 @@ class UpOptions:
     metrics_port: int = 0  # 0: a free port, printed in the banner
     model: str | None = None
     engine_args: tuple[str, ...] = ()
+    scheduler_config: str | None = None  # validated wire JSON: the engine and the sidecar both get it
 
 
 class StopFlag:
@@ -118,7 +119,8 @@ def run_up(options: UpOptions) -> int:
     print(f"slaq up: {len(local.tenants)} tenants from {', '.join(map(str, options.tenants))} "
           f"→ tenant table {table_path} (key hashes only)", flush=True)
     stack = LocalStack(StackOptions(host=options.host, port=options.port, metrics_port=options.metrics_port, model=options.model,
-                                    engine_args=options.engine_args, tenant_table=table_path), workdir)
+                                    engine_args=options.engine_args, tenant_table=table_path,
+                                    scheduler_config=options.scheduler_config), workdir)
     status = StatusLine()
     started = time.monotonic()
     what = options.model or "the tiny built-in model on CPU"

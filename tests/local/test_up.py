@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from slaq.local.stack import LocalStack, StackOptions
@@ -43,3 +44,28 @@ def test_up_accepts_metrics_port() -> None:
     register(parser.add_subparsers())
     assert parser.parse_args(["up", "--metrics-port", "9100"]).metrics_port == 9100
     assert parser.parse_args(["up"]).metrics_port == 0
+
+
+def test_engine_and_sidecar_get_the_same_scheduler_config(tmp_path: Path) -> None:
+    config = '{"agingBoundSeconds":30.0}'
+    stack = LocalStack(StackOptions(tenant_table=tmp_path / "tenants.json", scheduler_config=config), tmp_path)
+    stack.engine_port, stack.port, stack.metrics_port = 8001, 8000, 9555
+    for command in (stack.engine_command(), stack.sidecar_command()):
+        at = command.index("--scheduler-config")
+        assert command[at + 1] == config
+    plain = LocalStack(StackOptions(tenant_table=tmp_path / "tenants.json"), tmp_path)
+    assert "--scheduler-config" not in plain.engine_command() + plain.sidecar_command()
+
+
+def test_up_validates_the_scheduler_config_and_hands_it_on(monkeypatch, capsys, tmp_path: Path) -> None:
+    from slaq.cli import main as slaq_main
+    from slaq.local import up
+
+    seen: list[up.UpOptions] = []
+    monkeypatch.setattr(up, "main", lambda options: seen.append(options) or 0)
+    spec = tmp_path / "scheduler.json"
+    spec.write_text('{"agingBoundSeconds": 45}')
+    assert slaq_main(["up", "--tenants", str(tmp_path), "--scheduler-config", str(spec)]) == 0
+    assert json.loads(seen[0].scheduler_config)["agingBoundSeconds"] == 45.0
+    assert slaq_main(["up", "--scheduler-config", '{"agingBoundSeconds": -1}']) == 2
+    assert "agingBoundSeconds" in capsys.readouterr().err
