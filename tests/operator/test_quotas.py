@@ -87,5 +87,17 @@ def test_bad_slots_are_refused_with_the_field_named(bad: dict) -> None:
         Slot("a", **{"replicas": 1, **bad})
 
 
-def test_split_type_round_trips() -> None:
-    assert isinstance(split_quota(0, [], unit=1), Split)
+@settings(max_examples=200, deadline=None)
+@given(quota=quotas, slots=pools, unit=units)
+def test_a_split_fed_back_unchanged_comes_back_unchanged(quota: int, slots: list[Slot], unit: int) -> None:
+    # The operator hands each reconcile the previous split: with the same quota, replicas and
+    # demand it must come back as it went in (no drift from the smoothing's rounding).
+    first = split_quota(quota, slots, unit=unit)
+    again = split_quota(quota, slots, unit=unit, previous=first)
+    assert again == first and again is not first
+    assert split_quota(quota, slots, unit=unit, previous=again) == first
+
+
+def test_an_empty_split_has_no_units() -> None:
+    empty = split_quota(5, [], unit=1000)
+    assert empty == Split(5, 1000, {}, {}) and empty.total_units() == 0
