@@ -171,11 +171,13 @@ class Dispatcher:
         return self.gate.can_release(view.tier.rank if protected else None)
 
     def predicted_wait_s(self, view: RequestView) -> float:
-        """Queue wait a new request with `view` would see: 0 when it would go straight through."""
+        """Queue wait a new request with `view` would see: 0 when it would go straight through,
+        as `try_release` lets it (nothing queued outranks it and the gate lets it go), even with
+        lower-ranked work queued behind it."""
         now, pool = self.clock(), self.pool_view()
-        if not self.queue and self.may_release(view, now, pool):
+        ahead = self.queue.ahead_of(view, self.ranking, now, pool) if self.queue else 0
+        if ahead == 0 and self.may_release(view, now, pool):
             return 0.0
-        ahead = self.queue.ahead_of(view, self.ranking, now, pool)
         return (ahead + 1) * self.pace.interval_s
 
     def try_release(self, entry: QueuedRequest) -> bool:

@@ -6,12 +6,16 @@
                 over requests with objectives that finished in the last `window_s` (60 s);
     projected = max over requests still waiting for their first token (queued here, or released
                 to the engine without a first byte yet) of
-                    (now - arrival + engine_ttft) / ttft_objective,
+                    (expected first token - arrival) / ttft_objective,
+                expected first token = now + engine_ttft while queued here, and
+                max(now, release + engine_ttft) once released,
                 where engine_ttft is an EWMA of the release-to-first-byte time.
 
 `observed` says how the pod has been doing; `projected` says a waiting request will miss its
 objective unless it starts within its remaining slack, and crosses 1.0 `engine_ttft` seconds
-*before* the deadline passes, so an HPA scales out while requests can still be saved. Requests
+*before* the deadline passes, so an HPA scales out while requests can still be saved. A released
+request's engine time is counted once: from its release, not again from now (counting it from
+now made every request the engine was about to answer look late, and shed batch work at load 1.0). Requests
 without objectives (the batch tier) never contribute. An idle pod reports 0.
 """
 
@@ -20,12 +24,21 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Releasable(Protocol):
+    """What the risk needs of a queue entry: when it went to the engine (None while queued)."""
+
+    @property
+    def release_time(self) -> float | None: ...
 
 
 @dataclass(slots=True)
 class _Waiting:
     arrival: float
     ttft_s: float
+    entry: Releasable | None = None
 
 
 class SlaRisk:
@@ -37,9 +50,11 @@ class SlaRisk:
         self._finished: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (finish time, ratio)
         self._waiting: dict[int, _Waiting] = {}
 
-    def waiting(self, key: int, arrival: float, ttft_ms: float | None) -> None:
+    def waiting(self, key: int, arrival: float, ttft_ms: float | None, entry: Releasable | None = None) -> None:
+        """A request with objectives waits for its first token; `entry` says when it is released
+        (without one it counts as queued until it starts)."""
         if ttft_ms is not None:
-            self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0)
+            self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0, entry)
 
     def started(self, key: int, engine_ttft_s: float | None) -> None:
         self._waiting.pop(key, None)
@@ -70,7 +85,9 @@ class SlaRisk:
     def projected(self, now: float) -> float:
         worst = 0.0
         for w in self._waiting.values():
-            worst = max(worst, (now - w.arrival + self.engine_ttft_s) / w.ttft_s)
+            release = None if w.entry is None else w.entry.release_time
+            first_token = now + self.engine_ttft_s if release is None else max(now, release + self.engine_ttft_s)
+            worst = max(worst, (first_token - w.arrival) / w.ttft_s)
         return worst
 
     def value(self, now: float) -> float:

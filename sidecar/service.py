@@ -199,7 +199,7 @@ class SidecarCore:
             key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
             prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
         )
-        self.risk.waiting(flight.key, now, identity.ttft_ms)
+        self.risk.waiting(flight.key, now, identity.ttft_ms, flight.entry)
         return flight
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:

@@ -75,3 +75,20 @@ def test_observed_risk_is_the_quantile_of_recent_ratios() -> None:
     assert risk.observed(1.0) == pytest.approx(1.0)
     assert risk.observed(60.5) == pytest.approx(2.0)  # the older ten fell out of the window
     assert risk.observed(200.0) == 0.0
+
+
+def test_a_released_requests_engine_time_counts_once_from_its_release() -> None:
+    class Entry:
+        release_time: float | None = None
+
+    risk = SlaRisk()
+    risk.engine_ttft_s = 0.2
+    entry = Entry()
+    risk.waiting(1, arrival=0.0, ttft_ms=500.0, entry=entry)
+    assert risk.projected(0.2) == pytest.approx(0.8)  # queued: now + engine time
+    entry.release_time = 0.2
+    # Released at 0.2, its first token is expected at 0.4: the projection stays at 0.8 while the
+    # engine works on it (counting the engine time again from now would say 1.2 at 0.4)...
+    assert risk.projected(0.3) == pytest.approx(0.8) and risk.projected(0.4) == pytest.approx(0.8)
+    # ...and grows with the clock once that expected first token is overdue.
+    assert risk.projected(0.6) == pytest.approx(1.2)

@@ -240,3 +240,15 @@ def test_snapshot_order_equals_ranking_everything(specs, pops_between) -> None:
         expected = min(reference, key=lambda e: (*PROFILE.rank(e.view, now, POOL), e.seq))
         assert queue.pop_best(PROFILE, now, POOL) is expected
         reference.remove(expected)
+
+
+def test_a_request_that_would_go_straight_through_is_predicted_no_wait_despite_lower_work_queued() -> None:
+    dispatcher, _ = make_dispatcher(target=1)
+    assert dispatcher.try_release(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # at the engine, not started
+    dispatcher.enqueue(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # held: the gate is closed for batch
+    critical = view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0)
+    # Nothing queued outranks the critical request and the gate lets it pass the batch work at the
+    # engine: no wait, so the pod guard does not refuse it as unreachable.
+    assert dispatcher.predicted_wait_s(critical) == 0.0
+    assert dispatcher.predicted_wait_s(view(Tier.BATCH, arrival=10.0)) > 0.0
+    assert dispatcher.try_release(QueuedRequest(critical))
