@@ -9,7 +9,8 @@
                     (expected first token - arrival) / ttft_objective,
                 expected first token = now + engine_ttft while queued here, and
                 max(now, release + engine_ttft) once released,
-                where engine_ttft is an EWMA of the release-to-first-byte time.
+                where engine_ttft is an EWMA of the release-to-first-byte time of requests
+                with a TTFT objective.
 
 `observed` says how the pod has been doing; `projected` says a waiting request will miss its
 objective unless it starts within its remaining slack, and crosses 1.0 `engine_ttft` seconds
@@ -57,7 +58,11 @@ class SlaRisk:
             self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0, entry)
 
     def started(self, key: int, engine_ttft_s: float | None) -> None:
-        self._waiting.pop(key, None)
+        """The request's first byte came. Only requests with a TTFT objective feed `engine_ttft_s`:
+        the engine serves them ahead of the batch tier, whose long engine waits (the majority of
+        requests under load) would otherwise make every waiting critical request look late."""
+        if self._waiting.pop(key, None) is None:
+            return
         if engine_ttft_s is not None and engine_ttft_s >= 0.0:
             self.engine_ttft_s += self.engine_ttft_alpha * (engine_ttft_s - self.engine_ttft_s)
 

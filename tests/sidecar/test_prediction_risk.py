@@ -92,3 +92,13 @@ def test_a_released_requests_engine_time_counts_once_from_its_release() -> None:
     assert risk.projected(0.3) == pytest.approx(0.8) and risk.projected(0.4) == pytest.approx(0.8)
     # ...and grows with the clock once that expected first token is overdue.
     assert risk.projected(0.6) == pytest.approx(1.2)
+
+
+def test_only_requests_with_a_ttft_objective_feed_the_engine_time() -> None:
+    risk = SlaRisk()
+    risk.waiting(1, arrival=0.0, ttft_ms=None)  # batch: no objective
+    risk.started(1, engine_ttft_s=8.0)  # the engine served it after its protected tiers
+    assert risk.engine_ttft_s == 0.0
+    risk.waiting(2, arrival=0.0, ttft_ms=500.0)
+    risk.started(2, engine_ttft_s=0.1)
+    assert risk.engine_ttft_s == pytest.approx(0.02)
