@@ -9,8 +9,10 @@
                     (expected first token - arrival) / ttft_objective,
                 expected first token = now + engine_ttft while queued here, and
                 max(now, release + engine_ttft) once released,
-                where engine_ttft is an EWMA of the release-to-first-byte time of requests
-                with a TTFT objective.
+                where engine_ttft is an EWMA of the release-to-first-byte time of the
+                request's tier (the engine serves critical before standard, so one mixed
+                figure would make critical requests look late), requests with a TTFT
+                objective only.
 
 `observed` says how the pod has been doing; `projected` says a waiting request will miss its
 objective unless it starts within its remaining slack, and crosses 1.0 `engine_ttft` seconds
@@ -27,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from slaq.api.common import Tier
+
 
 class Releasable(Protocol):
     """What the risk needs of a queue entry: when it went to the engine (None while queued)."""
@@ -40,6 +44,7 @@ class _Waiting:
     arrival: float
     ttft_s: float
     entry: Releasable | None = None
+    tier: Tier | None = None
 
 
 class SlaRisk:
@@ -47,24 +52,32 @@ class SlaRisk:
         self.window_s = window_s
         self.quantile = quantile
         self.engine_ttft_alpha = engine_ttft_alpha
-        self.engine_ttft_s = 0.0
+        self.engine_ttft_s = 0.0  # over every request with a TTFT objective
+        self.engine_ttft_by_tier: dict[Tier, float] = {}
         self._finished: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (finish time, ratio)
         self._waiting: dict[int, _Waiting] = {}
 
-    def waiting(self, key: int, arrival: float, ttft_ms: float | None, entry: Releasable | None = None) -> None:
+    def waiting(self, key: int, arrival: float, ttft_ms: float | None, entry: Releasable | None = None, tier: Tier | None = None) -> None:
         """A request with objectives waits for its first token; `entry` says when it is released
         (without one it counts as queued until it starts)."""
         if ttft_ms is not None:
-            self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0, entry)
+            self._waiting[key] = _Waiting(arrival, ttft_ms / 1000.0, entry, tier)
+
+    def engine_ttft(self, tier: Tier | None) -> float:
+        """The recent release-to-first-byte time of `tier` (of all tiers until it has one)."""
+        return self.engine_ttft_by_tier.get(tier, self.engine_ttft_s) if tier is not None else self.engine_ttft_s
 
     def started(self, key: int, engine_ttft_s: float | None) -> None:
         """The request's first byte came. Only requests with a TTFT objective feed `engine_ttft_s`:
         the engine serves them ahead of the batch tier, whose long engine waits (the majority of
         requests under load) would otherwise make every waiting critical request look late."""
-        if self._waiting.pop(key, None) is None:
+        waited = self._waiting.pop(key, None)
+        if waited is None or engine_ttft_s is None or engine_ttft_s < 0.0:
             return
-        if engine_ttft_s is not None and engine_ttft_s >= 0.0:
-            self.engine_ttft_s += self.engine_ttft_alpha * (engine_ttft_s - self.engine_ttft_s)
+        self.engine_ttft_s += self.engine_ttft_alpha * (engine_ttft_s - self.engine_ttft_s)
+        if waited.tier is not None:
+            before = self.engine_ttft_by_tier.get(waited.tier, engine_ttft_s)
+            self.engine_ttft_by_tier[waited.tier] = before + self.engine_ttft_alpha * (engine_ttft_s - before)
 
     def gone(self, key: int) -> None:
         self._waiting.pop(key, None)
@@ -91,7 +104,8 @@ class SlaRisk:
         worst = 0.0
         for w in self._waiting.values():
             release = None if w.entry is None else w.entry.release_time
-            first_token = now + self.engine_ttft_s if release is None else max(now, release + self.engine_ttft_s)
+            engine = self.engine_ttft(w.tier)
+            first_token = now + engine if release is None else max(now, release + engine)
             worst = max(worst, (first_token - w.arrival) / w.ttft_s)
         return worst
 

@@ -188,7 +188,7 @@ class SidecarCore:
                 tenant=tenant.name,
             )
             wait_s = self.dispatcher.predicted_wait_s(view)
-            self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft_s, self.pressure())
+            self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
             reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now)
         except SidecarError as error:
@@ -199,7 +199,7 @@ class SidecarCore:
             key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
             prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
         )
-        self.risk.waiting(flight.key, now, identity.ttft_ms, flight.entry)
+        self.risk.waiting(flight.key, now, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:

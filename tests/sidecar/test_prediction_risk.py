@@ -102,3 +102,14 @@ def test_only_requests_with_a_ttft_objective_feed_the_engine_time() -> None:
     risk.waiting(2, arrival=0.0, ttft_ms=500.0)
     risk.started(2, engine_ttft_s=0.1)
     assert risk.engine_ttft_s == pytest.approx(0.02)
+
+
+def test_each_tier_is_projected_with_its_own_engine_time() -> None:
+    risk = SlaRisk(engine_ttft_alpha=1.0)
+    risk.waiting(1, arrival=0.0, ttft_ms=2000.0, tier=Tier.STANDARD)
+    risk.started(1, engine_ttft_s=0.9)  # standard waits behind critical at the engine
+    risk.waiting(2, arrival=0.0, ttft_ms=500.0, tier=Tier.CRITICAL)
+    risk.started(2, engine_ttft_s=0.1)
+    assert (risk.engine_ttft(Tier.CRITICAL), risk.engine_ttft(Tier.STANDARD)) == (pytest.approx(0.1), pytest.approx(0.9))
+    risk.waiting(3, arrival=10.0, ttft_ms=500.0, tier=Tier.CRITICAL)
+    assert risk.projected(10.1) == pytest.approx(0.4)  # (0.1 waited + 0.1 critical engine time) / 0.5, not 2.0
