@@ -124,3 +124,18 @@ def test_quota_for_an_unknown_tenant_is_named(small_profile) -> None:
     with pytest.raises(WorkloadError, match="nobody"):
         run_policy(policy("slaq"), [_request("a", 0.0, 10, 2)], small_profile, DEFAULT_OBJECTIVES,
                    pod=PodConfig(quotas={"nobody": ReplicaShare(requests_per_minute=1)}))
+
+
+def test_pod_flags_are_checked(capsys) -> None:
+    from slaq.bench.cli import parse_quotas
+    from slaq.bench.errors import WorkloadError
+    from slaq.cli import main
+
+    assert parse_quotas(["batch-0:rpm=30,tpm=5000,concurrency=2"]) == {
+        "batch-0": ReplicaShare(requests_per_minute=30, tokens_per_minute=5000, max_concurrency=2)}
+    with pytest.raises(WorkloadError, match="unknown field 'rps'"):
+        parse_quotas(["batch-0:rps=3"])
+    with pytest.raises(WorkloadError, match="requests_per_minute"):
+        parse_quotas(["batch-0:rpm=-1"])
+    assert main(["bench", "sim", "--quota", "batch-0:rpm=3", "--policies", "slaq", "--quiet"]) == 2
+    assert "--quota needs --pod" in capsys.readouterr().err
