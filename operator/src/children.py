@@ -112,6 +112,17 @@ def render_table_secret(pool: InferencePool, table: TenantTable) -> dict[str, An
     }
 
 
+def render_children(pool: InferencePool) -> list[dict[str, Any]]:
+    """The pool's serving objects (all but the tenant table), in the order the operator applies them."""
+    hpa = render_hpa(pool)
+    return [render_service(pool), render_pdb(pool), render_deployment(pool), *([hpa] if hpa is not None else [])]
+
+
+def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[str, Any]]:
+    """Everything the operator applies for a pool: the table first, so pods mount it on their first start."""
+    return [render_table_secret(pool, table), *render_children(pool)]
+
+
 def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     """The child with a controller owner reference to `owner` (a raw object with metadata.uid)."""
     meta = owner["metadata"]
