@@ -119,10 +119,10 @@ class ControlPlane:
         response = self.http.get(resource_url(api_version, plural, namespace, name))
         return response.json() if response.status_code == 200 else None
 
-    def table(self, namespace: str, secret_name: str) -> tuple[str, TenantTable] | None:
-        """The table Secret's file content and its parsed table, or None while there is none."""
+    def table(self, namespace: str, secret_name: str) -> tuple[dict[str, str], TenantTable] | None:
+        """The table Secret's files (data key -> text) and its parsed tenant table, or None while there is none."""
         secret = self.get("v1", "secrets", namespace, secret_name)
         if not secret or TENANT_TABLE_KEY not in (secret.get("data") or {}):
             return None
-        text = base64.b64decode(secret["data"][TENANT_TABLE_KEY]).decode("utf-8")
-        return text, TenantTable.model_validate_json(text)
+        files = {key: base64.b64decode(value).decode("utf-8") for key, value in secret["data"].items()}
+        return files, TenantTable.model_validate_json(files[TENANT_TABLE_KEY])

@@ -22,7 +22,7 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
-from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
+from slaq.operator.children import owned_by, render_children, render_table_secret
 from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
@@ -243,12 +243,10 @@ class Reconciler:
             await self.report_invalid("inferencepools", body, exc)
             raise
         plan = await self.sync_tables()
-        for child in (render_service(pool), render_pdb(pool), render_deployment(pool)):
+        children = render_children(pool)
+        for child in children:
             await self.api.apply(owned_by(child, body))
-        hpa = render_hpa(pool)
-        if hpa is not None:
-            await self.api.apply(owned_by(hpa, body))
-        else:
+        if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
             await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment, plan)
