@@ -14,59 +14,14 @@ Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
+from slaq.engine.kv_security.settings import CONNECTOR_NAME, CONNECTOR_MODULE, KVSecuritySettings, transfer_config_json  # noqa: F401 (re-exported)
 from slaq.engine.kv_security.worker import KVSecurityWorker
-
-CONNECTOR_NAME = "SlaqKVConnector"
-CONNECTOR_MODULE = "slaq.engine.kv_security.connector"
-
-
-@dataclass(frozen=True)
-class KVSecuritySettings:
-    erase: bool = True
-    host_cache_bytes: int = 0
-    inspect_path: str | None = None
-    tamper_flag: str | None = None
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
-        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
-        unknown = set(extra) - known
-        if unknown:
-            raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-        return cls(
-            erase=bool(extra.get("erase", True)),
-            host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
-            inspect_path=extra.get("inspectPath"),
-            tamper_flag=extra.get("tamperFlag"),
-        )
-
-    def to_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
-        if self.inspect_path:
-            extra["inspectPath"] = self.inspect_path
-        if self.tamper_flag:
-            extra["tamperFlag"] = self.tamper_flag
-        return extra
-
-
-def transfer_config_json(settings: KVSecuritySettings) -> str:
-    """The `--kv-transfer-config` value that loads this connector. Load failures are recomputed,
-    never served (`kv_load_failure_policy=recompute`)."""
-    return json.dumps({
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": settings.to_extra(),
-    })
-
 
 @dataclass
 class SlaqKVMetadata(vc.KVConnectorMetadata):

@@ -75,6 +75,21 @@ def test_prepare_environment_sets_a_prometheus_multiprocess_dir(tmp_path: Path) 
     assert kept["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
 
 
+def test_planning_a_launch_imports_neither_vllm_nor_prometheus_client() -> None:
+    # prometheus_client picks its value store when imported: imported before prepare_environment
+    # sets PROMETHEUS_MULTIPROC_DIR, the API server's vllm:* series never reach /metrics.
+    probe = ("import sys\n"
+             "from slaq.cli import build_parser\n"
+             "from slaq.engine.launcher import EngineOptions, plan_launch\n"
+             "build_parser().parse_args(['engine'])\n"
+             "plan = plan_launch(EngineOptions(), '/m')\n"
+             "assert '--kv-transfer-config' in plan.argv, plan.argv\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'prometheus_client', 'torch')))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_scheduler_config_reads_json_or_a_file_and_names_what_is_wrong(tmp_path: Path) -> None:
     assert json.loads(read_scheduler_config_argument('{"maxPreemptionsPerStep": 2}'))["maxPreemptionsPerStep"] == 2
     path = tmp_path / "spec.json"
