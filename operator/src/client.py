@@ -28,7 +28,7 @@ from lightkube.core.resource import GlobalResource, Resource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -45,6 +45,7 @@ RESOURCES: dict[str, type[Resource]] = {
     "services": Service,
     "secrets": Secret,
     "configmaps": ConfigMap,
+    "events": Event,
     "pods": Pod,
     "poddisruptionbudgets": PodDisruptionBudget,
     "horizontalpodautoscalers": HorizontalPodAutoscaler,
@@ -150,7 +151,7 @@ class KubeClient:
         try:
             return _plain(await self._client.create(from_dict(obj), namespace=meta.get("namespace")))
         except httpx2.HTTPError as exc:
-            raise _translate(exc, "CREATE", f"{obj['kind']}/{meta['name']}") from exc
+            raise _translate(exc, "CREATE", f"{obj['kind']}/{meta.get('name') or meta.get('generateName')}") from exc
 
     async def patch_status(self, plural: str, name: str, namespace: str | None, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status subresource (the operator's own status fields only)."""

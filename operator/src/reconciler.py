@@ -13,7 +13,8 @@ import base64
 import binascii
 import logging
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,10 +23,12 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
+from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, judge
 from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.client import KubeClient
-from slaq.operator.conditions import condition, merge_conditions
+from slaq.operator.conditions import condition, merge_conditions, now
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
@@ -75,8 +78,14 @@ def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
     }
 
 
+def _condition_of(body: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
 class Reconciler:
-    def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str) -> None:
+    def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
+                 attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
+                 clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -91,6 +100,9 @@ class Reconciler:
         self._key_refs: set[tuple[str, str]] = set()
         self.keys = KeyWatch(api, self.on_key_secret_change)
         self.last_plan: TablePlan | None = None
+        self.attainment = attainment or AttainmentLedger()
+        self.min_requests = min_requests
+        self.clock = clock  # wall clock: the sidecars' `_created` times are wall-clock times too
 
     # ------------------------------------------------------------------ cache-salt key
 
@@ -218,10 +230,37 @@ class Reconciler:
             condition("Degraded", problem is not None, "KeysMissing" if problem else "AsExpected", problem or "", generation),
         ]
         old = body.get("status") or {}
-        status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools,
+        verdict, attainment = self._attainment_verdict(tenant, body)
+        conditions.append(condition("AtRisk", None if verdict.status == "Unknown" else verdict.at_risk,
+                                    verdict.reason, verdict.message, generation))
+        status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools, "attainment": attainment,
                   "conditions": merge_conditions(old.get("conditions"), conditions)}
         if any(old.get(k) != v for k, v in status.items()):
             await self.api.patch_status("tenantslas", name, None, status)
+        was = (_condition_of(body, "AtRisk") or {}).get("status")
+        if (was == "True") != verdict.at_risk:
+            await self._post_event(body, WARNING if verdict.at_risk else NORMAL, verdict.reason, verdict.message)
+
+    def _attainment_verdict(self, tenant: TenantSLA, body: dict[str, Any]) -> tuple[Verdict, float | None]:
+        """The AtRisk verdict and `status.attainment` from the ledger's window; while the ledger
+        warms up with too few requests to judge, what the object records is kept."""
+        at = self.clock()
+        outcomes = self.attainment.outcomes(tenant.metadata.name, at)
+        verdict = judge(tenant, outcomes, window_s=self.attainment.window_s, min_requests=self.min_requests,
+                        warming=self.attainment.warming(at))
+        if verdict.status is not None:
+            return verdict, outcomes.attainment
+        recorded = _condition_of(body, "AtRisk")
+        kept = (Verdict(recorded["status"], recorded.get("reason", ""), recorded.get("message", "")) if recorded
+                else Verdict("Unknown", verdict.reason, verdict.message))
+        return kept, (body.get("status") or {}).get("attainment", outcomes.attainment)
+
+    async def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event is a notice, not state: failing to post one is logged, never retried."""
+        try:
+            await self.api.create(render_event(body, type_=type_, reason=reason, message=message, timestamp=now()))
+        except OperatorError as exc:
+            log.warning("could not post the %s event for %s: %s", reason, _name(body), exc)
 
     # ------------------------------------------------------------------ pools
 
@@ -260,6 +299,7 @@ class Reconciler:
         observations = await self.usage_source.observe(pool)
         self._usage[key] = sum_usage(observations)
         self._risk[key] = mean_sla_risk(observations)
+        self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
@@ -271,6 +311,7 @@ class Reconciler:
         key = f"{namespace}/{name}"
         for book in (self._usage, self._risk, self._observed_replicas, self._written):
             book.pop(key, None)
+        self.attainment.forget_pool(key)
 
     async def _write_pool_status(self, pool: InferencePool, body: dict[str, Any], deployment: dict[str, Any] | None,
                                  plan: TablePlan, observed_pods: int | None = None) -> None:
