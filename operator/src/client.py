@@ -34,10 +34,13 @@ from lightkube.types import PatchType
 
 from slaq.api.common import GROUP, VERSION
 from slaq.operator.errors import NotFound, RetryableApiError, api_error
+from slaq.operator.gateway import GIE_GROUP, GIE_PLURAL, GIE_VERSION
 from slaq.operator.names import MANAGER
 
 InferencePoolResource = create_namespaced_resource(GROUP, VERSION, "InferencePool", "inferencepools")
 TenantSLAResource = create_global_resource(GROUP, VERSION, "TenantSLA", "tenantslas")
+# The Gateway API Inference Extension's kind of the same name (gateway.py); may not be served.
+GatewayInferencePoolResource = create_namespaced_resource(GIE_GROUP, GIE_VERSION, "InferencePool", "inferencepools")
 
 # Every kind the operator reads or writes, by plural (what the reconciler names).
 RESOURCES: dict[str, type[Resource]] = {
@@ -51,6 +54,7 @@ RESOURCES: dict[str, type[Resource]] = {
     "horizontalpodautoscalers": HorizontalPodAutoscaler,
     "inferencepools": InferencePoolResource,
     "tenantslas": TenantSLAResource,
+    GIE_PLURAL: GatewayInferencePoolResource,
 }
 
 

@@ -15,6 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,8 +28,9 @@ from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, ju
 from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions, now
-from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.errors import NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import NORMAL, WARNING, render_event
+from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
@@ -78,6 +80,15 @@ def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class GatewayOutcome:
+    """What became of a pool's GIE InferencePool: the `GatewayInferencePool` condition's content."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
 def _condition_of(body: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
 
@@ -95,6 +106,7 @@ class Reconciler:
         self._usage: dict[str, dict[str, TenantUsage]] = {}
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
+        self._gateway: dict[str, GatewayOutcome] = {}
         self._written: dict[str, TenantTable] = {}
         self._key_problems: dict[str, str] = {}
         self._key_refs: set[tuple[str, str]] = set()
@@ -289,8 +301,36 @@ class Reconciler:
             await self.api.apply(owned_by(hpa, body))
         else:
             await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+        await self.apply_gateway_pool(pool, body)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment, plan)
+
+    async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
+        """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve
+        that API, or an object of that name the pool does not own, is reported in the pool's
+        status, never raised: the pool itself keeps being served."""
+        key, name, namespace = pool_key(pool), pool.metadata.name, pool.metadata.namespace
+        desired = render_gateway_inference_pool(pool)
+        if desired is None:
+            self._gateway.pop(key, None)
+            await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
+            return
+        try:
+            existing = await self.api.get(GIE_PLURAL, name, namespace)
+            owners = {ref.get("uid") for ref in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []}
+            if existing is not None and body["metadata"]["uid"] not in owners:
+                self._gateway[key] = GatewayOutcome(False, "NameTaken", f"{GIE_API_VERSION} InferencePool {namespace}/{name} exists "
+                                                    "and is not owned by this pool; slaq leaves it alone (delete it, or rename one)")
+                return
+            await self.api.apply(owned_by(desired, body))
+        except NotFound:
+            self._gateway[key] = GatewayOutcome(False, "ApiNotServed", f"the cluster does not serve {GIE_API_VERSION} InferencePool: "
+                                                "install the Gateway API Inference Extension CRDs (docs/gateway.md); retried on every usage tick")
+            return
+        picker = pool.spec.gateway.endpoint_picker
+        self._gateway[key] = GatewayOutcome(True, "Applied", f"{GIE_API_VERSION} InferencePool {name} selects this pool's pods on port "
+                                            f"{pool.spec.sidecar.port}; endpoint picker Service {endpoint_picker_name(pool)}:{picker.port} "
+                                            f"({picker.failure_mode.value})")
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
         """Read usage from the pool's pods, re-split quotas, and refresh the pool's status."""
@@ -300,6 +340,8 @@ class Reconciler:
         self._usage[key] = sum_usage(observations)
         self._risk[key] = mean_sla_risk(observations)
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
+        if key in self._gateway and not self._gateway[key].ok:
+            await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
@@ -309,7 +351,7 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._gateway):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
@@ -327,11 +369,16 @@ class Reconciler:
         elif observed_pods is not None and observed_pods < ready:
             degraded_reason = "UsageUnavailable"
             degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"
+        gateway = self._gateway.get(key) if pool.spec.gateway.inference_pool else None
+        if degraded_reason == "AsExpected" and gateway is not None and not gateway.ok:
+            degraded_reason, degraded_message = f"Gateway{gateway.reason}", gateway.message
         conditions = [
             condition("Ready", ready >= wanted, "AllReplicasReady" if ready >= wanted else "ReplicasNotReady",
                       f"{ready}/{wanted} replicas ready", generation),
             condition("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message, generation),
         ]
+        if gateway is not None:
+            conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))
         old = body.get("status") or {}
         status: dict[str, Any] = {
             "observedGeneration": generation,
