@@ -154,6 +154,16 @@ class AttainmentLedger:
         for pod in [p for p, r in pods.items() if now - r.seen_at > self.window_s]:
             del pods[pod]
         self._ticks[pool] = now
+        for tenant in list(self._log):  # deleted tenants are asked no more: their increases age out here
+            self._prune(tenant, now)
+
+    def _prune(self, tenant: str, now: float) -> deque[tuple[float, Outcomes]]:
+        log = self._log.get(tenant, deque())
+        while log and now - log[0][0] > self.window_s:
+            log.popleft()
+        if not log:
+            self._log.pop(tenant, None)
+        return log
 
     def forget_pool(self, pool: str) -> None:
         """A deleted pool's readings go; what its pods finished stays in the window."""
@@ -161,13 +171,8 @@ class AttainmentLedger:
         self._ticks.pop(pool, None)
 
     def outcomes(self, tenant: str, now: float) -> Outcomes:
-        log = self._log.get(tenant)
-        if not log:
-            return Outcomes()
-        while log and now - log[0][0] > self.window_s:
-            log.popleft()
         total = Outcomes()
-        for _, grown in log:
+        for _, grown in self._prune(tenant, now):
             total = total + grown
         return total
 

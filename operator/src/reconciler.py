@@ -28,7 +28,7 @@ from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, ju
 from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions, now
-from slaq.operator.errors import NotFound, OperatorError, RetryableApiError, SpecError
+from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
@@ -313,7 +313,14 @@ class Reconciler:
         desired = render_gateway_inference_pool(pool)
         if desired is None:
             self._gateway.pop(key, None)
-            await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
+            try:
+                await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                # RBAC without the Inference Extension's kind (a hand-made role): a pool that does
+                # not use the gateway must not fail for it.
+                log.debug("not allowed to delete %s %s/%s: %s", GIE_PLURAL, namespace, name, exc)
             return
         try:
             existing = await self.api.get(GIE_PLURAL, name, namespace)
@@ -326,6 +333,12 @@ class Reconciler:
         except NotFound:
             self._gateway[key] = GatewayOutcome(False, "ApiNotServed", f"the cluster does not serve {GIE_API_VERSION} InferencePool: "
                                                 "install the Gateway API Inference Extension CRDs (docs/gateway.md); retried on every usage tick")
+            return
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            self._gateway[key] = GatewayOutcome(False, "Forbidden", f"the operator may not read or write {GIE_PLURAL}: grant it "
+                                                "get, create, patch and delete (the chart's RBAC does); retried on every usage tick")
             return
         picker = pool.spec.gateway.endpoint_picker
         self._gateway[key] = GatewayOutcome(True, "Applied", f"{GIE_API_VERSION} InferencePool {name} selects this pool's pods on port "

@@ -118,3 +118,17 @@ async def test_operator_leaves_a_gie_pool_it_does_not_own_alone(kube: KubeEmulat
         gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
         assert (gateway["status"], gateway["reason"]) == ("False", "NameTaken")
         assert kube.read(GIE, "inference", "llama3-8b")["spec"]["selector"] == {"matchLabels": {"app": "theirs"}}
+
+
+async def test_rbac_without_the_gie_kind_fails_no_pool_and_is_reported_when_used(kube: KubeEmulator) -> None:
+    kube.install_crds([GIE_CRD])
+    forbidden = kube.fail("*", GIE, 403, times=10**6)  # a hand-made role that leaves the kind out
+    async with operator(kube, interval=0.2):
+        await create(kube, docs("pool-gpu.yaml")[0])
+        await eventually(lambda: "Ready" in conditions(kube), what="the pool's status written")
+        assert "GatewayInferencePool" not in conditions(kube) and conditions(kube)["Degraded"]["status"] == "False"
+        assert forbidden.times < 10**6  # the switched-off object's delete was tried and refused
+        await merge_patch(kube, POOL_URL, {"spec": {"gateway": {"inferencePool": True}}})
+        gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
+        assert (gateway["status"], gateway["reason"]) == ("False", "Forbidden") and "get, create, patch and delete" in gateway["message"]
+        assert kube.read("apps/v1/deployments", "inference", "llama3-8b") is not None
