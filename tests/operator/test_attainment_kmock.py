@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from slaq.api.runtime import UsageReport
 from slaq.operator.attainment import OutcomeCounter
@@ -13,6 +19,21 @@ from tests.support.kube import KubeEmulator
 from tests.support.polling import eventually
 
 POOL = "inference/llama3-8b"
+KUBECTL = shutil.which("kubectl")
+TENANT_CRD = Path(__file__).resolve().parents[2] / "crds" / "slaq.dev_tenantslas.yaml"
+
+
+async def kubectl_columns(kube: KubeEmulator, *names: str) -> list[list[str]]:
+    """`kubectl get tenantslas` with the CRD's own printer-column JSONPaths (client-side, so the
+    emulator needs no Table support): proves the columns point at what the operator writes."""
+    columns = {c["name"]: c["jsonPath"] for c in yaml.safe_load(TENANT_CRD.read_text())["spec"]["versions"][0]["additionalPrinterColumns"]}
+    spec = ",".join(["NAME:.metadata.name", *(f"{n.upper()}:{columns[n]}" for n in names)])
+    process = await asyncio.create_subprocess_exec(
+        KUBECTL or "kubectl", "--kubeconfig", str(kube.kubeconfig), "get", "tenantslas", "-o", f"custom-columns={spec}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": str(kube.kubeconfig.parent)})
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode == 0, err.decode()
+    return [line.split() for line in out.decode().splitlines()]
 
 
 def pod_reports(met: float, missed: float, created: dict[str, float]) -> list[PodObservation]:
@@ -54,6 +75,9 @@ async def test_attainment_and_at_risk_follow_the_sidecars_counters(kube: KubeEmu
         assert risky["reason"] == "AttainmentBelowTarget" and "target 99.00%" in risky["message"]
         assert kube.read(TENANTS, None, "vip")["status"]["attainment"] == 0.5
         await eventually(lambda: vip_events(kube) == [("Warning", "AttainmentBelowTarget")], what="a Warning event")
+        if KUBECTL is not None:
+            rows = await kubectl_columns(kube, "Attainment", "At-Risk")
+            assert rows[0] == ["NAME", "ATTAINMENT", "AT-RISK"] and ["vip", "0.5", "True"] in rows
 
         usage.observations[POOL] = pod_reports(25100, 100, created)  # 20,100 of 20,200 met: 99.5 %
         await eventually(lambda: (c := at_risk(kube)) and c["status"] == "False", what="AtRisk False again")
