@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from slaq.api.tenant import TenantSLA
 from slaq.operator.attainment import (
@@ -49,12 +48,14 @@ def test_pod_increases_sum_outcomes_per_tenant_and_every_miss_kind_is_a_miss() -
     assert pod_increases(before, now, new_since=40.0) == {"a": Outcomes(met=10, missed=4)}
 
 
-def test_counters_round_trip_through_the_sidecars_text_format() -> None:
-    registry = CollectorRegistry()
-    slo = Counter("slaq_slo_outcomes", "x", ["tenant", "tier", "outcome"], registry=registry)
-    slo.labels("vip", "critical", "met").inc(3)
-    slo.labels("vip", "critical", "e2e_missed").inc()
-    parsed = parse_slo_outcomes(generate_latest(registry).decode() + "vllm:num_requests_waiting 2\n")
+def test_counters_round_trip_through_the_sidecars_own_metrics() -> None:
+    from slaq.sidecar.metrics import SidecarMetrics
+
+    metrics = SidecarMetrics(depth=dict, risk=lambda: 0.0, in_flight=lambda: 0)
+    metrics.slo.labels("vip", "critical", "met").inc(3)
+    metrics.slo.labels("vip", "critical", "e2e_missed").inc()
+    # The metrics port appends the engine's families after the sidecar's own.
+    parsed = parse_slo_outcomes(metrics.render().decode() + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n")
     assert {k: v.value for k, v in parsed.items()} == {("vip", "critical", "met"): 3.0, ("vip", "critical", "e2e_missed"): 1.0}
     assert all(v.created is not None and v.created > 1e9 for v in parsed.values())
     assert parse_slo_outcomes("slaq_sla_risk 0.5\n") == {}
