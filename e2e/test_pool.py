@@ -181,12 +181,20 @@ async def test_the_operator_writes_attainment_from_the_sidecars_counters(pod: Po
     await asyncio.to_thread(wait_for, lambda: (control_plane.get(API_VERSION, "inferencepools", POOL_NAMESPACE, POOL_NAME)
                                                .get("status") or {}).get("slaRisk") is not None, 60, "the operator reading the pod", 0.5)
     met0, missed0 = await asyncio.to_thread(_vip_outcomes, pod)
-    requests = 25  # more than the 20 the AtRisk verdict needs
+    # One at a time: this is about counting, not load (a burst would be shed by the pod guard).
+    statuses = []
     async with client() as http:
-        results = await asyncio.gather(*(stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i) for i in range(requests)))
-    assert all(r.status == 200 for r in results), [r.error for r in results]
-    met, missed = await asyncio.to_thread(wait_for, lambda: (o := _vip_outcomes(pod)) and o[0] + o[1] - met0 - missed0 == requests and o,
-                                          30, "the sidecar counting every outcome", 0.5)
+        for i in range(25):  # more than the 20 finished requests the AtRisk verdict needs
+            statuses.append((await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i)).status)
+    assert statuses.count(200) >= 20, statuses
+
+    def settled() -> tuple[float, float] | None:
+        first = _vip_outcomes(pod)
+        time.sleep(2.0)
+        return first if _vip_outcomes(pod) == first and first[0] + first[1] - met0 - missed0 >= 20 else None
+
+    met, missed = await asyncio.to_thread(wait_for, settled, 60, "the sidecar's counters settling", 0.5)
+    requests = int(met + missed - met0 - missed0)
     expected = round((met - met0) / requests, 4)
 
     def vip_status() -> dict | None:
