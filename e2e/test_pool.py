@@ -165,6 +165,53 @@ async def test_a_noisy_tenant_at_ten_times_its_quota_leaves_the_others_attainmen
     assert after >= before - 0.02 - 1e-9, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
 
 
+def _vip_outcomes(pod: PodSpecRun) -> tuple[float, float]:
+    """(met, missed) of tenant vip from the sidecar's own counters on its metrics port."""
+    from slaq.operator.usage import parse_slo_outcomes
+
+    series = parse_slo_outcomes(httpx.get(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=10).text)
+    met = sum(c.value for (tenant, _, outcome), c in series.items() if tenant == "vip" and outcome == "met")
+    missed = sum(c.value for (tenant, _, outcome), c in series.items() if tenant == "vip" and outcome != "met")
+    return met, missed
+
+
+async def test_the_operator_writes_attainment_from_the_sidecars_counters(pod: PodSpecRun, control_plane: ControlPlane) -> None:
+    """The real usage path: the operator lists the pool's pod, reads the sidecar's metrics port and
+    writes TenantSLA vip's attainment and AtRisk from the counters' increase since it first looked."""
+    from slaq.operator.names import pool_selector_labels
+
+    control_plane.merge_patch(API_VERSION, "inferencepools", POOL_NAMESPACE, POOL_NAME, {"spec": {"sidecar": {"metricsPort": pod.metrics_port}}})
+    control_plane.register_pod(POOL_NAMESPACE, f"{POOL_NAME}-0", pool_selector_labels(POOL_NAME))
+    # slaRisk appears once the operator has read the pod: its counters so far are the baseline.
+    await asyncio.to_thread(wait_for, lambda: (control_plane.get(API_VERSION, "inferencepools", POOL_NAMESPACE, POOL_NAME)
+                                               .get("status") or {}).get("slaRisk") is not None, 60, "the operator reading the pod", 0.5)
+    met0, missed0 = await asyncio.to_thread(_vip_outcomes, pod)
+    # One at a time: this is about counting, not load (a burst would be shed by the pod guard).
+    statuses = []
+    async with client() as http:
+        for i in range(25):  # more than the 20 finished requests the AtRisk verdict needs
+            statuses.append((await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i)).status)
+    assert statuses.count(200) >= 20, statuses
+
+    def settled() -> tuple[float, float] | None:
+        first = _vip_outcomes(pod)
+        time.sleep(2.0)
+        return first if _vip_outcomes(pod) == first and first[0] + first[1] - met0 - missed0 >= 20 else None
+
+    met, missed = await asyncio.to_thread(wait_for, settled, 60, "the sidecar's counters settling", 0.5)
+    requests = int(met + missed - met0 - missed0)
+    expected = round((met - met0) / requests, 4)
+
+    def vip_status() -> dict | None:
+        status = (control_plane.get(API_VERSION, "tenantslas", None, "vip") or {}).get("status") or {}
+        return status if status.get("attainment") == expected else None
+
+    status = await asyncio.to_thread(wait_for, vip_status, 30, f"status.attainment {expected}", 0.5)
+    at_risk = next(c for c in status["conditions"] if c["type"] == "AtRisk")
+    print(f"vip: {int(met - met0)} of {requests} met TTFT 50 ms / TPOT 50 ms here; status.attainment {expected}, AtRisk {at_risk['status']}")
+    assert at_risk["status"] == ("True" if expected < 0.99 else "False") and f"of {requests} request(s)" in at_risk["message"]
+
+
 async def _spend_the_burst(url: str, key: str) -> int:
     """Use up the minute's worth a per-minute bucket starts with (the burst the quota allows by
     design), with one-token requests, so the measured phase sees the quota's steady state."""
