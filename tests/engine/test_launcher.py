@@ -75,6 +75,17 @@ def test_prepare_environment_sets_a_prometheus_multiprocess_dir(tmp_path: Path) 
     assert kept["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
 
 
+def test_planning_a_launch_imports_neither_prometheus_client_nor_vllm() -> None:
+    """`slaq engine` plans (with the KV connector's settings) before it sets PROMETHEUS_MULTIPROC_DIR;
+    prometheus_client imported by then keeps vLLM's `vllm:*` series out of /metrics (it happened)."""
+    code = ("import sys; from slaq.cli import build_parser; from slaq.engine.launcher import EngineOptions, plan_launch; "
+            "build_parser().parse_args(['engine']); plan = plan_launch(EngineOptions(kv_host_cache_gib=1.0), model_path='/m'); "
+            "assert '--kv-transfer-config' in plan.argv; print(sorted(m for m in ('prometheus_client', 'vllm') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
 def test_scheduler_config_reads_json_or_a_file_and_names_what_is_wrong(tmp_path: Path) -> None:
     assert json.loads(read_scheduler_config_argument('{"maxPreemptionsPerStep": 2}'))["maxPreemptionsPerStep"] == 2
     path = tmp_path / "spec.json"
