@@ -27,7 +27,7 @@ from slaq.api.contract import RequestSLA
 from tests.support.engine import EngineHandle, metric_sum, running_engine
 from tests.support.polling import wait_for
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # an engine start (up to 420 s on a loaded machine) and the test
 
 BLOCK_TOKENS = 128  # vLLM's CPU block size
 ENGINE_ARGS = ("--max-num-seqs", "4", "--max-model-len", "512", "--kv-host-cache-gib", "0.01", "--", "--num-gpu-blocks-override", "10")
