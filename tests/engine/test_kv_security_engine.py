@@ -27,7 +27,7 @@ from slaq.api.contract import RequestSLA
 from tests.support.engine import EngineHandle, metric_sum, running_engine
 from tests.support.polling import wait_for
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]  # an engine start (up to 420 s on a loaded machine) and the test
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]  # an engine start (up to 420 s on a loaded machine) and the test
 
 BLOCK_TOKENS = 128  # vLLM's CPU block size
 ENGINE_ARGS = ("--max-num-seqs", "4", "--max-model-len", "512", "--kv-host-cache-gib", "0.01", "--", "--num-gpu-blocks-override", "10")
@@ -143,7 +143,11 @@ def _preempted_answer(engine: EngineHandle, seed: int) -> str:
     preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
     batch = _in_thread(_complete, engine, "batchco", Tier.BATCH, prompt, 180)
     wait_for(lambda: metric_sum(_metrics(engine), "slaq_engine_kv_blocks_in_use", tier="batch") > 0, 120, "the batch request to run")
-    critical = [_in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + i, 4 * BLOCK_TOKENS - 60), 8) for i in range(2)]
+    # Two 4-block critical requests, long enough (48 tokens) that the first still runs when the second
+    # arrives however slowly the threads start: together with the batch request they need more than
+    # the 9 blocks, so the batch request is preempted (with 8 tokens, a loaded machine let the first
+    # finish before the second arrived, and nothing was preempted).
+    critical = [_in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + i, 4 * BLOCK_TOKENS - 60), 48) for i in range(2)]
     for i, (thread, outcome) in enumerate(critical):
         _joined(thread, outcome, f"critical request {i}")
     answer = _joined(*batch, "the preempted batch request")
