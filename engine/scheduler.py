@@ -1,4 +1,5 @@
-"""`SLAScheduler`: vLLM 0.32's `AsyncScheduler` with slaq's policies plugged in.
+"""`SLAScheduler`: vLLM 0.32's `AsyncScheduler` with slaq's policies plugged in (and its KV load
+failure recovery made to finish under async scheduling: `vllm_compat.RecomputesLoadFailures`).
 
 `schedule()` is vLLM's own; around it, each step:
 1. fixes the clock and load for the waiting queue (`SLARequestQueue.begin_step`),
@@ -45,7 +46,7 @@ TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 MAX_HOLD_BACK_STEPS = 4
 
 
-class SLAScheduler(vc.AsyncScheduler):
+class SLAScheduler(vc.RecomputesLoadFailures):
     # Tests and embedders may set this before construction; vLLM constructs the class itself.
     config_override: EngineSchedulerConfig | None = None
 

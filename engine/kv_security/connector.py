@@ -7,9 +7,7 @@ step (a preempted request's blocks are sealed before anything zeroes or reuses t
 are zeroed before a host copy is written back into them); vLLM's MultiConnector gives no order
 between its children's worker hooks that slaq could rely on.
 
-Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
-`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
-`inspectPath` and `tamperFlag` (see worker.py).
+Settings: settings.py (`kv_connector_extra_config`, and the `--kv-transfer-config` that loads it).
 """
 
 from __future__ import annotations
@@ -17,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
-from slaq.engine.kv_security.settings import CONNECTOR_NAME, CONNECTOR_MODULE, KVSecuritySettings, transfer_config_json  # noqa: F401 (re-exported)
+from slaq.engine.kv_security.settings import CONNECTOR_MODULE, CONNECTOR_NAME, KVSecuritySettings, transfer_config_json
 from slaq.engine.kv_security.worker import KVSecurityWorker
+
+__all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "KVSecuritySettings", "SlaqKVConnector", "SlaqKVMetadata", "transfer_config_json"]
+
 
 @dataclass
 class SlaqKVMetadata(vc.KVConnectorMetadata):
@@ -37,7 +37,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner: KVSecurityPlanner | None = None
         self.worker: KVSecurityWorker | None = None
         if role == vc.KVConnectorRole.SCHEDULER:
-            from slaq.engine.config import engine_table_path
+            from slaq.engine.config import tenant_table_path
             from slaq.engine.metrics import engine_metrics
             import os
 
@@ -48,7 +48,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
                 host_capacity_blocks=settings.host_cache_bytes // vc.kv_bytes_per_block(kv_cache_config),
                 metrics=engine_metrics(),
                 inspect=settings.inspect_path is not None,
-                engine_table=engine_table_path(os.environ),
+                tenant_table=tenant_table_path(os.environ),
             )
         else:
             self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
@@ -88,10 +88,10 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner.finished(request)
         return False, None
 
-    def apply_table(self, table: EngineTable) -> None:
-        """The engine table changed (the scheduler's watcher read it)."""
+    def reload_tenants(self) -> None:
+        """The tenant table changed (the scheduler's watcher saw it)."""
         if self.planner is not None:
-            self.planner.apply_table(table)
+            self.planner.reload_tenants()
 
     # -- worker side ------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:

@@ -1,9 +1,14 @@
-"""The connector's settings and the `--kv-transfer-config` that loads it.
+"""The settings of slaq's KV connector and the `--kv-transfer-config` that loads it.
 
-Kept apart from connector.py on purpose: the launcher builds the flag before vLLM starts, and
-importing the connector (vLLM, prometheus_client) that early would fix prometheus_client's value
-store before `PROMETHEUS_MULTIPROC_DIR` is set, and the API server's `vllm:*` series would vanish
-from `/metrics` (tests/engine/test_launcher.py checks nothing heavy is imported)."""
+Kept apart from connector.py and light to import: `slaq engine` plans its launch with these before
+it sets `PROMETHEUS_MULTIPROC_DIR`, and prometheus_client (which connector.py brings in, with
+vLLM) picks its value store when first imported; imported earlier, vLLM's own `vllm:*` series
+would stay in the API server's memory and never reach `/metrics`.
+
+Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
+`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
+`inspectPath` and `tamperFlag` (see worker.py).
+"""
 
 from __future__ import annotations
 
