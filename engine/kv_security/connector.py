@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
 from slaq.engine.kv_security.settings import CONNECTOR_MODULE, CONNECTOR_NAME, KVSecuritySettings, transfer_config_json
@@ -37,7 +38,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner: KVSecurityPlanner | None = None
         self.worker: KVSecurityWorker | None = None
         if role == vc.KVConnectorRole.SCHEDULER:
-            from slaq.engine.config import tenant_table_path
+            from slaq.engine.config import engine_table_path
             from slaq.engine.metrics import engine_metrics
             import os
 
@@ -48,7 +49,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
                 host_capacity_blocks=settings.host_cache_bytes // vc.kv_bytes_per_block(kv_cache_config),
                 metrics=engine_metrics(),
                 inspect=settings.inspect_path is not None,
-                tenant_table=tenant_table_path(os.environ),
+                engine_table=engine_table_path(os.environ),
             )
         else:
             self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
@@ -88,10 +89,10 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner.finished(request)
         return False, None
 
-    def reload_tenants(self) -> None:
-        """The tenant table changed (the scheduler's watcher saw it)."""
+    def apply_table(self, table: EngineTable) -> None:
+        """The engine table changed (the scheduler's watcher read it)."""
         if self.planner is not None:
-            self.planner.reload_tenants()
+            self.planner.apply_table(table)
 
     # -- worker side ------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
