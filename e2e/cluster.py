@@ -68,17 +68,17 @@ class ControlPlane:
     def start(self) -> "ControlPlane":
         from slaq.operator.client import Connection
         from slaq.operator.runner import OperatorOptions, OperatorThread
-        from slaq.operator.usage import StaticUsageSource
 
         self._thread.start()
         self._ready.wait(30)
         if self._failure is not None or not self.url:
             raise RuntimeError(f"the Kubernetes API emulator did not start: {self._failure!r}")
         self.http = httpx.Client(base_url=self.url, timeout=10.0)
-        # StaticUsageSource: no pod IPs to scrape here; quotas split on an empty demand signal.
+        # The real usage source (HttpUsageSource): it reads the pods the emulator lists, none until a
+        # test registers the local pod (`register_pod`); until then quotas split on an empty demand signal.
         options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5,
                                   tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True})
-        self.operator = OperatorThread(Connection(server=self.url), options, usage_source=StaticUsageSource())
+        self.operator = OperatorThread(Connection(server=self.url), options)
         self.operator.start()
         wait_for(lambda: self.operator.ready_flag.is_set() or not self.operator.alive, 60, "the operator to start")
         if not self.operator.alive:
@@ -114,15 +114,30 @@ class ControlPlane:
         assert response.status_code in (200, 201), f"create {kind}/{body['metadata']['name']}: {response.status_code} {response.text}"
         return response.json()
 
+    def merge_patch(self, api_version: str, plural: str, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        assert self.http is not None
+        response = self.http.patch(resource_url(api_version, plural, namespace, name), json=patch,
+                                   headers={"Content-Type": "application/merge-patch+json"})
+        assert response.status_code == 200, f"patch {plural}/{name}: {response.status_code} {response.text}"
+        return response.json()
+
+    def register_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """A Running pod at 127.0.0.1, as the kubelet would report the local stand-in (e2e/pod.py)."""
+        assert self.http is not None
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+        response = self.http.post(resource_url("v1", "pods", namespace), json=body)
+        assert response.status_code in (200, 201), f"create Pod/{name}: {response.status_code} {response.text}"
+
     def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         assert self.http is not None
         response = self.http.get(resource_url(api_version, plural, namespace, name))
         return response.json() if response.status_code == 200 else None
 
-    def table(self, namespace: str, secret_name: str) -> tuple[str, TenantTable] | None:
-        """The table Secret's file content and its parsed table, or None while there is none."""
+    def table(self, namespace: str, secret_name: str) -> tuple[dict[str, str], TenantTable] | None:
+        """The table Secret's files (data key -> text) and its parsed tenant table, or None while there is none."""
         secret = self.get("v1", "secrets", namespace, secret_name)
         if not secret or TENANT_TABLE_KEY not in (secret.get("data") or {}):
             return None
-        text = base64.b64decode(secret["data"][TENANT_TABLE_KEY]).decode("utf-8")
-        return text, TenantTable.model_validate_json(text)
+        files = {key: base64.b64decode(value).decode("utf-8") for key, value in secret["data"].items()}
+        return files, TenantTable.model_validate_json(files[TENANT_TABLE_KEY])

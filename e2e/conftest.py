@@ -35,22 +35,24 @@ def control_plane() -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="module")
-def rendered(control_plane: ControlPlane) -> tuple[dict, str]:
-    """The Deployment's pod template and the table file, once the operator has rendered both with 3 tenants."""
+def rendered(control_plane: ControlPlane) -> tuple[dict, dict[str, str]]:
+    """The Deployment's pod template and the table Secret's files, once the operator has rendered both with 3 tenants."""
     from slaq.operator.names import table_secret_name
 
     deployment = wait_for(lambda: control_plane.get("apps/v1", "deployments", POOL_NAMESPACE, POOL_NAME), 60,
                           "the operator to render the pool's Deployment")
-    text, _ = wait_for(lambda: (t := control_plane.table(POOL_NAMESPACE, table_secret_name(POOL_NAME))) and len(t[1].tenants) == 3 and t,
-                       60, "the tenant table Secret with three tenants")
-    return deployment["spec"]["template"], text
+    files, _ = wait_for(lambda: (t := control_plane.table(POOL_NAMESPACE, table_secret_name(POOL_NAME))) and len(t[1].tenants) == 3 and t,
+                        60, "the tenant table Secret with three tenants")
+    return deployment["spec"]["template"], files
 
 
 @pytest.fixture(scope="module")
-def pod(rendered: tuple[dict, str]) -> Iterator[PodSpecRun]:
-    template, table_text = rendered
+def pod(rendered: tuple[dict, dict[str, str]]) -> Iterator[PodSpecRun]:
+    from slaq.operator.names import table_secret_name
+
+    template, table_files = rendered
     run = PodSpecRun(template, POOL_NAMESPACE)
-    run.write_table(table_text)
+    run.write_secret(table_secret_name(POOL_NAME), table_files)
     try:
         engine = run.start("engine")
         sidecar = run.start("sidecar")

@@ -7,10 +7,10 @@ namespace), and the tenant-table file content from the rendered table Secret.
 What is remapped, and only this:
 - ports: the sidecar's `--port` and the engine's `--port` (and the sidecar's `--engine-url`
   that names it) become free ports on 127.0.0.1, so tests can run beside anything else;
-- volume mounts: each mounted path (`/etc/slaq/tenants`, `/var/cache/slaq`, `/tmp`) becomes a
-  temporary directory, as the kubelet would back it, and args/env values under a mount path
-  point into that directory. The tenant table is written there atomically (rename), as the
-  kubelet updates a Secret volume.
+- volume mounts: each mounted path (`/etc/slaq/tenants`, `/etc/slaq/engine`, `/var/cache/slaq`,
+  `/tmp`) becomes a temporary directory, as the kubelet would back it, and args/env values under
+  a mount path point into that directory. The table Secret's keys are written into the volumes
+  that project them, atomically (rename), as the kubelet updates a Secret volume.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slaq.api.runtime import ENGINE_PORT, HEALTH_PATH, READY_PATH, TENANT_TABLE_KEY
+from slaq.api.runtime import ENGINE_PORT, HEALTH_PATH, READY_PATH
 from slaq.local.processes import Child, free_port, start_child
 
 POD_NAME = "tiny-cpu-e2e-0"
@@ -97,14 +97,18 @@ class PodSpecRun:
         assert all(src.get("secretRef", {}).get("optional") for src in container.get("envFrom", []))
         return argv, env
 
-    def write_table(self, text: str) -> Path:
-        """The table Secret's content into the tenant-table volume (atomic, as the kubelet swaps it)."""
-        directory = self.volume_dir("tenant-table")
-        staging = directory / f".{TENANT_TABLE_KEY}.tmp"
-        staging.write_text(text, encoding="utf-8")
-        target = directory / TENANT_TABLE_KEY
-        staging.replace(target)
-        return target
+    def write_secret(self, secret_name: str, files: dict[str, str]) -> None:
+        """A Secret's content into every volume the pod takes from it, each with only the keys its
+        `items` project (all when none), written atomically as the kubelet swaps a Secret volume."""
+        for volume in self.template["spec"]["volumes"]:
+            source = volume.get("secret")
+            if not source or source["secretName"] != secret_name:
+                continue
+            directory = self.volume_dir(volume["name"])
+            for item in source.get("items") or [{"key": key, "path": key} for key in files]:
+                staging = directory / f".{item['path']}.tmp"
+                staging.write_text(files[item["key"]], encoding="utf-8")
+                staging.replace(directory / item["path"])
 
     def start(self, name: str) -> Child:
         argv, env = self.command(name)

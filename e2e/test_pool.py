@@ -22,7 +22,7 @@ from e2e.conftest import ENGINE_START_TIMEOUT_S, POOL_NAME, POOL_NAMESPACE
 from e2e.pod import PodSpecRun
 from e2e.traffic import attainment, client, stream_completion
 from slaq.api.common import API_VERSION
-from slaq.api.runtime import TENANT_TABLE_ENV, TENANT_TABLE_KEY
+from slaq.api.runtime import ENGINE_TABLE_ENV, ENGINE_TABLE_KEY, TENANT_TABLE_KEY
 from slaq.api.table import hash_api_key
 from slaq.local.processes import wait_ready
 from slaq.operator.names import table_secret_name
@@ -49,9 +49,9 @@ def add_tenant_and_sync(plane: ControlPlane, pod: PodSpecRun, docs: list[dict], 
     """Apply, wait for the operator's table Secret to hold the tenant, and hand it to the pod's volume."""
     for doc in docs:
         plane.create(doc)
-    text, _ = wait_for(lambda: (t := plane.table(POOL_NAMESPACE, table_secret_name(POOL_NAME))) and name in {e.name for e in t[1].tenants} and t,
+    files, _ = wait_for(lambda: (t := plane.table(POOL_NAMESPACE, table_secret_name(POOL_NAME))) and name in {e.name for e in t[1].tenants} and t,
                        60, f"tenant {name} in the pool's table Secret")
-    pod.write_table(text)
+    pod.write_secret(table_secret_name(POOL_NAME), files)
 
 
 async def wait_status(url: str, key: str, expected: int, timeout_s: float = 30.0) -> None:
@@ -73,17 +73,21 @@ def _strip_ports_and_mounts(argv: list[str]) -> list[str]:
             out.append("<remapped>")
             continue
         out.append(arg)
-        skip = arg in ("--port", "--engine-url", "--tenant-table")
+        skip = arg in ("--port", "--metrics-port", "--engine-url", "--tenant-table")
     return out
 
 
-async def test_the_pod_runs_as_rendered_and_serves_every_tenant(pod: PodSpecRun, rendered: tuple[dict, str]) -> None:
-    template, table_text = rendered
+async def test_the_pod_runs_as_rendered_and_serves_every_tenant(pod: PodSpecRun, rendered: tuple[dict, dict[str, str]]) -> None:
+    template, table_files = rendered
+    table_text = table_files[TENANT_TABLE_KEY]
     for name in ("engine", "sidecar"):
         container = pod.container(name)
         assert container["command"] == ["slaq"]
         assert _strip_ports_and_mounts(pod.commands[name][1:]) == _strip_ports_and_mounts(container["args"])
     assert "sk-demo" not in table_text and hash_api_key(KEYS["vip"]) in table_text
+    # The engine's mount holds only its cut of the table: no key hashes (negative control above).
+    engine_files = {p.name: p.read_text() for p in pod.volume_dir("engine-table").iterdir() if not p.name.startswith(".")}
+    assert list(engine_files) == [ENGINE_TABLE_KEY] and "sha256:" not in engine_files[ENGINE_TABLE_KEY]
     assert httpx.get(pod.url + "/ready", timeout=5).status_code == 200
     async with client() as http:
         outcomes = await asyncio.gather(*(stream_completion(http, pod.url, key, max_tokens=8, seed=i) for i, key in enumerate(KEYS.values())))
@@ -100,9 +104,10 @@ async def test_a_new_tenant_is_admitted_without_restarting_the_sidecar(pod: PodS
     await wait_status(pod.url, key, 200, timeout_s=30)
     assert {name: child.pid for name, child in pod.children.items()} == pids
     assert all(child.running() for child in pod.children.values())
-    # The engine reads the same table (its KV shares), from the same mount, and follows it too.
+    # The engine reads its cut of the same Secret (KV shares), from its own mount, and follows it too.
     _, engine_env = pod.command("engine")
-    assert Path(engine_env[TENANT_TABLE_ENV]).read_text() == (pod.volume_dir("tenant-table") / TENANT_TABLE_KEY).read_text()
+    engine_table = Path(engine_env[ENGINE_TABLE_ENV])
+    assert engine_table == pod.volume_dir("engine-table") / ENGINE_TABLE_KEY and '"acme"' in engine_table.read_text()
     # The scheduler looks at the table when it schedules (an idle engine, with its next request).
     applied = 'slaq_engine_tenant_table_reloads_total{outcome="applied"}'
     deadline = time.monotonic() + 60
@@ -158,6 +163,53 @@ async def test_a_noisy_tenant_at_ten_times_its_quota_leaves_the_others_attainmen
     assert admitted <= NOISY_RPM * PROBE_SECONDS / 60.0 + 2, "the noisy tenant's quota did not hold"
     assert refused == len(noisy) - admitted
     assert after >= before - 0.02 - 1e-9, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
+
+
+def _vip_outcomes(pod: PodSpecRun) -> tuple[float, float]:
+    """(met, missed) of tenant vip from the sidecar's own counters on its metrics port."""
+    from slaq.operator.usage import parse_slo_outcomes
+
+    series = parse_slo_outcomes(httpx.get(f"http://127.0.0.1:{pod.metrics_port}/metrics", timeout=10).text)
+    met = sum(c.value for (tenant, _, outcome), c in series.items() if tenant == "vip" and outcome == "met")
+    missed = sum(c.value for (tenant, _, outcome), c in series.items() if tenant == "vip" and outcome != "met")
+    return met, missed
+
+
+async def test_the_operator_writes_attainment_from_the_sidecars_counters(pod: PodSpecRun, control_plane: ControlPlane) -> None:
+    """The real usage path: the operator lists the pool's pod, reads the sidecar's metrics port and
+    writes TenantSLA vip's attainment and AtRisk from the counters' increase since it first looked."""
+    from slaq.operator.names import pool_selector_labels
+
+    control_plane.merge_patch(API_VERSION, "inferencepools", POOL_NAMESPACE, POOL_NAME, {"spec": {"sidecar": {"metricsPort": pod.metrics_port}}})
+    control_plane.register_pod(POOL_NAMESPACE, f"{POOL_NAME}-0", pool_selector_labels(POOL_NAME))
+    # slaRisk appears once the operator has read the pod: its counters so far are the baseline.
+    await asyncio.to_thread(wait_for, lambda: (control_plane.get(API_VERSION, "inferencepools", POOL_NAMESPACE, POOL_NAME)
+                                               .get("status") or {}).get("slaRisk") is not None, 60, "the operator reading the pod", 0.5)
+    met0, missed0 = await asyncio.to_thread(_vip_outcomes, pod)
+    # One at a time: this is about counting, not load (a burst would be shed by the pod guard).
+    statuses = []
+    async with client() as http:
+        for i in range(25):  # more than the 20 finished requests the AtRisk verdict needs
+            statuses.append((await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i)).status)
+    assert statuses.count(200) >= 20, statuses
+
+    def settled() -> tuple[float, float] | None:
+        first = _vip_outcomes(pod)
+        time.sleep(2.0)
+        return first if _vip_outcomes(pod) == first and first[0] + first[1] - met0 - missed0 >= 20 else None
+
+    met, missed = await asyncio.to_thread(wait_for, settled, 60, "the sidecar's counters settling", 0.5)
+    requests = int(met + missed - met0 - missed0)
+    expected = round((met - met0) / requests, 4)
+
+    def vip_status() -> dict | None:
+        status = (control_plane.get(API_VERSION, "tenantslas", None, "vip") or {}).get("status") or {}
+        return status if status.get("attainment") == expected else None
+
+    status = await asyncio.to_thread(wait_for, vip_status, 30, f"status.attainment {expected}", 0.5)
+    at_risk = next(c for c in status["conditions"] if c["type"] == "AtRisk")
+    print(f"vip: {int(met - met0)} of {requests} met TTFT 50 ms / TPOT 50 ms here; status.attainment {expected}, AtRisk {at_risk['status']}")
+    assert at_risk["status"] == ("True" if expected < 0.99 else "False") and f"of {requests} request(s)" in at_risk["message"]
 
 
 async def _spend_the_burst(url: str, key: str) -> int:

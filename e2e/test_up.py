@@ -1,10 +1,12 @@
-"""`slaq up` as a user runs it: the banner's curl works as printed, Ctrl-C stops both children, and a
-child that fails to start stops everything and shows its log."""
+"""`slaq up` as a user runs it: the banner's curl works as printed, KV blocks handed from one tenant to
+another are erased and counted, Ctrl-C stops both children, and a child that fails to start stops
+everything and shows its log."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -12,12 +14,18 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from slaq.local.processes import free_port
+from tests.support.engine import metric_sum
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 420.0
+# A KV cache of 9 usable blocks (128 tokens each on CPU), so one tenant's requests soon get blocks
+# another tenant's wrote: the live check of the KV erase counter.
+SMALL_KV_CACHE = ("--", "--max-model-len", "512", "--", "--num-gpu-blocks-override", "10")
+STANDARD_KEY = "sk-demo-standard-0123456789abcdef"
 
 
 def _children(pid: int) -> list[int]:
@@ -72,7 +80,7 @@ def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Pat
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "up.log"
     with open(log, "w") as out_file:
-        process = subprocess.Popen([sys.executable, "-u", "-m", "slaq", "up", "--port", str(port), "--metrics-port", str(metrics_port)],
+        process = subprocess.Popen([sys.executable, "-u", "-m", "slaq", "up", "--port", str(port), "--metrics-port", str(metrics_port), *SMALL_KV_CACHE],
                                    cwd=ROOT, stdout=out_file, stderr=subprocess.STDOUT, start_new_session=True)
     children: list[int] = []
     try:
@@ -105,6 +113,7 @@ def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Pat
         lines = _access_lines(log.read_text())
         assert [(line["tenant"], line["status"]) for line in lines] == [("vip", 200), (None, 401), ("vip", 200), (None, 404)]
         assert lines[2]["stream"] is True and lines[2]["ttft_s"] > 0 and lines[0]["output_tokens"] == 16
+        _standard_reuses_vips_blocks_and_they_are_counted_erased(port, metrics_port)
         os.kill(process.pid, signal.SIGINT)  # what Ctrl-C sends
         assert process.wait(timeout=90) == 0
         assert "stopped (pids" in log.read_text()
@@ -116,6 +125,29 @@ def test_up_serves_the_printed_curl_and_ctrl_c_stops_both_children(tmp_path: Pat
         for child in children:
             if _group_members(child):
                 os.killpg(child, signal.SIGKILL)
+
+
+def _erased_on_reuse(metrics_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60.0).text
+    try:
+        return metric_sum(text, "slaq_engine_kv_erased_blocks_total", reason="reuse")
+    except AssertionError:  # no block erased yet: the labelled series appears on its first count
+        return 0.0
+
+
+def _standard_reuses_vips_blocks_and_they_are_counted_erased(port: int, metrics_port: int) -> None:
+    """vip's requests above wrote a few blocks; standard's 2-block prompts use up the never-used
+    blocks, then get vip's, which the engine zeroes first and counts (about the 4th request)."""
+    assert _erased_on_reuse(metrics_port) == 0.0  # vip alone so far: nothing changed hands
+    rng = random.Random(14)
+    for _ in range(12):
+        body = {"model": "slaq-tiny", "prompt": [rng.randrange(3, 500) for _ in range(200)], "max_tokens": 8}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120.0,
+                            headers={"Authorization": f"Bearer {STANDARD_KEY}"})
+        assert answer.status_code == 200, answer.text
+        if _erased_on_reuse(metrics_port) > 0:
+            return
+    raise AssertionError("12 requests of tenant standard never got a block tenant vip had written (or it was not counted)")
 
 
 def test_up_stops_everything_and_shows_the_log_when_the_engine_cannot_start() -> None:

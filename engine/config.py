@@ -2,9 +2,10 @@
 
 The operator renders the pool's `spec.scheduler` (wire JSON) into the environment variable named
 by `slaq.api.runtime.SCHEDULER_CONFIG_ENV`; `slaq engine --scheduler-config JSON|FILE` sets it.
-Per-tenant KV shares come from the pool's tenant table, when the engine can read it; the operator
-rewrites that Secret when a TenantSLA changes, and `TenantShareWatcher` picks the new file up
-while the engine runs.
+Per-tenant KV shares (and the KV connector's erase modes) come from the pool's engine table
+(`slaq.api.table.EngineTable`: no key hashes, no salts), when the engine can read it; the
+operator rewrites that Secret when a TenantSLA changes, and `EngineTableWatcher` picks the new
+file up while the engine runs.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Callable, Mapping
 from pydantic import ValidationError
 
 from slaq.api.pool import SchedulerSpec
-from slaq.api.runtime import SCHEDULER_CONFIG_ENV, TENANT_TABLE_DIR, TENANT_TABLE_ENV, TENANT_TABLE_KEY
-from slaq.api.table import TenantTable
+from slaq.api.runtime import ENGINE_TABLE_DIR, ENGINE_TABLE_ENV, ENGINE_TABLE_KEY, SCHEDULER_CONFIG_ENV
+from slaq.api.table import EngineTable
 from slaq.engine.errors import SchedulerConfigError
+from slaq.table_file import TableFile
 
 TABLE_CHECK_INTERVAL_S = 2.0  # how often the engine looks at the table file (a stat, not a read)
 
@@ -34,14 +36,14 @@ class EngineSchedulerConfig:
     spec: SchedulerSpec = field(default_factory=SchedulerSpec)
     tenant_kv_share: Mapping[str, float] = field(default_factory=dict)
     min_progress_tokens: int = 4  # output tokens a preempted request makes before it may be preempted again
-    tenant_table: Path | None = None  # the file the shares came from, watched for changes (None: fixed shares)
+    engine_table: Path | None = None  # the file the shares came from, watched for changes (None: fixed shares)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> "EngineSchedulerConfig":
         environ = os.environ if environ is None else environ
-        path = tenant_table_path(environ)
-        shares = read_tenant_shares(path) if path.is_file() else {}
-        return cls(spec=parse_scheduler_spec(environ.get(SCHEDULER_CONFIG_ENV, "")), tenant_kv_share=shares, tenant_table=path)
+        path = engine_table_path(environ)
+        shares = read_engine_table(path).kv_shares() if path.is_file() else {}
+        return cls(spec=parse_scheduler_spec(environ.get(SCHEDULER_CONFIG_ENV, "")), tenant_kv_share=shares, engine_table=path)
 
 
 def parse_scheduler_spec(text: str) -> SchedulerSpec:
@@ -67,68 +69,47 @@ def read_scheduler_config_argument(value: str) -> str:
     return json.dumps(parse_scheduler_spec(text).to_wire())
 
 
-def tenant_table_path(environ: Mapping[str, str]) -> Path:
-    return Path(environ.get(TENANT_TABLE_ENV) or Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY)
+def engine_table_path(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get(ENGINE_TABLE_ENV) or Path(ENGINE_TABLE_DIR) / ENGINE_TABLE_KEY)
 
 
-def read_tenant_table(path: Path) -> TenantTable:
+def engine_table_file(path: Path, interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> TableFile[EngineTable]:
+    return TableFile(path, EngineTable, what="engine table", interval_s=interval_s, clock=clock)
+
+
+def read_engine_table(path: Path) -> EngineTable:
     try:
-        return TenantTable.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValidationError) as exc:
-        raise SchedulerConfigError(f"tenant table {path} cannot be read: {exc}") from exc
+        return engine_table_file(path).read()
+    except ValueError as exc:
+        raise SchedulerConfigError(str(exc)) from exc
 
 
-def read_tenant_shares(path: Path) -> dict[str, float]:
-    return {tenant.name: tenant.kv_cache_share for tenant in read_tenant_table(path).tenants}
-
-
-class TenantShareWatcher:
-    """Re-reads the tenant table when its file changes, so new tenants and changed KV shares take
-    effect without an engine restart.
+class EngineTableWatcher:
+    """Re-reads the engine table when its file changes, so new tenants, changed KV shares and erase
+    modes take effect without an engine restart.
 
     `poll()` is called every step but looks at the file at most every `interval_s`, and then only
-    stats it (Kubernetes swaps a Secret volume's files atomically, which changes the inode and
-    mtime). A table that cannot be read or parsed is logged and skipped: the shares in force stay,
-    and the next change is picked up.
+    stats it (slaq.table_file.TableFile, the sidecar's watcher too). A table that cannot be read
+    or parsed is logged and skipped: what is in force stays, and the next change is picked up.
     """
 
     def __init__(self, path: Path, *, interval_s: float = TABLE_CHECK_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
                  on_reload: Callable[[str], None] = lambda outcome: None) -> None:
         """`on_reload(outcome)` hears of every change seen: "applied" or "kept_previous"."""
         self.path = path
-        self.interval_s = interval_s
-        self._clock = clock
+        self._file = engine_table_file(path, interval_s, clock)
+        self._file.mark_seen()  # the engine read it at startup (EngineSchedulerConfig.from_environment)
         self._on_reload = on_reload
-        self._next_check = clock() + interval_s
-        self._seen = self._signature()
 
-    def _signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
+    def poll(self) -> EngineTable | None:
+        """The new table when the file changed since the last look, else None."""
+        change = self._file.poll()
+        if change is None:
             return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def poll(self) -> dict[str, float] | None:
-        """The new shares when the table changed since the last look, else None."""
-        now = self._clock()
-        if now < self._next_check:
-            return None
-        self._next_check = now + self.interval_s
-        signature = self._signature()
-        if signature == self._seen:
-            return None
-        self._seen = signature
-        if signature is None:
-            log.warning("tenant table %s is gone; keeping the KV shares in force", self.path)
+        if change.table is None:
+            log.warning("%s; keeping the tenants' KV settings in force", change.error)
             self._on_reload("kept_previous")
             return None
-        try:
-            shares = read_tenant_shares(self.path)
-        except SchedulerConfigError as exc:
-            log.warning("%s; keeping the KV shares in force", exc)
-            self._on_reload("kept_previous")
-            return None
-        log.info("tenant table %s changed: KV shares for %d tenants", self.path, len(shares))
+        log.info("engine table %s changed: %d tenants", self.path, len(change.table.tenants))
         self._on_reload("applied")
-        return shares
+        return change.table

@@ -123,7 +123,7 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
 def kv_transfer_config(options: EngineOptions) -> str | None:
     """slaq's KV connector (erase on tenant change, sealed swap of preempted requests) for the slaq
     scheduler; None when both are off or for the stock baseline."""
-    from slaq.engine.kv_security.connector import KVSecuritySettings, transfer_config_json
+    from slaq.engine.kv_security.settings import KVSecuritySettings, transfer_config_json
 
     if options.kv_host_cache_gib < 0:
         raise LaunchError(f"--kv-host-cache-gib must be 0 or more, not {options.kv_host_cache_gib}")

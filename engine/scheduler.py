@@ -1,4 +1,5 @@
-"""`SLAScheduler`: vLLM 0.32's `AsyncScheduler` with slaq's policies plugged in.
+"""`SLAScheduler`: vLLM 0.32's `AsyncScheduler` with slaq's policies plugged in (and its KV load
+failure recovery made to finish under async scheduling: `vllm_compat.RecomputesLoadFailures`).
 
 `schedule()` is vLLM's own; around it, each step:
 1. fixes the clock and load for the waiting queue (`SLARequestQueue.begin_step`),
@@ -29,7 +30,8 @@ from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
-from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, TenantShareWatcher
+from slaq.api.table import EngineTable
+from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, EngineTableWatcher
 from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
@@ -44,7 +46,7 @@ TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 MAX_HOLD_BACK_STEPS = 4
 
 
-class SLAScheduler(vc.AsyncScheduler):
+class SLAScheduler(vc.RecomputesLoadFailures):
     # Tests and embedders may set this before construction; vLLM constructs the class itself.
     config_override: EngineSchedulerConfig | None = None
 
@@ -72,22 +74,24 @@ class SLAScheduler(vc.AsyncScheduler):
         self._last_step_done: float | None = None
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
-        self.table_watcher = self.watch_tenant_table(config.tenant_table) if config.tenant_table is not None else None
+        self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
 
-    def watch_tenant_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> TenantShareWatcher:
+    def watch_engine_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> EngineTableWatcher:
         reloads = self.metrics.table_reloads
-        return TenantShareWatcher(path, interval_s=interval_s, on_reload=lambda outcome: reloads.labels(outcome=outcome).inc())
+        return EngineTableWatcher(path, interval_s=interval_s, on_reload=lambda outcome: reloads.labels(outcome=outcome).inc())
+
+    def apply_engine_table(self, table: EngineTable) -> None:
+        """A changed table: the block budget's KV shares, and (when vLLM runs it) slaq's KV
+        connector's erase modes and salt fingerprints."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        self.apply_tenant_shares(table.kv_shares())
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            connector.apply_table(table)
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
-
-    def _reload_kv_security(self) -> None:
-        """slaq's KV connector (when vLLM runs it) reads the changed table's erase modes and salts."""
-        from slaq.engine.kv_security.connector import SlaqKVConnector
-
-        connector = vc.kv_connector(self)
-        if isinstance(connector, SlaqKVConnector):
-            connector.reload_tenants()
 
     def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
         return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
@@ -134,10 +138,9 @@ class SLAScheduler(vc.AsyncScheduler):
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         if self.table_watcher is not None:
-            shares = self.table_watcher.poll()
-            if shares is not None:
-                self.apply_tenant_shares(shares)
-                self._reload_kv_security()
+            table = self.table_watcher.poll()
+            if table is not None:
+                self.apply_engine_table(table)
         ours = self._preempt_for_urgent(now, running, limit)
         self.block_manager.promote_evict_first()
         ledger = self.block_manager.ledger

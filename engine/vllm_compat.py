@@ -337,3 +337,35 @@ def config_block_size(vllm_config: Any) -> int:
 def failed_block_ids(connector_output: Any) -> set[int]:
     """Blocks the worker-side connector could not load this step (`KVConnectorOutput.invalid_block_ids`)."""
     return set(connector_output.invalid_block_ids or ()) if connector_output is not None else set()
+
+
+class RecomputesLoadFailures(AsyncScheduler):
+    """vLLM 0.32's `kv_load_failure_policy=recompute` with async scheduling, made to finish.
+
+    When a KV connector reports blocks it could not load (`invalid_block_ids`), vLLM truncates the
+    running request's `num_computed_tokens` to the first bad block and skips this step's output, so
+    the request recomputes from there. With async scheduling it leaves two things behind (vLLM issue
+    45138): the step's output placeholder, which keeps counting in the request's next token count
+    and its max-tokens guard, so the request never finishes; and the step already scheduled after
+    this one, whose output was sampled from the bad KV and would still be delivered. Both are reset
+    the way vLLM's own `_handle_stopped_request` resets a resumed turn: placeholders to zero, every
+    in-flight output marked stale and dropped."""
+
+    def _update_requests_with_invalid_blocks(self, requests: Any, invalid_block_ids: set[int],
+                                             num_scheduled_tokens: dict[str, int], evict_blocks: bool = True) -> Any:
+        affected, tokens, to_evict = super()._update_requests_with_invalid_blocks(
+            requests, invalid_block_ids, num_scheduled_tokens, evict_blocks)
+        for request_id in affected:
+            request = self.requests.get(request_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                discard_in_flight_output(request)
+        return affected, tokens, to_evict
+
+
+def discard_in_flight_output(request: Request) -> None:
+    """Every output still in flight for the request is dropped when it arrives; no placeholder is
+    left counting toward its next step."""
+    request.spec_token_ids = []
+    request.drop_stale_output = True
+    request.num_stale_output_tokens = request.num_in_flight_tokens
+    request.num_output_placeholders = 0

@@ -1,15 +1,18 @@
 """KV-cache block erase and copy: Triton kernels for GPUs, each with a torch reference path.
 
-vLLM 0.32 hands each layer's KV cache to a KV connector with the block (page) as the first
-dimension, so a contiguous layer tensor can be viewed as `[num_blocks, page_elements]`. slaq's KV
-connector (`slaq.engine.kv_security`) calls `erase_blocks` on every layer, before a step's forward
-pass, for the blocks that held another tenant's data (or an onFree tenant's freed blocks); KV data
-may be sensitive (design report 1.6). `copy_blocks` is not used by the engine yet. The kernels work
-on that 2-D view, one program per (block, chunk of the page).
+vLLM 0.32 hands each layer's KV cache to a KV connector as a view with the block (page) as the
+first dimension. When that view is contiguous (the usual per-layer layouts) it is a
+`[num_blocks, page_elements]` array, which the Triton kernels work on, one program per (block,
+chunk of the page). When the resolved layout interleaves layers or heads (`VLLM_KV_CACHE_LAYOUT`),
+the view is strided: `erase_blocks` then zeroes it with torch's `index_fill_`, which writes through
+any strides; `copy_blocks` refuses it. slaq's KV connector (`slaq.engine.kv_security`) calls
+`erase_blocks` on every layer, before a step's forward pass, for the blocks that held another
+tenant's data (or an onFree tenant's freed blocks); KV data may be sensitive (design report 1.6).
+`copy_blocks` is not used by the engine yet.
 
-`erase_blocks` and `copy_blocks` pick the Triton kernel when the tensor is on a CUDA device (or
-when TRITON_INTERPRET=1 asks for the interpreter, which is how the tests run the real kernel code
-on CPU) and the torch reference otherwise.
+`erase_blocks` and `copy_blocks` pick the Triton kernel when the tensor is contiguous and on a
+CUDA device (or when TRITON_INTERPRET=1 asks for the interpreter, which is how the tests run the
+real kernel code on CPU), and the torch reference otherwise.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _interpreting() -> bool:
 
 
 def _use_triton(cache: torch.Tensor) -> bool:
-    return triton is not None and (cache.is_cuda or _interpreting())
+    return triton is not None and cache.is_contiguous() and (cache.is_cuda or _interpreting())
 
 
 def _pages(cache: torch.Tensor) -> torch.Tensor:
@@ -63,8 +66,8 @@ def _on(ids: list[int], device: torch.device) -> torch.Tensor:
 
 
 def erase_blocks_reference(cache: torch.Tensor, block_ids: Sequence[int] | torch.Tensor) -> None:
-    pages = _pages(cache)
-    pages[_on(_host_ids(block_ids, pages.shape[0]), pages.device)] = 0
+    """Zero the blocks through torch: any strides, the block dimension first."""
+    cache.index_fill_(0, _on(_host_ids(block_ids, cache.shape[0]), cache.device), 0)
 
 
 def copy_blocks_reference(cache: torch.Tensor, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:

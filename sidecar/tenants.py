@@ -1,24 +1,22 @@
 """Tenants as the sidecar knows them: the operator's tenant table, indexed by key hash, reloaded on change.
 
-The table file is a mounted Secret; Kubernetes updates such mounts by swapping a symlink, so a
-change shows up as a new (inode, mtime, size) of the resolved path. Reloading builds a new
-immutable index and swaps one reference: requests already admitted keep the `Tenant` they were
-admitted with, so a reload never drops or alters in-flight work.
+The table file is a mounted Secret, watched by `slaq.table_file.TableFile` (the engine's table
+has the same watcher). Reloading builds a new immutable index and swaps one reference: requests
+already admitted keep the `Tenant` they were admitted with, so a reload never drops or alters
+in-flight work.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from pydantic import ValidationError
-
 from slaq.api.common import Tier
 from slaq.api.table import TenantEntry, TenantTable, hash_api_key
 from slaq.sidecar.errors import Unauthorized
+from slaq.table_file import TableFile
 
 log = logging.getLogger(__name__)
 
@@ -76,21 +74,6 @@ class TenantIndex:
         return cls(pool="", revision="", by_key_hash={}, by_name={})
 
 
-class TableLoadError(Exception):
-    """The tenant table file is missing or invalid; the message names the file and the problem."""
-
-
-def load_table(path: Path) -> TenantTable:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TableLoadError(f"cannot read tenant table {path}: {exc.strerror or exc}") from exc
-    try:
-        return TenantTable.model_validate_json(text)
-    except ValidationError as exc:
-        raise TableLoadError(f"invalid tenant table {path}: {exc}") from exc
-
-
 class TenantDirectory:
     """The current tenant index plus the file it came from; `refresh()` reloads it when the file changed.
 
@@ -103,7 +86,7 @@ class TenantDirectory:
         self.index = index or TenantIndex.empty()
         self.loaded = index is not None
         self.last_error: str | None = None
-        self._stamp: tuple[int, int, int] | None = None
+        self._file = TableFile(path, TenantTable) if path is not None else None
 
     @classmethod
     def from_table(cls, table: TenantTable) -> "TenantDirectory":
@@ -111,25 +94,15 @@ class TenantDirectory:
 
     def refresh(self) -> bool:
         """Reload if the file changed; True when a new index was installed."""
-        if self.path is None:
+        change = self._file.poll() if self._file is not None else None
+        if change is None:
             return False
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            self.last_error = f"cannot stat tenant table {self.path}: {exc.strerror}"
+        if change.table is None:
+            self.last_error = change.error
+            log.error("%s; keeping revision %r", change.error, self.index.revision)
             return False
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self._stamp:
-            return False
-        try:
-            table = load_table(self.path)
-        except TableLoadError as exc:
-            self.last_error = str(exc)
-            self._stamp = stamp
-            log.error("%s; keeping revision %r", exc, self.index.revision)
-            return False
+        table = change.table
         self.index = TenantIndex.from_table(table)
-        self._stamp = stamp
         self.loaded = True
         self.last_error = None
         log.info("tenant table %s loaded: revision %r, %d tenants", self.path, table.revision, len(table.tenants))

@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "slaq.engine.cli",  # engine
     "slaq.sidecar.cli",  # sidecar
     "slaq.operator.cli",  # operator
+    "slaq.operator.render_cli",  # render
     "slaq.bench.cli",  # bench
     "slaq.local",  # up
 )

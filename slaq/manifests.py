@@ -127,11 +127,33 @@ def _secret_values(label: str, body: dict[str, Any]) -> dict[str, str]:
     return values
 
 
-def read_tenant_keys(paths: Iterable[Path]) -> TenantKeys:
-    """TenantSLAs and the keys in the Secrets they reference, from files or directories.
+SecretRef = tuple[str | None, str | None]  # (namespace, name)
 
-    Other kinds are ignored; a TenantSLA whose Secret is not among the files is an error.
+
+@dataclass(frozen=True)
+class ManifestSet:
+    """slaq's kinds and the Secrets among a set of manifest files (other kinds are ignored).
+
+    Secret values are plain text (`data` decoded, `stringData` merged in as the API server does);
+    `sources` says which file and document each object came from, for error messages.
     """
+
+    pools: list[InferencePool]
+    tenants: list[TenantSLA]
+    secrets: dict[SecretRef, dict[str, str]]
+    sources: dict[tuple[str, SecretRef], str]  # (kind, (namespace, name)) -> manifest label
+
+
+def _parse(model: type[BaseModel], manifest: Manifest) -> Any:
+    try:
+        return model.model_validate(manifest.body)
+    except ValidationError as exc:
+        fields = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ManifestError(f"{manifest.label}: not a valid {model.__name__}: {fields}") from exc
+
+
+def read_manifest_set(paths: Iterable[Path]) -> ManifestSet:
+    """InferencePools, TenantSLAs and Secrets from files or directories; ManifestError names the bad one."""
     paths = list(paths)
     for path in paths:
         if not path.exists():
@@ -140,21 +162,36 @@ def read_tenant_keys(paths: Iterable[Path]) -> TenantKeys:
         manifests = list(load_manifests(paths))
     except Exception as exc:  # YAML syntax errors name the file and line
         raise ManifestError(f"cannot read the manifests: {exc}") from exc
-    tenants: list[TenantSLA] = []
-    secrets: dict[tuple[str | None, str | None], dict[str, str]] = {}
+    found = ManifestSet([], [], {}, {})
     for manifest in manifests:
         body = manifest.body
         if not isinstance(body, dict):
             continue
-        if body.get("kind") == "TenantSLA":
-            try:
-                tenants.append(TenantSLA.model_validate(body))
-            except ValidationError as exc:
-                fields = "; ".join(f"{_field(e['loc'])}: {e['msg']}" for e in exc.errors())
-                raise ManifestError(f"{manifest.label}: not a valid TenantSLA: {fields}") from exc
-        elif body.get("kind") == "Secret":
+        kind = body.get("kind")
+        if kind == "InferencePool":
+            pool = _parse(InferencePool, manifest)
+            found.pools.append(pool)
+            found.sources[(kind, (pool.metadata.namespace, pool.metadata.name))] = manifest.label
+        elif kind == "TenantSLA":
+            tenant = _parse(TenantSLA, manifest)
+            found.tenants.append(tenant)
+            found.sources[(kind, (None, tenant.metadata.name))] = manifest.label
+        elif kind == "Secret":
             meta = body.get("metadata") or {}
-            secrets[(meta.get("namespace"), meta.get("name"))] = _secret_values(manifest.label, body)
+            ref = (meta.get("namespace"), meta.get("name"))
+            found.secrets[ref] = _secret_values(manifest.label, body)
+            found.sources[(kind, ref)] = manifest.label
+    return found
+
+
+def read_tenant_keys(paths: Iterable[Path]) -> TenantKeys:
+    """TenantSLAs and the keys in the Secrets they reference, from files or directories.
+
+    Other kinds are ignored; a TenantSLA whose Secret is not among the files is an error.
+    """
+    paths = list(paths)
+    found = read_manifest_set(paths)
+    tenants, secrets = found.tenants, found.secrets
     if not tenants:
         raise ManifestError(f"no TenantSLA documents in {', '.join(map(str, paths))}")
     keys: dict[str, list[str]] = {}

@@ -87,7 +87,7 @@ def test_tenant_is_cluster_scoped_with_printer_columns() -> None:
     crd = CRDS["slaq.dev_tenantslas.yaml"]
     assert crd["spec"]["scope"] == "Cluster"
     columns = {c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
-    assert {"Tier", "TTFT-ms", "Attainment"} <= columns
+    assert {"Tier", "TTFT-ms", "Attainment", "At-Risk"} <= columns
 
 
 def test_optional_sub_objects_default_so_nested_defaults_apply() -> None:

@@ -7,64 +7,21 @@ step (a preempted request's blocks are sealed before anything zeroes or reuses t
 are zeroed before a host copy is written back into them); vLLM's MultiConnector gives no order
 between its children's worker hooks that slaq could rely on.
 
-Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
-`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
-`inspectPath` and `tamperFlag` (see worker.py).
+Settings: settings.py (`kv_connector_extra_config`, and the `--kv-transfer-config` that loads it).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
+from slaq.engine.kv_security.settings import CONNECTOR_MODULE, CONNECTOR_NAME, KVSecuritySettings, transfer_config_json
 from slaq.engine.kv_security.worker import KVSecurityWorker
 
-CONNECTOR_NAME = "SlaqKVConnector"
-CONNECTOR_MODULE = "slaq.engine.kv_security.connector"
-
-
-@dataclass(frozen=True)
-class KVSecuritySettings:
-    erase: bool = True
-    host_cache_bytes: int = 0
-    inspect_path: str | None = None
-    tamper_flag: str | None = None
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
-        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
-        unknown = set(extra) - known
-        if unknown:
-            raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-        return cls(
-            erase=bool(extra.get("erase", True)),
-            host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
-            inspect_path=extra.get("inspectPath"),
-            tamper_flag=extra.get("tamperFlag"),
-        )
-
-    def to_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
-        if self.inspect_path:
-            extra["inspectPath"] = self.inspect_path
-        if self.tamper_flag:
-            extra["tamperFlag"] = self.tamper_flag
-        return extra
-
-
-def transfer_config_json(settings: KVSecuritySettings) -> str:
-    """The `--kv-transfer-config` value that loads this connector. Load failures are recomputed,
-    never served (`kv_load_failure_policy=recompute`)."""
-    return json.dumps({
-        "kv_connector": CONNECTOR_NAME,
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": settings.to_extra(),
-    })
+__all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "KVSecuritySettings", "SlaqKVConnector", "SlaqKVMetadata", "transfer_config_json"]
 
 
 @dataclass
@@ -81,7 +38,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner: KVSecurityPlanner | None = None
         self.worker: KVSecurityWorker | None = None
         if role == vc.KVConnectorRole.SCHEDULER:
-            from slaq.engine.config import tenant_table_path
+            from slaq.engine.config import engine_table_path
             from slaq.engine.metrics import engine_metrics
             import os
 
@@ -92,7 +49,7 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
                 host_capacity_blocks=settings.host_cache_bytes // vc.kv_bytes_per_block(kv_cache_config),
                 metrics=engine_metrics(),
                 inspect=settings.inspect_path is not None,
-                tenant_table=tenant_table_path(os.environ),
+                engine_table=engine_table_path(os.environ),
             )
         else:
             self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
@@ -132,10 +89,10 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         self.planner.finished(request)
         return False, None
 
-    def reload_tenants(self) -> None:
-        """The tenant table changed (the scheduler's watcher saw it)."""
+    def apply_table(self, table: EngineTable) -> None:
+        """The engine table changed (the scheduler's watcher read it)."""
         if self.planner is not None:
-            self.planner.reload_tenants()
+            self.planner.apply_table(table)
 
     # -- worker side ------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:

@@ -3,14 +3,13 @@
 It hears what vLLM's scheduler did through the connector interface (a request arrived, blocks were
 allocated for a load, a request finished, a step was scheduled) and turns it into orders: blocks
 to zero (ownership.py), preempted requests to seal into host memory and readmitted ones to fill
-from there (swap.py). Tenants' erase modes come from the tenant table (`kvErase`); a tenant that
-leaves the table or whose cache salt changes has all its blocks erased (the engine keeps only a
-fingerprint of each salt, to notice the change).
+from there (swap.py). Tenants' erase modes come from the engine table (`kvErase`); a tenant that
+leaves the table or whose cache salt changes has all its blocks erased (the engine table carries
+only a fingerprint of each salt, to notice the change).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,9 @@ from typing import Any, Mapping
 
 from slaq.api.common import KvErase
 from slaq.api.contract import RequestSLA
-from slaq.api.table import TenantTable
+from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
-from slaq.engine.config import read_tenant_table
+from slaq.engine.config import read_engine_table
 from slaq.engine.errors import SchedulerConfigError
 from slaq.engine.kv_security.ownership import REASON_SALT_CHANGED, REASON_TENANT_REMOVED, BlockOwnership, Reassignment
 from slaq.engine.kv_security.swap import LoadOrder, SaveOrder, SwapLedger
@@ -47,42 +46,33 @@ class TenantKV:
     salt_fingerprint: str
 
 
-def tenant_kv_policies(table: TenantTable) -> dict[str, TenantKV]:
-    return {
-        t.name: TenantKV(t.kv_erase, hashlib.sha256(t.cache_salt.encode("utf-8")).hexdigest()[:16])
-        for t in table.tenants
-    }
+def tenant_kv_policies(table: EngineTable) -> dict[str, TenantKV]:
+    return {t.name: TenantKV(t.kv_erase, t.salt_fingerprint) for t in table.tenants}
 
 
 class KVSecurityPlanner:
     def __init__(self, *, num_blocks: int, block_size: int, erase: bool, host_capacity_blocks: int,
-                 metrics: EngineMetrics, inspect: bool = False, tenant_table: Path | None = None) -> None:
+                 metrics: EngineMetrics, inspect: bool = False, engine_table: Path | None = None) -> None:
         self.ownership = BlockOwnership(num_blocks, block_size, erase_on_reuse=erase)
         self.swap = SwapLedger(host_capacity_blocks, block_size) if host_capacity_blocks > 0 else None
         self.erase_enabled = erase
         self.metrics = metrics
         self.inspect = inspect
-        self.tenant_table = tenant_table
         self.manager: Any = None  # vLLM's KVCacheManager, bound after the scheduler built it
         self._tenant_of: dict[str, str] = {}
         self._policies: dict[str, TenantKV] = {}
         self._loads: list[LoadOrder] = []
         self._drops: list[str] = []
-        if tenant_table is not None and tenant_table.is_file():
-            self.reload_tenants()
+        if engine_table is not None and engine_table.is_file():
+            try:
+                self.apply_table(read_engine_table(engine_table))
+            except SchedulerConfigError as exc:
+                log.warning("%s; no tenant KV erase modes until it changes", exc)
 
     # -- tenants ---------------------------------------------------------------------------------
-    def reload_tenants(self) -> None:
-        """Read the tenant table again (it changed): new erase modes; erase every block of a tenant
-        that left it or whose cache salt changed. An unreadable table changes nothing."""
-        if self.tenant_table is None:
-            return
-        try:
-            policies = tenant_kv_policies(read_tenant_table(self.tenant_table))
-        except SchedulerConfigError as exc:
-            log.warning("%s; KV erase modes unchanged", exc)
-            return
-        self.apply_policies(policies)
+    def apply_table(self, table: EngineTable) -> None:
+        """New erase modes; every block of a tenant that left the table or whose cache salt changed is erased."""
+        self.apply_policies(tenant_kv_policies(table))
 
     def apply_policies(self, policies: Mapping[str, TenantKV]) -> None:
         if self.erase_enabled:

@@ -10,8 +10,8 @@ import base64
 from typing import Any
 
 from slaq.api.pool import InferencePool
-from slaq.api.runtime import SIDECAR_PORT_NAME, TENANT_TABLE_KEY
-from slaq.api.table import TenantTable
+from slaq.api.runtime import ENGINE_TABLE_KEY, SIDECAR_PORT_NAME, TENANT_TABLE_KEY
+from slaq.api.table import EngineTable, TenantTable
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
 from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
 
@@ -100,16 +100,31 @@ def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
 
 
 def render_table_secret(pool: InferencePool, table: TenantTable) -> dict[str, Any]:
-    """The pool's tenant table, mounted read-only into every sidecar (holds key hashes, never keys)."""
-    text = table.model_dump_json(by_alias=True, exclude_none=True)
+    """The pool's tenant table (key hashes, never keys), mounted read-only into every sidecar, and
+    its engine cut (KV shares, erase modes, salt fingerprints), the only key the engine mounts.
+
+    One Secret, so both containers always see the same revision."""
+    texts = {TENANT_TABLE_KEY: table.model_dump_json(by_alias=True, exclude_none=True),
+             ENGINE_TABLE_KEY: EngineTable.of(table).model_dump_json(by_alias=True, exclude_none=True)}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {**_meta(pool, table_secret_name(pool.metadata.name)),
                      "annotations": {"slaq.dev/table-revision": table.revision}},
-        "data": {TENANT_TABLE_KEY: base64.b64encode(text.encode("utf-8")).decode("ascii")},
+        "data": {key: base64.b64encode(text.encode("utf-8")).decode("ascii") for key, text in texts.items()},
     }
+
+
+def render_children(pool: InferencePool) -> list[dict[str, Any]]:
+    """The pool's serving objects (all but the tenant table), in the order the operator applies them."""
+    hpa = render_hpa(pool)
+    return [render_service(pool), render_pdb(pool), render_deployment(pool), *([hpa] if hpa is not None else [])]
+
+
+def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[str, Any]]:
+    """Everything the operator applies for a pool: the table first, so pods mount it on their first start."""
+    return [render_table_secret(pool, table), *render_children(pool)]
 
 
 def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: $POD_NAMESPACE or slaq-system)")
     parser.add_argument("--observe-interval", type=float, default=15.0, metavar="SECONDS",
                         help="how often each pool's sidecars are asked for usage and quotas re-split (default: 15)")
+    parser.add_argument("--attainment-window", type=float, default=600.0, metavar="SECONDS",
+                        help="TenantSLA.status.attainment is met/(met+missed) over this many seconds (default: 600)")
+    parser.add_argument("--attainment-min-requests", type=int, default=20, metavar="N",
+                        help="fewer finished requests with objectives in the window leave AtRisk Unknown (default: 20)")
     parser.add_argument("--liveness", default=None, metavar="URL",
                         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
@@ -22,8 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.observe_interval <= 0:
         raise SystemExit("--observe-interval must be > 0 seconds")
+    if args.attainment_window <= args.observe_interval:
+        raise SystemExit("--attainment-window must be longer than --observe-interval (it needs two readings)")
+    if args.attainment_min_requests < 1:
+        raise SystemExit("--attainment-min-requests must be >= 1")
     from slaq.operator.client import load_connection
     from slaq.operator.runner import OperatorOptions, main
 
-    options = OperatorOptions(namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness)
+    options = OperatorOptions(namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
+                              attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests)
     return main(load_connection(), options, verbose=args.verbose)

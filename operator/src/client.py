@@ -28,16 +28,19 @@ from lightkube.core.resource import GlobalResource, Resource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
-from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from slaq.api.common import GROUP, VERSION
 from slaq.operator.errors import NotFound, RetryableApiError, api_error
+from slaq.operator.gateway import GIE_GROUP, GIE_PLURAL, GIE_VERSION
 from slaq.operator.names import MANAGER
 
 InferencePoolResource = create_namespaced_resource(GROUP, VERSION, "InferencePool", "inferencepools")
 TenantSLAResource = create_global_resource(GROUP, VERSION, "TenantSLA", "tenantslas")
+# The Gateway API Inference Extension's kind of the same name (gateway.py); may not be served.
+GatewayInferencePoolResource = create_namespaced_resource(GIE_GROUP, GIE_VERSION, "InferencePool", "inferencepools")
 
 # Every kind the operator reads or writes, by plural (what the reconciler names).
 RESOURCES: dict[str, type[Resource]] = {
@@ -45,11 +48,13 @@ RESOURCES: dict[str, type[Resource]] = {
     "services": Service,
     "secrets": Secret,
     "configmaps": ConfigMap,
+    "events": Event,
     "pods": Pod,
     "poddisruptionbudgets": PodDisruptionBudget,
     "horizontalpodautoscalers": HorizontalPodAutoscaler,
     "inferencepools": InferencePoolResource,
     "tenantslas": TenantSLAResource,
+    GIE_PLURAL: GatewayInferencePoolResource,
 }
 
 
@@ -150,7 +155,7 @@ class KubeClient:
         try:
             return _plain(await self._client.create(from_dict(obj), namespace=meta.get("namespace")))
         except httpx2.HTTPError as exc:
-            raise _translate(exc, "CREATE", f"{obj['kind']}/{meta['name']}") from exc
+            raise _translate(exc, "CREATE", f"{obj['kind']}/{meta.get('name') or meta.get('generateName')}") from exc
 
     async def patch_status(self, plural: str, name: str, namespace: str | None, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status subresource (the operator's own status fields only)."""

@@ -10,8 +10,10 @@ def now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(type_: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:
-    cond: dict[str, Any] = {"type": type_, "status": "True" if ok else "False", "reason": reason, "message": message}
+def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict[str, Any]:
+    """A condition; `ok` None is status Unknown (the operator cannot tell yet)."""
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    cond: dict[str, Any] = {"type": type_, "status": status, "reason": reason, "message": message}
     if generation is not None:
         cond["observedGeneration"] = generation
     return cond

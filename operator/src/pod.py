@@ -14,6 +14,9 @@ from slaq.api.pool import Device, InferencePool
 from slaq.api.runtime import (
     ENGINE_HOST,
     ENGINE_PORT,
+    ENGINE_TABLE_DIR,
+    ENGINE_TABLE_ENV,
+    ENGINE_TABLE_KEY,
     HEALTH_PATH,
     METRICS_PATH,
     METRICS_PORT_NAME,
@@ -21,7 +24,6 @@ from slaq.api.runtime import (
     SCHEDULER_CONFIG_ENV,
     SIDECAR_PORT_NAME,
     TENANT_TABLE_DIR,
-    TENANT_TABLE_ENV,
     TENANT_TABLE_KEY,
 )
 from slaq.operator.names import pool_labels, table_secret_name
@@ -164,7 +166,7 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
         **_slaq_container(pool, "engine", engine_args(pool)),
         "env": [
             {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
-            {"name": TENANT_TABLE_ENV, "value": f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}"},
+            {"name": ENGINE_TABLE_ENV, "value": f"{ENGINE_TABLE_DIR}/{ENGINE_TABLE_KEY}"},
             {"name": "HOME", "value": CACHE_DIR},
             {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
@@ -183,10 +185,17 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
-            # The scheduler reads tenants' KV shares from the table (and follows its updates).
-            {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True},
+            # The scheduler reads tenants' KV shares and erase modes from its table (and follows its
+            # updates); the engine never sees key hashes or cache salts.
+            {"name": "engine-table", "mountPath": ENGINE_TABLE_DIR, "readOnly": True},
         ],
     }
+
+
+def _table_volume(volume: str, pool_name: str, key: str) -> dict[str, Any]:
+    # `items` projects one key; the kubelet still updates it in place (only subPath mounts go stale).
+    return {"name": volume, "secret": {"secretName": table_secret_name(pool_name), "defaultMode": 0o440,
+                                       "items": [{"key": key, "path": key}]}}
 
 
 def render_pod_template(pool: InferencePool) -> dict[str, Any]:
@@ -200,7 +209,9 @@ def render_pod_template(pool: InferencePool) -> dict[str, Any]:
                             "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [render_sidecar_container(pool), render_engine_container(pool)],
         "volumes": [
-            {"name": "tenant-table", "secret": {"secretName": table_secret_name(name), "defaultMode": 0o440}},
+            # Two projections of the one table Secret: each container gets only its own key.
+            _table_volume("tenant-table", name, TENANT_TABLE_KEY),
+            _table_volume("engine-table", name, ENGINE_TABLE_KEY),
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shared_memory}},
             {"name": "cache", "emptyDir": {}},
             {"name": "tmp", "emptyDir": {}},

@@ -13,7 +13,9 @@ import base64
 import binascii
 import logging
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,10 +24,13 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
-from slaq.operator.children import owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
+from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, judge
+from slaq.operator.children import owned_by, render_children, render_table_secret
 from slaq.operator.client import KubeClient
-from slaq.operator.conditions import condition, merge_conditions
-from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.conditions import condition, merge_conditions, now
+from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
+from slaq.operator.events import NORMAL, WARNING, render_event
+from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
@@ -75,8 +80,23 @@ def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class GatewayOutcome:
+    """What became of a pool's GIE InferencePool: the `GatewayInferencePool` condition's content."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
+def _condition_of(body: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
 class Reconciler:
-    def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str) -> None:
+    def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
+                 attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
+                 clock: Callable[[], float] = time.time) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -86,11 +106,15 @@ class Reconciler:
         self._usage: dict[str, dict[str, TenantUsage]] = {}
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
+        self._gateway: dict[str, GatewayOutcome] = {}
         self._written: dict[str, TenantTable] = {}
         self._key_problems: dict[str, str] = {}
         self._key_refs: set[tuple[str, str]] = set()
         self.keys = KeyWatch(api, self.on_key_secret_change)
         self.last_plan: TablePlan | None = None
+        self.attainment = attainment or AttainmentLedger()
+        self.min_requests = min_requests
+        self.clock = clock  # wall clock: the sidecars' `_created` times are wall-clock times too
 
     # ------------------------------------------------------------------ cache-salt key
 
@@ -218,10 +242,37 @@ class Reconciler:
             condition("Degraded", problem is not None, "KeysMissing" if problem else "AsExpected", problem or "", generation),
         ]
         old = body.get("status") or {}
-        status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools,
+        verdict, attainment = self._attainment_verdict(tenant, body)
+        conditions.append(condition("AtRisk", None if verdict.status == "Unknown" else verdict.at_risk,
+                                    verdict.reason, verdict.message, generation))
+        status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools, "attainment": attainment,
                   "conditions": merge_conditions(old.get("conditions"), conditions)}
         if any(old.get(k) != v for k, v in status.items()):
             await self.api.patch_status("tenantslas", name, None, status)
+        was = (_condition_of(body, "AtRisk") or {}).get("status")
+        if (was == "True") != verdict.at_risk:
+            await self._post_event(body, WARNING if verdict.at_risk else NORMAL, verdict.reason, verdict.message)
+
+    def _attainment_verdict(self, tenant: TenantSLA, body: dict[str, Any]) -> tuple[Verdict, float | None]:
+        """The AtRisk verdict and `status.attainment` from the ledger's window; while the ledger
+        warms up with too few requests to judge, what the object records is kept."""
+        at = self.clock()
+        outcomes = self.attainment.outcomes(tenant.metadata.name, at)
+        verdict = judge(tenant, outcomes, window_s=self.attainment.window_s, min_requests=self.min_requests,
+                        warming=self.attainment.warming(at))
+        if verdict.status is not None:
+            return verdict, outcomes.attainment
+        recorded = _condition_of(body, "AtRisk")
+        kept = (Verdict(recorded["status"], recorded.get("reason", ""), recorded.get("message", "")) if recorded
+                else Verdict("Unknown", verdict.reason, verdict.message))
+        return kept, (body.get("status") or {}).get("attainment", outcomes.attainment)
+
+    async def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event is a notice, not state: failing to post one is logged, never retried."""
+        try:
+            await self.api.create(render_event(body, type_=type_, reason=reason, message=message, timestamp=now()))
+        except OperatorError as exc:
+            log.warning("could not post the %s event for %s: %s", reason, _name(body), exc)
 
     # ------------------------------------------------------------------ pools
 
@@ -243,15 +294,54 @@ class Reconciler:
             await self.report_invalid("inferencepools", body, exc)
             raise
         plan = await self.sync_tables()
-        for child in (render_service(pool), render_pdb(pool), render_deployment(pool)):
+        children = render_children(pool)
+        for child in children:
             await self.api.apply(owned_by(child, body))
-        hpa = render_hpa(pool)
-        if hpa is not None:
-            await self.api.apply(owned_by(hpa, body))
-        else:
+        if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
             await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+        await self.apply_gateway_pool(pool, body)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment, plan)
+
+    async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
+        """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve
+        that API, or an object of that name the pool does not own, is reported in the pool's
+        status, never raised: the pool itself keeps being served."""
+        key, name, namespace = pool_key(pool), pool.metadata.name, pool.metadata.namespace
+        desired = render_gateway_inference_pool(pool)
+        if desired is None:
+            self._gateway.pop(key, None)
+            try:
+                await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                # RBAC without the Inference Extension's kind (a hand-made role): a pool that does
+                # not use the gateway must not fail for it.
+                log.debug("not allowed to delete %s %s/%s: %s", GIE_PLURAL, namespace, name, exc)
+            return
+        try:
+            existing = await self.api.get(GIE_PLURAL, name, namespace)
+            owners = {ref.get("uid") for ref in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []}
+            if existing is not None and body["metadata"]["uid"] not in owners:
+                self._gateway[key] = GatewayOutcome(False, "NameTaken", f"{GIE_API_VERSION} InferencePool {namespace}/{name} exists "
+                                                    "and is not owned by this pool; slaq leaves it alone (delete it, or rename one)")
+                return
+            await self.api.apply(owned_by(desired, body))
+        except NotFound:
+            self._gateway[key] = GatewayOutcome(False, "ApiNotServed", f"the cluster does not serve {GIE_API_VERSION} InferencePool: "
+                                                "install the Gateway API Inference Extension CRDs (docs/gateway.md); retried on every usage tick")
+            return
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            self._gateway[key] = GatewayOutcome(False, "Forbidden", f"the operator may not read or write {GIE_PLURAL}: grant it "
+                                                "get, create, patch and delete (the chart's RBAC does); retried on every usage tick")
+            return
+        picker = pool.spec.gateway.endpoint_picker
+        self._gateway[key] = GatewayOutcome(True, "Applied", f"{GIE_API_VERSION} InferencePool {name} selects this pool's pods on port "
+                                            f"{pool.spec.sidecar.port}; endpoint picker Service {endpoint_picker_name(pool)}:{picker.port} "
+                                            f"({picker.failure_mode.value})")
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
         """Read usage from the pool's pods, re-split quotas, and refresh the pool's status."""
@@ -260,6 +350,9 @@ class Reconciler:
         observations = await self.usage_source.observe(pool)
         self._usage[key] = sum_usage(observations)
         self._risk[key] = mean_sla_risk(observations)
+        self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
+        if key in self._gateway and not self._gateway[key].ok:
+            await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
@@ -269,8 +362,9 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._gateway):
             book.pop(key, None)
+        self.attainment.forget_pool(key)
 
     async def _write_pool_status(self, pool: InferencePool, body: dict[str, Any], deployment: dict[str, Any] | None,
                                  plan: TablePlan, observed_pods: int | None = None) -> None:
@@ -286,11 +380,16 @@ class Reconciler:
         elif observed_pods is not None and observed_pods < ready:
             degraded_reason = "UsageUnavailable"
             degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"
+        gateway = self._gateway.get(key) if pool.spec.gateway.inference_pool else None
+        if degraded_reason == "AsExpected" and gateway is not None and not gateway.ok:
+            degraded_reason, degraded_message = f"Gateway{gateway.reason}", gateway.message
         conditions = [
             condition("Ready", ready >= wanted, "AllReplicasReady" if ready >= wanted else "ReplicasNotReady",
                       f"{ready}/{wanted} replicas ready", generation),
             condition("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message, generation),
         ]
+        if gateway is not None:
+            conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))
         old = body.get("status") or {}
         status: dict[str, Any] = {
             "observedGeneration": generation,

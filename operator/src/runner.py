@@ -10,6 +10,7 @@ from typing import Any
 
 import kopf
 
+from slaq.operator.attainment import MIN_REQUESTS, WINDOW_S, AttainmentLedger
 from slaq.operator.client import Connection, KubeClient
 from slaq.operator.handlers import build_registry, configure
 from slaq.operator.reconciler import Reconciler
@@ -20,6 +21,8 @@ from slaq.operator.usage import HttpUsageSource, UsageSource
 class OperatorOptions:
     namespace: str = "slaq-system"  # the operator's own namespace (cache-salt key Secret)
     observe_interval_s: float = 15.0
+    attainment_window_s: float = WINDOW_S  # TenantSLA.status.attainment looks back this far
+    attainment_min_requests: int = MIN_REQUESTS  # fewer in the window: AtRisk is Unknown
     retry_delay_s: float = 5.0
     liveness_endpoint: str | None = None
     standalone: bool = True  # one replica; kopf peering is not needed
@@ -48,7 +51,9 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
     on a loop (or thread) of its own rather than beside other servers.
     """
     api = KubeClient(connection)
-    reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace)
+    reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace,
+                            attainment=AttainmentLedger(window_s=options.attainment_window_s),
+                            min_requests=options.attainment_min_requests)
     registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,
                               retry_delay_s=options.retry_delay_s)
     try:

@@ -119,7 +119,7 @@ def plan_tenant(
         entries[slot.pool] = TenantEntry(
             name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
             attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
-            cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share,
+            cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share, kv_erase=spec.kv_erase,
         )
         observed = usage.get(slot.pool, {}).get(name)
         shares.append(PoolShare(

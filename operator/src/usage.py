@@ -2,14 +2,16 @@
 
 `UsageSource` is the seam: the operator asks it for one observation per serving pod. The real
 source (`HttpUsageSource`) lists the pool's running pods and reads USAGE_PATH and METRICS_PATH
-on each sidecar's metrics port; tests inject their own source, so they need no pods.
+on each sidecar's metrics port (demand, `slaq_sla_risk`, and the SLO outcome counters that
+attainment.py turns into `TenantSLA.status.attainment`); tests inject their own source, so they
+need no pods.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
@@ -17,10 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
+from slaq.operator.attainment import OutcomeCounter, SeriesKey
 from slaq.operator.client import KubeClient
 from slaq.operator.names import pool_selector_labels
 
 SLA_RISK_METRIC = "slaq_sla_risk"
+SLO_OUTCOMES_METRIC = "slaq_slo_outcomes"  # the counter family; samples are `_total`, creation times `_created`
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class PodObservation:
     pod: str
     usage: UsageReport
     sla_risk: float | None = None
+    outcomes: Mapping[SeriesKey, OutcomeCounter] = field(default_factory=dict)  # slaq_slo_outcomes_total
 
 
 class UsageSource(Protocol):
@@ -67,6 +72,23 @@ def parse_sla_risk(metrics_text: str) -> float | None:
     return None
 
 
+def parse_slo_outcomes(metrics_text: str) -> dict[SeriesKey, OutcomeCounter]:
+    """Every `slaq_slo_outcomes_total{tenant, tier, outcome}` series with its `_created` time."""
+    totals: dict[SeriesKey, float] = {}
+    created: dict[SeriesKey, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if not sample.name.startswith(SLO_OUTCOMES_METRIC + "_"):
+                continue
+            labels = sample.labels
+            key = (labels.get("tenant", ""), labels.get("tier", ""), labels.get("outcome", ""))
+            if sample.name == SLO_OUTCOMES_METRIC + "_total":
+                totals[key] = float(sample.value)
+            elif sample.name == SLO_OUTCOMES_METRIC + "_created":
+                created[key] = float(sample.value)
+    return {key: OutcomeCounter(value, created.get(key)) for key, value in totals.items()}
+
+
 class HttpUsageSource:
     """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool (metrics port), concurrently."""
 
@@ -91,10 +113,11 @@ class HttpUsageSource:
         except (httpx.HTTPError, ValueError):
             return None  # a pod that cannot answer yet (starting, draining) adds no demand
         try:
-            risk = parse_sla_risk((await http.get(base + METRICS_PATH)).raise_for_status().text)
+            text = (await http.get(base + METRICS_PATH)).raise_for_status().text
+            risk, outcomes = parse_sla_risk(text), parse_slo_outcomes(text)
         except (httpx.HTTPError, ValueError):
-            risk = None
-        return PodObservation(pod, usage, risk)
+            risk, outcomes = None, {}
+        return PodObservation(pod, usage, risk, outcomes)
 
 
 class StaticUsageSource:

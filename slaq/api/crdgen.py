@@ -154,6 +154,7 @@ def tenant_sla_crd() -> dict[str, Any]:
             {"name": "TTFT-ms", "type": "number", "jsonPath": ".spec.objectives.ttftMs"},
             {"name": "TPOT-ms", "type": "number", "jsonPath": ".spec.objectives.tpotMs"},
             {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment"},
+            {"name": "At-Risk", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"AtRisk\")].status"},
             {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],

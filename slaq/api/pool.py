@@ -11,6 +11,7 @@ from slaq.api.common import (
     API_VERSION,
     ApiModel,
     Condition,
+    DnsLabel,
     Duration,
     LabelSelector,
     ObjectMeta,
@@ -140,6 +141,28 @@ class AutoscalingSpec(ApiModel):
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
 
 
+class FailureMode(str, enum.Enum):
+    """What a gateway does when the endpoint picker does not answer (the Inference Extension's names)."""
+
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
+
+
+class EndpointPickerSpec(ApiModel):
+    """The endpoint picker (EPP) Service a Gateway API Inference Extension gateway consults; slaq does not deploy it."""
+
+    name: Annotated[DnsLabel | None, Field(description="The endpoint picker's Service in the pool's namespace; defaults to <pool name>-epp.")] = None
+    port: Annotated[int, Field(ge=1, le=65535, description="The endpoint picker's ext-proc (gRPC) port.")] = 9002
+    failure_mode: Annotated[FailureMode, Field(description="FailClose refuses requests while the picker is down; FailOpen lets the gateway pick any pod.")] = FailureMode.FAIL_CLOSE
+
+
+class GatewaySpec(ApiModel):
+    """Routing across the pool's replicas by a Gateway API Inference Extension gateway (docs/gateway.md)."""
+
+    inference_pool: Annotated[bool, Field(description="Render an inference.networking.k8s.io/v1 InferencePool of the same name over this pool's pods, targeting the sidecar's tenant port.")] = False
+    endpoint_picker: EndpointPickerSpec = Field(default_factory=EndpointPickerSpec)
+
+
 class InferencePoolSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -149,6 +172,7 @@ class InferencePoolSpec(ApiModel):
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     tenant_selector: Annotated[LabelSelector, Field(description="TenantSLAs whose poolSelector matches this pool are bound to it; this selector narrows them further by the TenantSLA's labels.")] = Field(default_factory=LabelSelector)
     drain_timeout: Annotated[Duration, Field(description="How long a pod drains in-flight requests before it stops.")] = "30s"
 

@@ -19,11 +19,15 @@ SIDECAR_PORT_NAME = "http"
 TENANT_TABLE_DIR = "/etc/slaq/tenants"  # the pool's tenant-table Secret is mounted here
 TENANT_TABLE_KEY = "tenants.json"  # the Secret's data key, and the file name under the mount
 
+# The same Secret's engine key (slaq.api.table.EngineTable: KV shares, erase modes, salt
+# fingerprints; no key hashes, no salts), the only key mounted into the engine container.
+ENGINE_TABLE_DIR = "/etc/slaq/engine"
+ENGINE_TABLE_KEY = "engine.json"
+
 # Environment variable carrying the pool's SchedulerSpec (wire JSON) into the engine core process.
 SCHEDULER_CONFIG_ENV = "SLAQ_SCHEDULER_CONFIG"
-# The engine reads tenants' KV shares from the tenant table at this path (default: the mount above),
-# and re-reads it when it changes.
-TENANT_TABLE_ENV = "SLAQ_TENANT_TABLE"
+# The engine reads its table at this path (default: the engine mount above) and re-reads it when it changes.
+ENGINE_TABLE_ENV = "SLAQ_ENGINE_TABLE"
 
 HEALTH_PATH = "/health"  # liveness: the sidecar process answers
 READY_PATH = "/ready"  # readiness: the engine behind it answers and the tenant table is loaded

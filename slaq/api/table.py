@@ -12,6 +12,7 @@ from slaq.api.common import ApiModel, KvErase, Tier
 
 TABLE_FILE_NAME = "tenants.json"
 KEY_HASH_PREFIX = "sha256:"
+SALT_FINGERPRINT_CHARS = 16
 
 
 def hash_api_key(key: str) -> str:
@@ -26,6 +27,11 @@ def hash_api_key(key: str) -> str:
 def derive_cache_salt(secret: bytes, group: str) -> str:
     """Per-tenant (or per sharing group) `cache_salt`: unguessable, stable across restarts."""
     return hmac.new(secret, group.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def salt_fingerprint(cache_salt: str) -> str:
+    """Enough of a salt's hash for the engine to notice that it changed; the salt itself stays out."""
+    return hashlib.sha256(cache_salt.encode("utf-8")).hexdigest()[:SALT_FINGERPRINT_CHARS]
 
 
 class ReplicaShare(ApiModel):
@@ -58,3 +64,35 @@ class TenantTable(ApiModel):
 
     def by_key_hash(self) -> dict[str, TenantEntry]:
         return {h: t for t in self.tenants for h in t.key_hashes}
+
+
+class EngineTenant(ApiModel):
+    """What the engine knows of a tenant, and all it needs: its KV share, its KV erase mode, and a
+    fingerprint of its cache salt (a changed salt means its cached blocks must be erased)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    kv_erase: KvErase = KvErase.ON_REUSE
+    salt_fingerprint: Annotated[str, Field(pattern=rf"^[0-9a-f]{{{SALT_FINGERPRINT_CHARS}}}$")]
+
+
+class EngineTable(ApiModel):
+    """The engine's view of a pool's tenant table: no key hashes, no salts, no quotas or objectives.
+
+    Mounted into the engine container instead of the full table (least knowledge: the engine is
+    the larger attack surface, and reads only these fields). Unknown fields are refused, so a full
+    TenantTable handed to the engine by mistake fails loudly rather than being read.
+    """
+
+    pool: str
+    revision: Annotated[str, Field(description="The revision of the TenantTable it was cut from.")] = ""
+    tenants: list[EngineTenant] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, table: TenantTable) -> "EngineTable":
+        return cls(pool=table.pool, revision=table.revision, tenants=[
+            EngineTenant(name=t.name, kv_cache_share=t.kv_cache_share, kv_erase=t.kv_erase, salt_fingerprint=salt_fingerprint(t.cache_salt))
+            for t in table.tenants])
+
+    def kv_shares(self) -> dict[str, float]:
+        return {t.name: t.kv_cache_share for t in self.tenants}

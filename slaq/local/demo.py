@@ -52,7 +52,7 @@ from slaq.local.demo_report import (
 )
 from slaq.local.errors import LocalError, ScenarioError, StartupError
 from slaq.local.loadgen import Plan, PlannedRequest, client, run_in_subprocess, stream_one
-from slaq.local.scenario45 import BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
+from slaq.local.scenario45 import BACKGROUND_TENANT, BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
 
@@ -377,7 +377,7 @@ def run_demo(options: DemoOptions) -> int:
             t0 = time.monotonic()
             scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 1)),
                         _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
-                                  STOCK_PRIORITY[Tier.BATCH], scenario_seed(options.seed, 2))]
+                                  STOCK_PRIORITY[_tier_of(BACKGROUND_TENANT)], scenario_seed(options.seed, 2))]
             timings["scenario_stock_s"] = time.monotonic() - t0
             print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
             t0 = time.monotonic()
@@ -423,7 +423,7 @@ def run_demo(options: DemoOptions) -> int:
 def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float,
                   workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
     print()
-    print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a batch-tier load holds all but "
+    print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a standard-tier load holds all but "
           f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
     print(scenario_block(scenario))
     print()
@@ -449,12 +449,16 @@ def _ms_map(values: Mapping[str, float | None]) -> dict[str, float | None]:
     return {k: None if v is None else round(v * 1000.0, 1) for k, v in values.items()}
 
 
+def _tier_of(letter: str) -> Tier:
+    return next(p.tier for p in SCENARIO if p.letter == letter)
+
+
 def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],
               background_priority: int | None, seed: int, attempts: int = 3) -> ScenarioRun:
     for attempt in range(attempts):
         try:
             # Each attempt's prompts are new (seed + 300 per attempt stays within the run's 1,000 seeds).
-            run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed + 300 * attempt, keys["C"], background_priority))
+            run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed + 300 * attempt, keys[BACKGROUND_TENANT], background_priority))
         except NotTogether as exc:
             print(f"  {system}: {exc}; again", flush=True)
             continue

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from slaq.api.runtime import READY_PATH, TENANT_TABLE_ENV
+from slaq.api.runtime import ENGINE_TABLE_ENV, READY_PATH
 from slaq.local.errors import StartupError
 from slaq.local.processes import Child, free_port, last_log_line, log_tail, slaq_command, start_child, wait_ready
+from slaq.local.tenants import engine_table_beside
 
 ENGINE_START_TIMEOUT_S = 600.0  # the tiny model needs ~1 min on 2 idle cores; a real model downloads first
 SIDECAR_DRAIN_S = 10
@@ -103,8 +104,9 @@ class LocalStack:
         self.engine_port = free_port()
         engine_cmd = self.engine_command()
         try:
-            # The engine's scheduler reads tenants' KV shares from the same table the sidecar serves.
-            engine_env = {**os.environ, TENANT_TABLE_ENV: str(opts.tenant_table)} if opts.tenant_table is not None else None
+            # The engine's scheduler reads tenants' KV shares from the engine's cut of the table the sidecar serves.
+            engine_env = ({**os.environ, ENGINE_TABLE_ENV: str(engine_table_beside(opts.tenant_table))}
+                          if opts.tenant_table is not None else None)
             self.engine = start_child("engine", engine_cmd, self.workdir / f"engine-{opts.scheduler}.log",
                                       f"http://127.0.0.1:{self.engine_port}/health", env=engine_env)
             if opts.tenant_table is not None:

@@ -16,7 +16,8 @@ from typing import Sequence
 
 from slaq.api.common import API_VERSION, Tier
 from slaq.api.pool import InferencePool
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.runtime import ENGINE_TABLE_KEY
+from slaq.api.table import EngineTable, TenantTable, hash_api_key
 from slaq.api.tenant import TenantSLA
 from slaq.local.errors import TenantFileError
 from slaq.manifests import ManifestError, read_tenant_keys
@@ -68,10 +69,19 @@ def plan_local_table(local: LocalTenants, pool: InferencePool, salt_key: bytes |
     return table
 
 
+def engine_table_beside(path: Path) -> Path:
+    """Where `write_table` puts the engine's cut of the table written at `path`."""
+    return path.with_name(ENGINE_TABLE_KEY)
+
+
 def write_table(table: TenantTable, path: Path) -> Path:
+    """The sidecar's table at `path` and the engine's cut beside it, as a pod's two mounts hold them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(table.model_dump_json(by_alias=True, exclude_none=True), encoding="utf-8")
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)  # atomic: the sidecar reloads the file when it changes
+    texts = {path: table.model_dump_json(by_alias=True, exclude_none=True),
+             engine_table_beside(path): EngineTable.of(table).model_dump_json(by_alias=True, exclude_none=True)}
+    for target, text in texts.items():
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.chmod(tmp, 0o600)
+        tmp.replace(target)  # atomic: the sidecar and the engine reload the file when it changes
     return path

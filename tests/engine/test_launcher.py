@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from slaq.api.runtime import SCHEDULER_CONFIG_ENV
-from slaq.api.table import TenantEntry, TenantTable
+from slaq.api.table import EngineTable, TenantEntry, TenantTable, hash_api_key
 from slaq.api.common import Tier
-from slaq.engine.config import TENANT_TABLE_ENV, EngineSchedulerConfig, TenantShareWatcher, read_scheduler_config_argument
+from slaq.engine.config import ENGINE_TABLE_ENV, EngineSchedulerConfig, EngineTableWatcher, read_scheduler_config_argument
 from slaq.engine.errors import LaunchError, SchedulerConfigError
 from slaq.engine.launcher import SCHEDULER_CLS, EngineOptions, plan_launch, prepare_environment
 from slaq.engine.tiny_model import ensure_tiny_model
@@ -75,6 +75,21 @@ def test_prepare_environment_sets_a_prometheus_multiprocess_dir(tmp_path: Path) 
     assert kept["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path)
 
 
+def test_planning_a_launch_imports_neither_vllm_nor_prometheus_client() -> None:
+    # prometheus_client picks its value store when imported: imported before prepare_environment
+    # sets PROMETHEUS_MULTIPROC_DIR, the API server's vllm:* series never reach /metrics.
+    probe = ("import sys\n"
+             "from slaq.cli import build_parser\n"
+             "from slaq.engine.launcher import EngineOptions, plan_launch\n"
+             "build_parser().parse_args(['engine'])\n"
+             "plan = plan_launch(EngineOptions(), '/m')\n"
+             "assert '--kv-transfer-config' in plan.argv, plan.argv\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'prometheus_client', 'torch')))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_scheduler_config_reads_json_or_a_file_and_names_what_is_wrong(tmp_path: Path) -> None:
     assert json.loads(read_scheduler_config_argument('{"maxPreemptionsPerStep": 2}'))["maxPreemptionsPerStep"] == 2
     path = tmp_path / "spec.json"
@@ -87,14 +102,21 @@ def test_scheduler_config_reads_json_or_a_file_and_names_what_is_wrong(tmp_path:
 
 
 def test_engine_config_from_environment_reads_the_spec_and_tenant_shares(tmp_path: Path) -> None:
-    table = TenantTable(pool="ns/pool", tenants=[TenantEntry(name="acme", tier=Tier.STANDARD, cache_salt="s" * 16, kv_cache_share=0.25)])
-    path = tmp_path / "tenants.json"
-    path.write_text(table.model_dump_json(by_alias=True))
-    config = EngineSchedulerConfig.from_environment({SCHEDULER_CONFIG_ENV: '{"agingBoundSeconds": 5}', TENANT_TABLE_ENV: str(path)})
+    path = tmp_path / "engine.json"
+    _write_table(path, {"acme": 0.25})
+    config = EngineSchedulerConfig.from_environment({SCHEDULER_CONFIG_ENV: '{"agingBoundSeconds": 5}', ENGINE_TABLE_ENV: str(path)})
     assert config.spec.aging_bound_seconds == 5.0 and config.tenant_kv_share == {"acme": 0.25}
-    assert EngineSchedulerConfig.from_environment({TENANT_TABLE_ENV: str(tmp_path / "none.json")}).tenant_kv_share == {}
+    assert EngineSchedulerConfig.from_environment({ENGINE_TABLE_ENV: str(tmp_path / "none.json")}).tenant_kv_share == {}
     with pytest.raises(SchedulerConfigError, match=SCHEDULER_CONFIG_ENV):
         EngineSchedulerConfig.from_environment({SCHEDULER_CONFIG_ENV: "{not json"})
+
+
+def test_the_engine_refuses_a_table_with_key_hashes_or_salts(tmp_path: Path) -> None:
+    """Least knowledge: the sidecar's full table (key hashes, salts) is not an engine table."""
+    path = tmp_path / "tenants.json"
+    path.write_text(_table({"acme": 0.25}).model_dump_json(by_alias=True))
+    with pytest.raises(SchedulerConfigError, match="keyHashes"):
+        EngineSchedulerConfig.from_environment({ENGINE_TABLE_ENV: str(path)})
 
 
 def test_tiny_model_is_generated_once(tmp_path: Path) -> None:
@@ -119,46 +141,50 @@ def test_cli_help_lists_every_operator_flag() -> None:
         assert flag in result.stdout, flag
 
 
+def _table(shares: dict[str, float]) -> TenantTable:
+    return TenantTable(pool="ns/pool", tenants=[
+        TenantEntry(name=name, tier=Tier.STANDARD, cache_salt="s" * 16, kv_cache_share=share, key_hashes=[hash_api_key(name)])
+        for name, share in shares.items()])
+
+
 def _write_table(path: Path, shares: dict[str, float]) -> None:
-    """As the kubelet updates a Secret volume: a new file swapped in atomically."""
-    table = TenantTable(pool="ns/pool", tenants=[TenantEntry(name=name, tier=Tier.STANDARD, cache_salt="s" * 16, kv_cache_share=share)
-                                                 for name, share in shares.items()])
+    """The engine's cut of a table, as the operator writes it and the kubelet swaps it in (atomically)."""
     staged = path.with_suffix(".new")
-    staged.write_text(table.model_dump_json(by_alias=True))
+    staged.write_text(EngineTable.of(_table(shares)).model_dump_json(by_alias=True))
     staged.replace(path)
 
 
-def test_tenant_share_watcher_reads_a_changed_table_and_keeps_the_shares_on_a_bad_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "tenants.json"
+def test_engine_table_watcher_reads_a_changed_table_and_keeps_the_shares_on_a_bad_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "engine.json"
     _write_table(path, {"acme": 0.25})
     now = [0.0]
-    watcher = TenantShareWatcher(path, interval_s=2.0, clock=lambda: now[0])
+    watcher = EngineTableWatcher(path, interval_s=2.0, clock=lambda: now[0])
     assert watcher.poll() is None  # unchanged, and not looked at before the interval
     _write_table(path, {"acme": 0.5, "beta": 0.1})
     assert watcher.poll() is None
     now[0] = 2.0
-    assert watcher.poll() == {"acme": 0.5, "beta": 0.1}
+    assert watcher.poll().kv_shares() == {"acme": 0.5, "beta": 0.1}
     now[0] = 4.0
     assert watcher.poll() is None  # seen already
     path.write_text("{not a table")
     now[0] = 6.0
-    assert watcher.poll() is None and "cannot be read" in caplog.text
+    assert watcher.poll() is None and "invalid engine table" in caplog.text
     path.unlink()
     now[0] = 8.0
-    assert watcher.poll() is None and "is gone" in caplog.text
+    assert watcher.poll() is None and "is missing" in caplog.text
     _write_table(path, {"acme": 1.0})
     now[0] = 10.0
-    assert watcher.poll() == {"acme": 1.0}
+    assert watcher.poll().kv_shares() == {"acme": 1.0}
 
 
 def test_the_scheduler_applies_a_changed_tenant_table_without_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / "tenants.json"
+    path = tmp_path / "engine.json"
     _write_table(path, {"small": 0.25})
-    config = EngineSchedulerConfig.from_environment({TENANT_TABLE_ENV: str(path)})
+    config = EngineSchedulerConfig.from_environment({ENGINE_TABLE_ENV: str(path)})
     scheduler = build_scheduler(config=config, num_blocks=41)
     assert scheduler.block_manager.rule.tenant_cap_blocks == {"small": 10}
     assert scheduler.table_watcher is not None and scheduler.table_watcher.path == path
-    scheduler.table_watcher = scheduler.watch_tenant_table(path, interval_s=0.0)  # look at every step
+    scheduler.table_watcher = scheduler.watch_engine_table(path, interval_s=0.0)  # look at every step
     applied = scheduler.metrics.table_reloads.labels(outcome="applied")
     before = applied._value.get()
     _write_table(path, {"small": 0.5, "new": 0.1})

@@ -302,3 +302,56 @@ def test_kv_connector_is_none_without_a_transfer_config_and_block_geometry_reads
     assert vc.kv_bytes_per_block(config) >= 1
     assert vc.config_block_size(scheduler.vllm_config) == BLOCK_SIZE
     assert vc.failed_block_ids(None) == set()
+
+
+def _answer(scheduler: AsyncScheduler, output, invalid_block_ids: set[int] = frozenset(), token: int = 7) -> list[int]:
+    """The model output of a step (one `token` per request past its prompt), with blocks that failed
+    to load; returns the tokens delivered."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    ids = list(output.num_scheduled_tokens)
+    sampled = [[] if scheduler.requests[r].is_prefill_chunk else [token] for r in ids]
+    runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
+                                      kv_connector_output=KVConnectorOutput(invalid_block_ids=set(invalid_block_ids)))
+    delivered: list[int] = []
+    for engine_outputs in scheduler.update_from_output(output, runner_output).values():
+        for out in engine_outputs.outputs:
+            delivered.extend(out.new_token_ids)
+    return delivered
+
+
+def _load_failure_with_the_next_step_in_flight(scheduler_cls: type) -> tuple[AsyncScheduler, Request, list[int]]:
+    """A request's whole prompt is scheduled in one step whose KV load fails (its first block),
+    while the next step, a decode sampled from that bad KV, is already in flight (async scheduling)."""
+    scheduler = build_scheduler(scheduler_cls, max_num_seqs=1)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=5)
+    scheduler.add_request(request)
+    first = scheduler.schedule()
+    second = scheduler.schedule()  # in flight while the first step's output comes back
+    (blocks,) = scheduler.kv_cache_manager.get_block_ids(request.request_id)
+    delivered = _answer(scheduler, first, invalid_block_ids={blocks[0]}, token=666)
+    delivered += _answer(scheduler, second, token=666)
+    return scheduler, request, delivered
+
+
+def test_recomputes_load_failures_finishes_the_request_and_drops_output_sampled_from_the_bad_kv() -> None:
+    scheduler, request, delivered = _load_failure_with_the_next_step_in_flight(type("Fixed", (vc.RecomputesLoadFailures,), {}))
+    assert delivered == [] and request.num_output_placeholders == 0
+    recompute = scheduler.schedule()
+    assert recompute.num_scheduled_tokens[request.request_id] == 40  # from the failed first block, prompt only
+    delivered += _answer(scheduler, recompute)
+    for _ in range(20):
+        if not scheduler.has_requests():
+            break
+        delivered += _answer(scheduler, scheduler.schedule())
+    assert not scheduler.has_requests() and delivered == [7] * 5
+
+
+def test_stock_async_scheduler_strands_or_serves_bad_output_after_a_load_failure() -> None:
+    """Negative control for the fix above: vLLM 0.32's own AsyncScheduler (issue 45138)."""
+    scheduler, request, delivered = _load_failure_with_the_next_step_in_flight(AsyncScheduler)
+    for _ in range(20):
+        if not scheduler.has_requests():
+            break
+        delivered += _answer(scheduler, scheduler.schedule())
+    assert scheduler.has_requests() or delivered != [7] * 5

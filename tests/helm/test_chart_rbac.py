@@ -2,8 +2,10 @@
 
 The operator (slaq.operator.runner.run_operator, as `slaq operator` runs it, with the real
 HttpUsageSource) runs against the Kubernetes API emulator (tests/support/kube.py) through a whole
-life cycle of the example pool and tenants: create, quota change, autoscaling switched off,
-tenant deleted, pool deleted. Every request it sends is recorded as the (verb, group, resource,
+life cycle of the example pool and tenants: create, a pod whose sidecar (a local stand-in on
+the metrics port) reports a tenant missing its SLO (an AtRisk Event), quota change, autoscaling
+switched off, the Inference Extension InferencePool switched on and off, tenant deleted, pool
+deleted. Every request it sends is recorded as the (verb, group, resource,
 namespace) the API server would authorize, and checked against the rules the rendered chart
 grants its ServiceAccount. A rule nobody used fails too, unless it is listed below with why.
 """
@@ -20,6 +22,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import pytest
 import yaml
 
@@ -28,6 +31,8 @@ from tests.helm.rbac import ApiCall, Grants, Rule, grants_for, verbs_of
 from tests.support import polling
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+GIE_CRD = Path(__file__).resolve().parents[1] / "operator" / "data" / "gie-inferencepool-v1-crd.yaml"
+GIE = "inference.networking.k8s.io/v1/inferencepools"
 SERVICE_ACCOUNT = f"{RELEASE}-operator"
 POOL = "llama3-8b"
 POOL_NAMESPACE = "inference"
@@ -97,6 +102,39 @@ async def running_operator(kube: Any) -> AsyncIterator[None]:
         await asyncio.wait_for(task, timeout=20)
 
 
+@asynccontextmanager
+async def missing_sidecar() -> AsyncIterator[int]:
+    """A stand-in sidecar metrics port whose tenant `vip` misses its TTFT objective 30 more times
+    per scrape; yields its port."""
+    from slaq.api.runtime import METRICS_PATH, USAGE_PATH, UsageReport
+
+    misses = [0]
+
+    async def metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        misses[0] += 30
+        labels = 'outcome="ttft_missed",tenant="vip",tier="critical"'
+        return aiohttp.web.Response(text=f"# TYPE slaq_slo_outcomes counter\nslaq_slo_outcomes_total{{{labels}}} {misses[0]}\n")
+
+    async def usage(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(UsageReport(pool=f"{POOL_NAMESPACE}/{POOL}").to_wire())
+
+    app = aiohttp.web.Application()
+    app.router.add_get(METRICS_PATH, metrics)
+    app.router.add_get(USAGE_PATH, usage)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+def _vip_events(kube: Any) -> list[dict[str, Any]]:
+    return [e for e in kube.live("v1/events", "default") if e["involvedObject"]["name"] == "vip"]
+
+
 def _table_tenants(kube: Any) -> set[str]:
     secret = kube.read("v1/secrets", POOL_NAMESPACE, f"{POOL}-tenants")
     assert secret is not None
@@ -118,12 +156,24 @@ async def recorded_calls(kube: Any, caplog: pytest.LogCaptureFixture) -> set[Api
 
 async def _record_life_cycle(kube: Any) -> set[ApiCall]:
     pools = f"/apis/slaq.dev/v1alpha1/namespaces/{POOL_NAMESPACE}/inferencepools/{POOL}"
-    async with running_operator(kube):
+    kube.install_crds([GIE_CRD])
+    async with running_operator(kube), missing_sidecar() as metrics_port:
         for doc in docs("tenant-keys.yaml") + docs("tenants.yaml") + docs("pool-gpu.yaml"):
             await _create(kube, doc)
         await eventually(lambda: kube.read("autoscaling/v2/horizontalpodautoscalers", POOL_NAMESPACE, POOL), what="the pool's HPA")
         await eventually(lambda: _table_tenants(kube) == {"vip", "standard", "free"}, what="three tenants in the table")
         await eventually(lambda: any(c.resource == "pods" for r in list(kube) for c in call_of(r)), what="a usage read of the pool's pods")
+
+        await _send(kube, "PATCH", pools, {"spec": {"sidecar": {"metricsPort": metrics_port}}}, "application/merge-patch+json")
+        pod = {"metadata": {"name": f"{POOL}-0", "labels": {"app.kubernetes.io/name": "slaq", "slaq.dev/pool": POOL}},
+               "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+        await _send(kube, "POST", f"/api/v1/namespaces/{POOL_NAMESPACE}/pods", pod)
+        await eventually(lambda: _vip_events(kube), what="an AtRisk event for tenant vip")
+
+        await _send(kube, "PATCH", pools, {"spec": {"gateway": {"inferencePool": True}}}, "application/merge-patch+json")
+        await eventually(lambda: kube.read(GIE, POOL_NAMESPACE, POOL), what="the Inference Extension InferencePool")
+        await _send(kube, "PATCH", pools, {"spec": {"gateway": {"inferencePool": False}}}, "application/merge-patch+json")
+        await eventually(lambda: kube.read(GIE, POOL_NAMESPACE, POOL) is None, what="the Inference Extension InferencePool deleted")
 
         await _send(kube, "PATCH", "/apis/slaq.dev/v1alpha1/tenantslas/standard",
                     {"spec": {"quotas": {"requestsPerMinute": 60}}}, "application/merge-patch+json")

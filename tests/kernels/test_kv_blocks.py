@@ -57,6 +57,19 @@ def test_reference_erase_zeroes_only_the_given_blocks() -> None:
     assert torch.all(cache[[2, 3]] == 1)
 
 
+def test_erase_writes_through_a_strided_block_first_view() -> None:
+    """A layout that interleaves layers (block outermost across layers) hands each layer a strided
+    view; erasing one layer's blocks zeroes exactly those pages of the shared buffer."""
+    buffer = torch.ones(6, 3, 2, 4, 8)  # (block, layer, ...): layer 1's view is strided
+    layer = buffer[:, 1]
+    assert not layer.is_contiguous()
+    erase_blocks(layer, [2, 5])
+    assert torch.count_nonzero(buffer[[2, 5], 1]) == 0
+    assert int(torch.count_nonzero(buffer)) == buffer.numel() - 2 * layer[0].numel()
+    with pytest.raises(ValueError, match="contiguous"):
+        copy_blocks(layer, [0], [1])
+
+
 def test_copy_refuses_overlapping_or_mismatched_ids() -> None:
     cache = torch.arange(4 * 8, dtype=torch.float32).view(4, 8)
     with pytest.raises(ValueError):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.table import EngineTable, TenantTable, hash_api_key
 from slaq.cli import repo_root
 from slaq.local.errors import TenantFileError
-from slaq.local.tenants import local_pool, plan_local_table, read_tenants, write_table
+from slaq.local.tenants import engine_table_beside, local_pool, plan_local_table, read_tenants, write_table
 
 EXAMPLES = repo_root() / "crds" / "examples"
 
@@ -32,6 +32,10 @@ def test_examples_give_three_tenants_with_hashed_keys_only(tmp_path: Path) -> No
     assert by_name["vip"].share.requests_per_minute == 600  # one replica: the whole quota
     assert loaded.revision  # set by plan_tables, so the sidecar sees changes
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+    # The engine's file beside it (what `slaq up` hands the engine): shares and erase modes, no hashes.
+    engine = EngineTable.model_validate_json(engine_table_beside(path).read_text())
+    assert engine.kv_shares() == {"free": 0.2, "standard": 0.4, "vip": 0.5} and engine.revision == loaded.revision
+    assert "sha256:" not in engine_table_beside(path).read_text()
 
 
 def test_example_key_prefers_the_critical_tier() -> None:

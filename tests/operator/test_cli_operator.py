@@ -33,3 +33,15 @@ async def test_slaq_operator_command_reconciles_through_the_kubeconfig(kube: Kub
                 process.kill()
                 await process.wait()
     assert process.returncode == 0, (await process.stderr.read()).decode()[-2000:]
+
+
+def test_attainment_flags_are_checked_before_anything_starts() -> None:
+    import subprocess
+
+    def refusal(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "slaq", "operator", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0
+        return done.stderr
+
+    assert "--attainment-window must be longer than --observe-interval" in refusal("--attainment-window", "10", "--observe-interval", "15")
+    assert "--attainment-min-requests must be >= 1" in refusal("--attainment-min-requests", "0")

@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from slaq.api.pool import InferencePool
-from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV, TENANT_TABLE_DIR, TENANT_TABLE_ENV, TENANT_TABLE_KEY
-from slaq.api.table import TenantTable
+from slaq.api.runtime import (ENGINE_HOST, ENGINE_PORT, ENGINE_TABLE_DIR, ENGINE_TABLE_ENV, ENGINE_TABLE_KEY, SCHEDULER_CONFIG_ENV,
+                              TENANT_TABLE_DIR, TENANT_TABLE_KEY)
+from slaq.api.common import KvErase, Tier
+from slaq.api.table import EngineTable, TenantEntry, TenantTable, hash_api_key, salt_fingerprint
 from slaq.operator.children import milli_quantity, owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.names import pool_selector_labels
 from slaq.operator.pod import engine_args, render_pod_template, sidecar_args
@@ -68,9 +70,15 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
     # The tenant table Secret is mounted read-only as a directory (a subPath mount would never update).
     assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in sidecar["volumeMounts"]
     assert volumes["tenant-table"]["secret"]["secretName"] == "llama3-8b-tenants"
-    # The engine reads the tenants' KV shares from the same table, at the path its env names.
-    assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in engine["volumeMounts"]
-    assert {e["name"]: e.get("value") for e in engine["env"]}[TENANT_TABLE_ENV] == f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}"
+    assert volumes["tenant-table"]["secret"]["items"] == [{"key": TENANT_TABLE_KEY, "path": TENANT_TABLE_KEY}]
+    # The engine mounts only the same Secret's engine key (KV shares, erase modes: no key hashes,
+    # no salts), at the path its env names; never the sidecar's table.
+    assert volumes["engine-table"]["secret"] == {"secretName": "llama3-8b-tenants", "defaultMode": 0o440,
+                                                 "items": [{"key": ENGINE_TABLE_KEY, "path": ENGINE_TABLE_KEY}]}
+    assert {"name": "engine-table", "mountPath": ENGINE_TABLE_DIR, "readOnly": True} in engine["volumeMounts"]
+    assert "tenant-table" not in {m["name"] for m in engine["volumeMounts"]}
+    assert "engine-table" not in {m["name"] for m in sidecar["volumeMounts"]}
+    assert {e["name"]: e.get("value") for e in engine["env"]}[ENGINE_TABLE_ENV] == f"{ENGINE_TABLE_DIR}/{ENGINE_TABLE_KEY}"
     # The scheduler knobs travel to the engine as wire JSON.
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert json.loads(env[SCHEDULER_CONFIG_ENV])["agingBoundSeconds"] == 60
@@ -140,11 +148,24 @@ def test_hpa_targets_the_pool_on_sla_risk(gpu_pool: InferencePool) -> None:
     assert milli_quantity(1.25) == "1250m"
 
 
-def test_table_secret_holds_the_table_json(gpu_pool: InferencePool) -> None:
-    table = TenantTable(pool="inference/llama3-8b", revision="r1")
+def test_table_secret_holds_the_table_and_the_engines_cut_of_it(gpu_pool: InferencePool) -> None:
+    salts = {"vip": "a" * 64, "free": "b" * 64}
+    table = TenantTable(pool="inference/llama3-8b", revision="r1", tenants=[
+        TenantEntry(name="vip", tier=Tier.CRITICAL, key_hashes=[hash_api_key("sk-vip")], cache_salt=salts["vip"], kv_cache_share=0.5),
+        TenantEntry(name="free", tier=Tier.BATCH, key_hashes=[hash_api_key("sk-free")], cache_salt=salts["free"], kv_erase=KvErase.ON_FREE)])
     secret = render_table_secret(gpu_pool, table)
     assert secret["metadata"]["name"] == "llama3-8b-tenants" and secret["metadata"]["namespace"] == "inference"
     assert TenantTable.model_validate_json(base64.b64decode(secret["data"][TENANT_TABLE_KEY])) == table
+    engine_text = base64.b64decode(secret["data"][ENGINE_TABLE_KEY]).decode()
+    engine = EngineTable.model_validate_json(engine_text)
+    assert [(t.name, t.kv_cache_share, t.kv_erase, t.salt_fingerprint) for t in engine.tenants] == [
+        ("vip", 0.5, KvErase.ON_REUSE, salt_fingerprint(salts["vip"])), ("free", 1.0, KvErase.ON_FREE, salt_fingerprint(salts["free"]))]
+    assert engine.revision == "r1" and engine.pool == table.pool
+    # Least knowledge: no key hash, no salt, no quota or objective reaches the engine's file
+    # (negative control: the sidecar's file has them).
+    for secret_part in (hash_api_key("sk-vip"), hash_api_key("sk-free"), *salts.values(), "keyHashes", "cacheSalt", "share", "tier"):
+        assert secret_part not in engine_text
+        assert secret_part in base64.b64decode(secret["data"][TENANT_TABLE_KEY]).decode()
 
 
 def test_owner_reference_marks_the_pool_as_controller(gpu_pool: InferencePool) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from slaq.api.pool import InferencePool
+from slaq.api.common import KvErase
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import derive_cache_salt
 from slaq.api.tenant import TenantSLA
@@ -60,6 +61,14 @@ def test_salts_are_per_tenant_unless_a_prefix_cache_group_is_shared() -> None:
     assert salts["vip"] == derive_cache_salt(SALT_KEY, "tenant:vip") != salts["free"]
     other = plan_tables(pools()[:1], group, {}, b"x" * 32, {}, {})
     assert {t.cache_salt for t in other.tables["inference/llama3-8b"].tenants}.isdisjoint(salts.values())
+
+
+def test_each_tenants_kv_erase_mode_reaches_the_engines_table() -> None:
+    group = tenants()
+    group[2].spec.kv_erase = KvErase.ON_FREE
+    plan = plan_tables(pools()[:1], group, {}, SALT_KEY, {}, {})
+    modes = {t.name: t.kv_erase for t in plan.tables["inference/llama3-8b"].tenants}
+    assert modes == {"vip": KvErase.ON_REUSE, "standard": KvErase.ON_REUSE, "free": KvErase.ON_FREE}
 
 
 def test_unlimited_quotas_stay_unlimited() -> None:

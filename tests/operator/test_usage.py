@@ -9,12 +9,15 @@ import yaml
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
+from slaq.operator.attainment import OutcomeCounter
 from slaq.operator.client import Connection, KubeClient
 from slaq.operator.usage import HttpUsageSource, PodObservation, mean_sla_risk, parse_sla_risk, sum_usage
 from tests.support.kube import KubeEmulator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
-METRICS = "# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\nslaq_sla_risk 0.75\n"
+METRICS = ("# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\nslaq_sla_risk 0.75\n"
+           "# TYPE slaq_slo_outcomes counter\nslaq_slo_outcomes_total{outcome=\"met\",tenant=\"vip\",tier=\"critical\"} 9.0\n"
+           "slaq_slo_outcomes_created{outcome=\"met\",tenant=\"vip\",tier=\"critical\"} 1.7e+09\n")
 
 
 async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) -> None:
@@ -44,6 +47,7 @@ async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) ->
         await runner.cleanup()
     assert [(o.pod, o.sla_risk) for o in observations] == [("ready", 0.75)]
     assert observations[0].usage == report
+    assert observations[0].outcomes == {("vip", "critical", "met"): OutcomeCounter(9.0, 1.7e9)}
 
 
 def test_pool_usage_is_the_sum_over_pods_and_risk_the_mean() -> None:

@@ -56,7 +56,7 @@ def test_trusted_gateway_names_the_tenant_and_sets_objectives() -> None:
 def test_table_reloads_on_change_and_keeps_last_good_on_error(tmp_path: Path) -> None:
     path = tmp_path / "tenants.json"
     directory = TenantDirectory(path)
-    assert not directory.refresh() and not directory.loaded and "cannot stat" in (directory.last_error or "")
+    assert not directory.refresh() and not directory.loaded and "is missing" in (directory.last_error or "")
     write_table(path, "r1")
     assert directory.refresh() and directory.index.revision == "r1"
     old_vip = directory.index.by_name["vip"]

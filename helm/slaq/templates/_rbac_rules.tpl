@@ -46,8 +46,17 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# kopf watches CRDs to notice resources that appear or go. (No Events: kopf posts log messages
-# as Events only when settings.posting.loggers is on, and the operator posts none itself.)
+# A pool with spec.gateway.inferencePool owns a Gateway API Inference Extension InferencePool:
+# read first (one the pool does not own is left alone), server-side applied, deleted when switched off.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
+# An Event on a TenantSLA each time its AtRisk condition turns True or stops being True.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# kopf watches CRDs to notice resources that appear or go. (kopf posts log messages as Events
+# only when settings.posting.loggers is on; the Events above are the operator's own.)
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]

@@ -1,0 +1,61 @@
+"""The settings of slaq's KV connector and the `--kv-transfer-config` that loads it.
+
+Kept apart from connector.py and light to import: `slaq engine` plans its launch with these before
+it sets `PROMETHEUS_MULTIPROC_DIR`, and prometheus_client (which connector.py brings in, with
+vLLM) picks its value store when first imported; imported earlier, vLLM's own `vllm:*` series
+would stay in the API server's memory and never reach `/metrics`.
+
+Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
+`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
+`inspectPath` and `tamperFlag` (see worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+CONNECTOR_NAME = "SlaqKVConnector"
+CONNECTOR_MODULE = "slaq.engine.kv_security.connector"
+
+
+@dataclass(frozen=True)
+class KVSecuritySettings:
+    erase: bool = True
+    host_cache_bytes: int = 0
+    inspect_path: str | None = None
+    tamper_flag: str | None = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
+        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
+        unknown = set(extra) - known
+        if unknown:
+            raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+        return cls(
+            erase=bool(extra.get("erase", True)),
+            host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
+            inspect_path=extra.get("inspectPath"),
+            tamper_flag=extra.get("tamperFlag"),
+        )
+
+    def to_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
+        if self.inspect_path:
+            extra["inspectPath"] = self.inspect_path
+        if self.tamper_flag:
+            extra["tamperFlag"] = self.tamper_flag
+        return extra
+
+
+def transfer_config_json(settings: KVSecuritySettings) -> str:
+    """The `--kv-transfer-config` value that loads this connector. Load failures are recomputed,
+    never served (`kv_load_failure_policy=recompute`)."""
+    return json.dumps({
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": settings.to_extra(),
+    })

@@ -1,0 +1,84 @@
+"""What the operator would apply for a pool, computed from manifest files instead of a cluster.
+
+`slaq render` (render_cli.py) calls `render_from_manifests`. It runs the operator's own pure
+functions: key hashes by `keys.key_set`, tables by `tables.plan_tables`, objects by
+`children.render_pool_objects`. The differences from a live operator are in what it cannot
+know: no usage has been observed (the cold-start split over `spec.replicas`), no owner
+references (the pool has no uid yet), and the cache-salt key is the one given (or random).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slaq.api.pool import InferencePool
+from slaq.manifests import ManifestError, ManifestSet
+from slaq.operator.children import render_pool_objects
+from slaq.operator.keys import key_set
+from slaq.operator.tables import plan_tables, pool_key
+
+
+@dataclass(frozen=True)
+class Rendering:
+    objects: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def with_namespace(pool: InferencePool, namespace: str) -> InferencePool:
+    """The pool in `namespace` when its manifest names none (as `kubectl apply -n` would place it)."""
+    if pool.metadata.namespace:
+        return pool
+    return pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"namespace": namespace})})
+
+
+def key_hashes(found: ManifestSet) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(tenant -> key hashes, tenant -> problem) from the Secrets among the manifests, as the operator reads them."""
+    hashes: dict[str, list[str]] = {}
+    problems: dict[str, str] = {}
+    for tenant in found.tenants:
+        ref = tenant.spec.api_key_secret_ref
+        values = found.secrets.get((ref.namespace, ref.name))
+        data = None if values is None else {k: base64.b64encode(v.encode("utf-8")).decode("ascii") for k, v in values.items()}
+        keys = key_set(ref.namespace, ref.name, data)
+        hashes[tenant.metadata.name] = list(keys.hashes)
+        if keys.problem is not None:
+            problems[tenant.metadata.name] = keys.problem
+    return hashes, problems
+
+
+def render_from_manifests(pools: Sequence[InferencePool], found: ManifestSet, salt_key: bytes, *,
+                          allow_missing_keys: bool = False, where: str = "the given files") -> Rendering:
+    """The objects the operator would apply for `pools`, given the tenants and Secrets in `found`.
+
+    Quotas are split over every pool among `pools` and `found.pools` (a tenant bound to two pools
+    gets a share on each, as in a cluster holding both). A tenant of a rendered pool whose key
+    Secret is missing or empty is an error, unless `allow_missing_keys`: then it is rendered as
+    the operator does while the Secret is missing (in the table, with no key hashes) and warned of.
+    """
+    rendered = {pool_key(p): p for p in pools}
+    others = [p for p in found.pools if pool_key(p) not in rendered]
+    everyone = [*rendered.values(), *others]
+    hashes, problems = key_hashes(found)
+    replicas = {pool_key(p): p.spec.replicas.current for p in everyone}
+    plan = plan_tables(everyone, found.tenants, hashes, salt_key, replicas, {})
+    objects: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for key, pool in rendered.items():
+        table = plan.tables[key]
+        if not table.tenants:
+            warnings.append(f"no TenantSLA in {where} binds pool {key}: its tenant table is empty (check spec.tenantSelector "
+                            "and the tenants' spec.poolSelector)")
+        for entry in table.tenants:
+            problem = problems.get(entry.name)
+            if problem is None:
+                continue
+            message = f"TenantSLA {entry.name} ({found.sources.get(('TenantSLA', (None, entry.name)), '?')}): {problem} in {where}"
+            if not allow_missing_keys:
+                raise ManifestError(f"{message}; add the Secret's manifest, or pass --allow-missing-keys to render the "
+                                    "tenant without key hashes (as the operator does until the Secret exists)")
+            warnings.append(f"{message}: rendered without key hashes (no key authenticates this tenant)")
+        objects += render_pool_objects(pool, table)
+    return Rendering(objects, warnings)
