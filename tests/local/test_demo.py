@@ -58,7 +58,11 @@ def test_the_loaded_run_has_exactly_the_vip_samples_asked_for_at_the_rate() -> N
     for profile in SCENARIO:
         assert abs(sum(p is profile for _, p in arrivals) / len(arrivals) - profile.share) < 0.08
     assert loaded_workload(8.0, 100, seed=1) == arrivals  # seeded: both systems see the same traffic
-    assert len(mix_burst(40)) == 40
+    burst = mix_burst(40)
+    assert len(burst) == 40
+    for profile in SCENARIO:  # every prefix keeps the mix: completions do not come in clumps by tenant
+        for n in (4, 12, 40):
+            assert abs(sum(p is profile for p in burst[:n]) - profile.share * n) <= 1
 
 
 def test_each_system_gets_prompts_of_its_own() -> None:
