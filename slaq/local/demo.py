@@ -84,6 +84,10 @@ SCENARIO = (
 )
 STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lower runs earlier
 LOAD = 0.95
+# --quick's load: with half the samples, a run near capacity is decided by noise (on two cores the
+# slaq pod's own capacity is below stock's, so 95 % of stock's is about slaq's 100 %); past
+# capacity, where a queue builds up in both, the difference the test checks is the scheduling's.
+QUICK_LOAD = 1.25
 OBJECTIVE_MARGIN = 3.0  # objectives ≥ this × the unloaded p90
 VIP_SAMPLES = 100
 TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
@@ -103,13 +107,14 @@ class DemoOptions:
     vip_samples: int = VIP_SAMPLES
     unloaded_samples: int = 10
     capacity_burst: int = 96
+    load: float = LOAD  # of stock's measured capacity
     json_path: Path | None = None
     seed: int = 45
 
     @classmethod
     def quick(cls, **kwargs: Any) -> "DemoOptions":
         """For CI: the same steps with fewer samples (percentiles are rougher)."""
-        return cls(**{"vip_samples": 48, "unloaded_samples": 5, "capacity_burst": 64, **kwargs})
+        return cls(**{"vip_samples": 48, "unloaded_samples": 5, "capacity_burst": 64, "load": QUICK_LOAD, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -381,7 +386,7 @@ def run_demo(options: DemoOptions) -> int:
             calibration_seed = options.seed * 1_000_000
             stock_unloaded = asyncio.run(unloaded(stock.url, model, keys, options.unloaded_samples, calibration_seed))
             capacity_rps = asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000))
-            rate = LOAD * capacity_rps
+            rate = options.load * capacity_rps
             workload = loaded_workload(rate, options.vip_samples, options.seed)
             print(describe_load(capacity_rps, rate, workload), flush=True)
             timings["calibration_s"] = time.monotonic() - t0
@@ -422,7 +427,7 @@ def run_demo(options: DemoOptions) -> int:
     png = write_png(load, {p.letter: p.tier.value for p in SCENARIO}, workdir / "demo-ttft.png",
                     "TTFT per tenant (A = critical, B = standard, C = batch), stock vLLM vs slaq; objectives dashed")
     timings["total_s"] = time.monotonic() - t_start
-    print_results(scenario, load, rate, workload, png)
+    print_results(scenario, load, rate, capacity_rps, workload, png)
     report = demo_json(scenario, load, {
         "calibration": calibration_json(calibration), "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3),
         "requests": len(workload), "png": str(png), "timings_s": {k: round(v, 1) for k, v in timings.items()},
@@ -433,14 +438,14 @@ def run_demo(options: DemoOptions) -> int:
     return 0
 
 
-def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float,
+def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float, capacity_rps: float,
                   workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
     print()
     print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a standard-tier load holds all but "
           f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
     print(scenario_block(scenario))
     print()
-    print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({LOAD:.0%} of capacity), "
+    print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({rate / capacity_rps:.0%} of capacity), "
           f"{sum(p is SCENARIO[0] for _, p in workload)} of them VIP")
     print(load_table({"stock vLLM (FCFS)": load["stock"], "slaq": load["slaq"]}, {p.letter: p.label for p in SCENARIO}))
     if refusals := refusal_lines(load):
@@ -501,7 +506,7 @@ def describe_load(capacity_rps: float, rate: float, workload: Sequence[tuple[flo
     vips = sum(p is SCENARIO[0] for _, p in workload)
     return (f"  capacity for the mix: {capacity_rps:.2f} requests/s (completions of a closed loop with {CAPACITY_IN_FLIGHT} "
             f"requests in flight, between its first and last quarter)\n"
-            f"  load: {LOAD:.0%} of capacity = {rate:.2f} requests/s, Poisson, {len(workload)} requests over "
+            f"  load: {rate / capacity_rps:.0%} of capacity = {rate:.2f} requests/s, Poisson, {len(workload)} requests over "
             f"{workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
 
 
