@@ -36,6 +36,20 @@ async def kubectl_columns(kube: KubeEmulator, *names: str) -> list[list[str]]:
     return [line.split() for line in out.decode().splitlines()]
 
 
+class CountingUsage(StaticUsageSource):
+    """The static source, counting the operator's polls: a change made before the first poll
+    would become the operator's baseline and never count."""
+
+    def __init__(self, observations: dict[str, list[PodObservation]]) -> None:
+        super().__init__(observations)
+        self.polls = 0
+
+    async def observe(self, pool: Any) -> list[PodObservation]:
+        seen = list(await super().observe(pool))
+        self.polls += 1
+        return seen
+
+
 def pod_reports(met: float, missed: float, created: dict[str, float]) -> list[PodObservation]:
     """One pod's counters for tenant vip (target 0.99); `created` holds each series' start time."""
     outcomes = {("vip", "critical", "met"): OutcomeCounter(met, created["met"])}
@@ -57,12 +71,13 @@ def vip_events(kube: KubeEmulator) -> list[tuple[str, str]]:
 
 async def test_attainment_and_at_risk_follow_the_sidecars_counters(kube: KubeEmulator) -> None:
     created = {"met": time.time() - 3600}  # an hour of history before the operator watched: the baseline
-    usage = StaticUsageSource({POOL: pod_reports(5000, 0, created)})
+    usage = CountingUsage({POOL: pod_reports(5000, 0, created)})
     async with operator(kube, usage, interval=0.2):
         await seed(kube)
         unknown = await eventually(lambda: (c := at_risk(kube)) and c, what="an AtRisk condition")
         assert (unknown["status"], unknown["reason"]) == ("Unknown", "TooFewRequests")
         assert "attainment" not in kube.read(TENANTS, None, "vip")["status"]
+        await eventually(lambda: usage.polls >= 1, what="the operator's first usage poll (the baseline)")
 
         usage.observations[POOL] = pod_reports(5100, 0, created)  # 100 met since the baseline
         met = await eventually(lambda: (c := at_risk(kube)) and c["status"] == "False" and c, what="AtRisk False")
