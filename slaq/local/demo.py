@@ -51,7 +51,7 @@ from slaq.local.demo_report import (
     TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
 )
 from slaq.local.errors import LocalError, ScenarioError, StartupError
-from slaq.local.loadgen import Outcome, Plan, PlannedRequest, client, run_in_subprocess, stream_one
+from slaq.local.loadgen import Outcome, Plan, PlannedRequest, run_in_subprocess, stream_one
 from slaq.local.scenario45 import BACKGROUND_TENANT, BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
@@ -231,20 +231,19 @@ async def unloaded(url: str, model: str, keys: Mapping[str, str], samples: int, 
     """TTFT per tenant with requests sent one at a time (after one warm-up request)."""
     p50: dict[str, float] = {}
     p90: dict[str, float] = {}
-    async with client() as http:
-        origin = time.monotonic()
-        await stream_one(http, url, model, PlannedRequest(0, "A", keys["A"], 8, 4, seed), origin)  # warm-up
-        for profile in SCENARIO:
-            ttfts = []
-            for i in range(samples):
-                request = PlannedRequest(0, profile.letter, keys[profile.letter], profile.prompt_tokens, profile.output_tokens, seed + 1000 + i)
-                outcome = await stream_one(http, url, model, request, origin)
-                if outcome.ttft_s is not None:
-                    ttfts.append(outcome.ttft_s)
-            if not ttfts:
-                raise LocalError(f"no unloaded request of tenant {profile.label} was answered")
-            p50[profile.letter] = statistics.median(ttfts)
-            p90[profile.letter] = percentile(ttfts, 90) or p50[profile.letter]
+    origin = time.monotonic()
+    await stream_one(url, model, PlannedRequest(0, "A", keys["A"], 8, 4, seed), origin)  # warm-up
+    for profile in SCENARIO:
+        ttfts = []
+        for i in range(samples):
+            request = PlannedRequest(0, profile.letter, keys[profile.letter], profile.prompt_tokens, profile.output_tokens, seed + 1000 + i)
+            outcome = await stream_one(url, model, request, origin)
+            if outcome.ttft_s is not None:
+                ttfts.append(outcome.ttft_s)
+        if not ttfts:
+            raise LocalError(f"no unloaded request of tenant {profile.label} was answered")
+        p50[profile.letter] = statistics.median(ttfts)
+        p90[profile.letter] = percentile(ttfts, 90) or p50[profile.letter]
     return Unloaded(p50, p90)
 
 
@@ -258,13 +257,12 @@ async def capacity(url: str, model: str, keys: Mapping[str, str], burst_size: in
              for i, p in enumerate(mix_burst(burst_size))]
     slots = asyncio.Semaphore(CAPACITY_IN_FLIGHT)
 
-    async def one(http: Any, request: PlannedRequest, origin: float) -> Outcome:
+    async def one(request: PlannedRequest, origin: float) -> Outcome:
         async with slots:
-            return await stream_one(http, url, model, request, origin)
+            return await stream_one(url, model, request, origin)
 
-    async with client() as http:
-        origin = time.monotonic()
-        outcomes = await asyncio.gather(*(one(http, r, origin) for r in burst))
+    origin = time.monotonic()
+    outcomes = await asyncio.gather(*(one(r, origin) for r in burst))
     rate = steady_rate([o.ended_at for o in outcomes if o.finished and o.ended_at is not None])
     if rate is None:
         raise LocalError("the engine finished too few requests of the capacity burst to measure its rate")

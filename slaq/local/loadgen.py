@@ -4,6 +4,8 @@
 runs `replay` in a process of its own at the lowest CPU priority (`os.nice(19)`), so that on a
 small machine the load generator does not take CPU from the engine and the sidecar it measures
 (its own TTFT readings then carry whatever CPU wait it has, which the sidecar's figures show).
+Requests go through `sse_client`, which costs a sixth of httpx's CPU per streamed request, so
+that wait stays small: on two busy cores a nice-19 process gets only scraps.
 
 Plan and results travel as JSON files: `python -m slaq.local.loadgen PLAN RESULTS`.
 """
@@ -20,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from slaq.local.sse_client import post_stream
 
 LOWEST_CPU_PRIORITY = 19
 
@@ -74,46 +78,23 @@ def request_body(model: str, request: PlannedRequest) -> dict[str, Any]:
     return body
 
 
-def client() -> Any:
-    import httpx
-
-    return httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0), limits=httpx.Limits(max_connections=1024))
-
-
-async def stream_one(http: Any, url: str, model: str, request: PlannedRequest, origin: float,
-                     first_token: asyncio.Event | None = None) -> Outcome:
+async def stream_one(url: str, model: str, request: PlannedRequest, origin: float,
+                     first_token: asyncio.Event | None = None, lazy: bool = False) -> Outcome:
     """Send one request now; `origin` is the plan's start (time.monotonic()) that times are counted from;
-    `first_token` is set when the first token is back."""
+    `first_token` is set when the first token is back. `lazy`: the rest of the stream is read in a
+    few late reads (less CPU; the end time is then late by up to `sse_client.LAZY_READ_S`)."""
     outcome = Outcome(request.letter)
     started = time.monotonic()
     outcome.sent_at = started - origin
-    try:
-        async with http.stream("POST", url + "/v1/completions", json=request_body(model, request),
-                               headers={"Authorization": f"Bearer {request.key}"}) as response:
-            outcome.status = response.status_code
-            if response.status_code != 200:
-                await response.aread()
-                return outcome
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    outcome.finished = True
-                    outcome.ended_at = time.monotonic() - origin
-                    break
-                if outcome.ttft_s is not None:
-                    continue  # only the first token's time is needed: spare the CPU the engine shares
-                # Every chunk carries new tokens; the first token's text may still be empty (a partial
-                # UTF-8 sequence from the random-weight model), so any chunk with a choice counts.
-                if json.loads(payload).get("choices"):
-                    now = time.monotonic()
-                    outcome.ttft_s = now - started
-                    outcome.first_token_at = now - origin
-                    if first_token is not None:
-                        first_token.set()
-    except Exception:  # a broken stream is a result here (not finished), not a crash
-        pass
+    result = await post_stream(url + "/v1/completions", request_body(model, request), {"Authorization": f"Bearer {request.key}"},
+                               on_first_token=None if first_token is None else first_token.set, lazy_after_first_token=lazy)
+    outcome.status = result.status
+    if result.first_token_at is not None:
+        outcome.ttft_s = result.first_token_at - started
+        outcome.first_token_at = result.first_token_at - origin
+    if result.status == 200 and result.done and result.error is None:
+        outcome.finished = True
+        outcome.ended_at = (result.ended_at or time.monotonic()) - origin
     return outcome
 
 
@@ -121,21 +102,20 @@ async def replay(plan: Plan, progress: Callable[[int, int], None] | None = None)
     """Every planned request at its time; outcomes in plan order."""
     answered = 0
 
-    async def one(http: Any, request: PlannedRequest, origin: float) -> Outcome:
+    async def one(request: PlannedRequest, origin: float) -> Outcome:
         nonlocal answered
         await asyncio.sleep(max(0.0, origin + request.at - time.monotonic()))
-        outcome = await stream_one(http, plan.url, plan.model, request, origin)
+        outcome = await stream_one(plan.url, plan.model, request, origin, lazy=True)
         answered += 1
         return outcome
 
-    async with client() as http:
-        origin = time.monotonic()
-        tasks = [asyncio.create_task(one(http, r, origin)) for r in plan.requests]
-        while not all(t.done() for t in tasks):
-            await asyncio.wait(tasks, timeout=1.0)
-            if progress is not None:
-                progress(answered, len(tasks))
-        return [t.result() for t in tasks]
+    origin = time.monotonic()
+    tasks = [asyncio.create_task(one(r, origin)) for r in plan.requests]
+    while not all(t.done() for t in tasks):
+        await asyncio.wait(tasks, timeout=1.0)
+        if progress is not None:
+            progress(answered, len(tasks))
+    return [t.result() for t in tasks]
 
 
 def run_in_subprocess(plan: Plan, workdir: Path, name: str, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:

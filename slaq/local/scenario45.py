@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from slaq.local.errors import ScenarioError
-from slaq.local.loadgen import Outcome, PlannedRequest, client, stream_one
+from slaq.local.loadgen import Outcome, PlannedRequest, stream_one
 
 class NotTogether(ScenarioError):
     """A, B and C were not sent within `TOGETHER_S` of each other: run it again."""
@@ -149,23 +149,21 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
     `seed` picks fresh prompt tokens: a run must not hit the prefix cache an earlier run left."""
     requests = scenario_requests(seed, keys, priorities, background_key, background_priority)
     background, trio_requests = requests[:len(BACKGROUND)], requests[len(BACKGROUND):]
-    async with client() as http:
-        # Open the connections first: a new connection's set-up on a busy machine can take longer
-        # than the gap between two sends, and then the three do not arrive together.
-        await asyncio.gather(*(http.get(url + "/health") for _ in range(len(requests))), return_exceptions=True)
-        origin = time.monotonic()
-        decoding = [asyncio.Event() for _ in background]
-        running = [asyncio.create_task(stream_one(http, url, model, r, origin, event)) for r, event in zip(background, decoding)]
-        # The background holds its KV blocks once it decodes: its first token is back.
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
-        if any(t.done() for t in running):
-            raise ScenarioError("a background request ended before A, B and C were sent (the engine ran faster than planned)")
-        trio: dict[str, asyncio.Task] = {}
-        for n, request in enumerate(trio_requests):
-            if n:
-                await asyncio.sleep(ARRIVAL_GAP_S)
-            trio[request.letter] = asyncio.create_task(stream_one(http, url, model, request, origin))
-        await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
+    origin = time.monotonic()
+    decoding = [asyncio.Event() for _ in background]
+    running = [asyncio.create_task(stream_one(url, model, r, origin, event)) for r, event in zip(background, decoding)]
+    # The background holds its KV blocks once it decodes: its first token is back.
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
+    if any(t.done() for t in running):
+        raise ScenarioError("a background request ended before A, B and C were sent (the engine ran faster than planned)")
+    trio: dict[str, asyncio.Task] = {}
+    for n, request in enumerate(trio_requests):
+        if n:
+            await asyncio.sleep(ARRIVAL_GAP_S)
+        # A new connection is made by the kernel's handshake alone (the server accepts it when it
+        # gets to it), so sending on one costs no more than on an open one.
+        trio[request.letter] = asyncio.create_task(stream_one(url, model, request, origin))
+    await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
     sent = [task.result().sent_at for task in trio.values()]
     if max(sent) - min(sent) > TOGETHER_S:
         # This client's event loop was held up between two sends (it happens on a busy machine):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from slaq.api.common import Tier
@@ -23,6 +23,7 @@ from slaq.local.demo_report import (
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, request_body, stream_one
 from slaq.local.scenario45 import KV_BLOCKS, REQUESTS, KvPlan, ScenarioRun, Sized
 from slaq.local.tenants import local_pool, plan_local_table, read_tenants
+from tests.support.sse_server import chunk, serve, sse_event, stream_sse
 
 
 def test_the_readme_first_command_installs_and_runs_the_demo() -> None:
@@ -164,31 +165,24 @@ def test_the_order_is_the_first_tokens_order_and_close_ones_started_together() -
 # ---------------------------------------------------------------- the client
 
 
-def _sse_transport(seen: list[dict], status: int = 200) -> httpx.MockTransport:
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(json.loads(request.content))
-        if status != 200:
-            return httpx.Response(status, json={"reason": "refused"})
-        async def chunks():  # the first token's text may be empty: it still counts
-            for chunk in (b'data: {"choices": [{"text": ""}]}\n\n', b'data: {"choices": [{"text": "x"}]}\n\n', b"data: [DONE]\n\n"):
-                yield chunk
-
-        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
-
-    return httpx.MockTransport(handler)
-
-
 def test_stream_one_times_the_first_chunk_and_sends_priority_only_when_asked() -> None:
     async def go(status: int, priority: int | None) -> tuple[Outcome, list[dict]]:
-        seen: list[dict] = []
-        async with httpx.AsyncClient(transport=_sse_transport(seen, status)) as http:
+        async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
+            if status != 200:
+                writer.write(b"HTTP/1.1 %d Refused\r\ncontent-length: 2\r\n\r\n{}" % status)
+                return
+            # the first token's text may be empty: it still counts
+            await stream_sse(writer, [chunk(sse_event("")), chunk(sse_event("x")), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"])
+
+        server, url, seen = await serve(handler)
+        async with server:
             event = asyncio.Event()
-            outcome = await stream_one(http, "http://e", "m", PlannedRequest(0, "A", "k", 7, 3, 1, priority), 0.0, event)
+            outcome = await stream_one(url, "m", PlannedRequest(0, "A", "k", 7, 3, 1, priority), time.monotonic(), event)
             assert event.is_set() == (status == 200)
-        return outcome, seen
+        return outcome, [s["body"] for s in seen]
 
     ok, seen = asyncio.run(go(200, 2))
-    assert ok.finished and ok.status == 200 and ok.ttft_s is not None and ok.first_token_at is not None
+    assert ok.finished and ok.status == 200 and ok.ttft_s is not None and ok.first_token_at is not None and ok.ended_at is not None
     assert seen[0]["priority"] == 2 and len(seen[0]["prompt"]) == 7 and seen[0]["max_tokens"] == seen[0]["min_tokens"] == 3
     refused, seen = asyncio.run(go(429, None))
     assert not refused.finished and refused.status == 429 and refused.ttft_s is None and "priority" not in seen[0]
@@ -270,41 +264,37 @@ def test_the_json_has_the_keys_the_issue_names_and_the_png_is_written(tmp_path: 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _fake_engine(monkeypatch: pytest.MonkeyPatch, first_token_after_s: dict[int, float], stall_s: dict[int, float]) -> None:
-    """An upstream keyed by prompt length: background (416 tokens) decodes for 0.3 s; a request of
-    length n answers its first token after first_token_after_s[n]; stall_s[n] blocks the client's loop."""
-    import time as clock
-
-    from slaq.local import scenario45
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        n = len(json.loads(request.content)["prompt"])
-        clock.sleep(stall_s.get(n, 0.0))  # a synchronous hold-up of the client's event loop
-
-        async def chunks():
-            await asyncio.sleep(0.0 if n == 416 else first_token_after_s[n])
-            yield b'data: {"choices": [{"text": "x"}]}\n\n'
-            await asyncio.sleep(0.3 if n == 416 else 0.0)
-            yield b"data: [DONE]\n\n"
-
-        return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
-
-    monkeypatch.setattr(scenario45, "client", lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)))
-
-
-def test_a_scenario_run_orders_by_first_tokens_once_the_background_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: dict[int, float]) -> ScenarioRun:
+    """Scenario 4.5 against an upstream keyed by prompt length: background (416 tokens) decodes for
+    0.3 s; a request of length n answers its first token after first_token_after_s[n]; stall_s[n]
+    holds the (shared) event loop up, the client's sends included, when that request is read."""
     from slaq.local.scenario45 import run_scenario
 
-    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {})
-    run = asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))
+    async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
+        n = len(body["prompt"])
+        time.sleep(stall_s.get(n, 0.0))  # a synchronous hold-up of the event loop
+        await asyncio.sleep(0.0 if n == 416 else first_token_after_s[n])
+        await stream_sse(writer, [chunk(sse_event("x"))])
+        await asyncio.sleep(0.3 if n == 416 else 0.0)
+        writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async def go() -> ScenarioRun:
+        server, url, _ = await serve(handler)
+        async with server:
+            return await run_scenario("slaq", url, "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k")
+
+    return asyncio.run(go())
+
+
+def test_a_scenario_run_orders_by_first_tokens_once_the_background_decodes() -> None:
+    run = _scenario_on_a_fake_engine({100: 0.01, 500: 0.2, 10: 0.06}, {})
     assert run.order == ["A", "C", "B"] and run.groups == [["A"], ["C"], ["B"]]
     sent = [run.outcomes[x].sent_at for x in "BAC"]
     assert sent == sorted(sent) and sent[-1] - sent[0] < 0.03  # B, A, C: together, in that order
 
 
-def test_a_run_whose_requests_were_not_sent_together_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from slaq.local.scenario45 import NotTogether, run_scenario
+def test_a_run_whose_requests_were_not_sent_together_is_refused() -> None:
+    from slaq.local.scenario45 import NotTogether
 
-    _fake_engine(monkeypatch, {100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # B's send holds the loop up 200 ms
     with pytest.raises(NotTogether, match="ms apart, not together"):
-        asyncio.run(run_scenario("slaq", "http://e", "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k"))
+        _scenario_on_a_fake_engine({100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # reading B holds the loop up 200 ms
