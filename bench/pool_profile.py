@@ -75,6 +75,9 @@ class GpuSpec(_Strict):
     compute_efficiency: Fraction
     bandwidth_efficiency: Fraction
     step_overhead_s: Annotated[float, Field(ge=0)] = 0.0
+    # GPU <-> host memory link (PCIe 5.0 x16 on an H200 SXM: ~55 GB/s achieved of 64 GB/s per
+    # direction): what swapping a preempted request's KV out to host memory and back costs.
+    host_link_gb_s: Positive = 55.0
 
 
 class EngineSettings(_Strict):
@@ -85,6 +88,9 @@ class EngineSettings(_Strict):
     gpu_memory_utilization: Fraction = 0.9
     activation_reserve_gb: Annotated[float, Field(ge=0)] = 4.0
     num_gpu_blocks: PositiveInt | None = Field(default=None, description="Overrides the size computed from GPU memory.")
+    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`, same default);
+    # 0: no swap, every preempted request is recomputed.
+    kv_host_cache_gib: Annotated[float, Field(ge=0)] = 1.0
 
 
 class PoolProfile(_Strict):
