@@ -110,6 +110,13 @@ class PoolProfile(_Strict):
         return blocks
 
 
+def with_host_cache(profile: PoolProfile, gib: float) -> PoolProfile:
+    """The profile with `gib` of host memory for swapped KV (`--kv-host-cache-gib`)."""
+    if not gib >= 0:
+        raise ProfileError(f"--kv-host-cache-gib must be 0 or more, got {gib}")
+    return profile.model_copy(update={"engine": profile.engine.model_copy(update={"kv_host_cache_gib": gib})})
+
+
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:
     """A profile by file path, or by name from the bundled `bench/models/` folder."""
     path = Path(name_or_path)

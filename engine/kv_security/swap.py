@@ -67,15 +67,20 @@ class SwapLedger:
     _copies: dict[str, tuple[str, int]] = field(default_factory=dict)  # request -> (tenant, full blocks copied)
     _queried: dict[str, int] = field(default_factory=dict)  # request -> local tokens it was asked about
     used_blocks: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)  # victims not swapped, by reason
 
     def preempted(self, request_id: str, held: HeldBlocks) -> SaveOrder | str:
         """A save order for the full blocks with KV, or why there is none (`NO_ROOM`: nothing to
         save or no room; `CHEAPER_TO_RECOMPUTE`: the choice rule prefers recomputing them)."""
         blocks = min(held.computed_tokens // self.block_size, len(held.blocks))
+        refusal = None
         if blocks <= 0 or self.used_blocks + blocks > self.capacity_blocks:
-            return NO_ROOM
-        if self.choice is not None and not self.choice.swaps(blocks * self.block_size):
-            return CHEAPER_TO_RECOMPUTE
+            refusal = NO_ROOM
+        elif self.choice is not None and not self.choice.swaps(blocks * self.block_size):
+            refusal = CHEAPER_TO_RECOMPUTE
+        if refusal is not None:
+            self.refusals[refusal] = self.refusals.get(refusal, 0) + 1
+            return refusal
         self.forget(request_id)
         self._copies[request_id] = (held.tenant, blocks)
         self.used_blocks += blocks

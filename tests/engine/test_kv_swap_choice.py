@@ -31,6 +31,7 @@ def test_the_ledger_swaps_a_victim_only_when_the_rule_says_so_and_keeps_no_copy_
     dear = SwapLedger(capacity_blocks=8, block_size=BS, choice=_rule(1.0, 1.5))
     assert dear.preempted("r1", HeldBlocks("acme", [5, 6, 7], 12)) == CHEAPER_TO_RECOMPUTE
     assert dear.used_blocks == 0 and not dear.has_copy("r1") and dear.matched_tokens("r1", 0, 13) == 0
+    assert dear.refusals == {CHEAPER_TO_RECOMPUTE: 1} and cheap.refusals == {}
 
 
 def test_the_rule_is_asked_about_the_full_blocks_only() -> None:
@@ -44,5 +45,6 @@ def test_a_full_host_cache_means_recompute_however_cheap_the_transfer() -> None:
     ledger = SwapLedger(capacity_blocks=4, block_size=BS, choice=_rule(0.0, 1.0))
     assert isinstance(ledger.preempted("r1", HeldBlocks("acme", [1, 2, 3], 12)), SaveOrder)
     assert ledger.preempted("r2", HeldBlocks("bolt", [4, 5], 8)) == NO_ROOM  # 3 + 2 > 4
+    assert ledger.refusals == {NO_ROOM: 1}
     assert ledger.forget("r1")  # r1 finished: its room is free again
     assert isinstance(ledger.preempted("r2", HeldBlocks("bolt", [4, 5], 8)), SaveOrder)
