@@ -14,8 +14,10 @@
   host cache cannot hold is recomputed.
 - Cost: the connector's worker seals the step's victims and fills its readmitted requests' blocks
   before the forward pass, synchronously (`handle_preemptions`, `start_load_kv`;
-  `wait_for_layer_load` returns at once), so nothing overlaps them: the step that carries a plan
-  takes `host_transfer_seconds(tokens sealed + tokens loaded)` longer.
+  `wait_for_layer_load` returns at once), block after block: copy over the host link, then
+  AES-GCM on one host thread (or the reverse). Nothing overlaps them, so the step that carries a
+  plan takes `host_transfer_seconds(tokens sealed + tokens loaded)` longer: the link's time plus,
+  when the profile has `gpu.host_seal_gb_s`, the sealing's.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class SwapAccount:
         return {
             "host_cache_gib": profile.engine.kv_host_cache_gib,
             "host_link_gb_s": profile.gpu.host_link_gb_s,
+            "host_seal_gb_s": profile.gpu.host_seal_gb_s,
             "victims": self.victims,
             "swapped_victims": self.swapped_victims,
             "recomputed_victims": self.victims - self.swapped_victims,

@@ -43,7 +43,8 @@ def _requests() -> list[BenchRequest]:
 def _profile(small_profile, *, host_gib: float = 1.0, link_gb_s: float = 55.0):
     # 60 blocks of 16 tokens hold two of the four 550-token requests: vLLM preempts.
     engine = small_profile.engine.model_copy(update={"num_gpu_blocks": 60, "kv_host_cache_gib": host_gib})
-    gpu = small_profile.gpu.model_copy(update={"host_link_gb_s": link_gb_s})
+    # the link alone (sealing not counted): swapping beats recomputing at 55 GB/s
+    gpu = small_profile.gpu.model_copy(update={"host_link_gb_s": link_gb_s, "host_seal_gb_s": None})
     return small_profile.model_copy(update={"engine": engine, "gpu": gpu})
 
 
@@ -104,6 +105,18 @@ def test_a_victim_is_recomputed_when_the_link_makes_swapping_dearer(small_profil
     swap = figures["kv_swap"]
     assert swap["victims"] > 0 and swap["swapped_victims"] == 0 and swap["refusals"] == {CHEAPER_TO_RECOMPUTE: swap["victims"]}
     assert swap["transfer_s"] == 0.0 and figures["recompute_tax"] == off["recompute_tax"]
+
+
+def test_with_the_measured_sealing_cost_every_victim_is_recomputed_on_an_h200(small_profile) -> None:
+    # the connector's host-side sealing (1.26 GB/s measured) makes a swap ~7x dearer than
+    # recomputing on an H200: the rule recomputes, and the run is the run without swap
+    profile = _profile(small_profile)
+    sealed = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"host_seal_gb_s": 1.26})})
+    _, off, _ = _run(profile, swap=False)
+    _, figures, _ = _run(sealed, swap=True)
+    swap = figures["kv_swap"]
+    assert swap["victims"] > 0 and swap["refusals"] == {CHEAPER_TO_RECOMPUTE: swap["victims"]}
+    assert figures["recompute_tax"] == off["recompute_tax"] and figures["kv_swap"]["host_seal_gb_s"] == 1.26
 
 
 def test_a_full_host_cache_means_recompute(small_profile) -> None:
