@@ -65,11 +65,12 @@ def _refused(figures: dict[str, Any]) -> str:
 
 
 def _swap(figures: dict[str, Any]) -> str:
-    """`, KV swapped for 70 of 72 victims (0.4 s of host transfers)` or nothing."""
+    """`, KV swapped for 70 of 72 victims (recompute: 2; 0.4 s of host transfers)` or nothing."""
     swap = figures.get("kv_swap")
     if not swap:
         return ""
-    return f", KV swapped for {swap['swapped_victims']} of {swap['victims']} victims ({swap['transfer_s']:.2g} s of host transfers)"
+    refusals = "".join(f"{reason}: {n}; " for reason, n in swap["refusals"].items())
+    return f", KV swapped for {swap['swapped_victims']} of {swap['victims']} victims ({refusals}{swap['transfer_s']:.2g} s of host transfers)"
 
 
 def format_table(policies: dict[str, Any], *, title: str = "") -> str:
