@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from slaq.bench import engine_harness as harness
 from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.stepcost import StepCostModel
+from slaq.engine.kv_security.settings import KVSecuritySettings, transfer_config_json
+from slaq.engine.kv_security.swap import SwapLedger, SwapOrRecompute
 
 if TYPE_CHECKING:
     from slaq.bench.simulator import RequestRecord
@@ -37,15 +39,11 @@ GIB = 2**30
 
 def transfer_config(profile: PoolProfile) -> str | None:
     """The `--kv-transfer-config` of an engine with the profile's host cache (None: 0 GiB, no swap)."""
-    from slaq.engine.kv_security.settings import KVSecuritySettings, transfer_config_json
-
     host_bytes = int(profile.engine.kv_host_cache_gib * GIB)
     return transfer_config_json(KVSecuritySettings(erase=False, host_cache_bytes=host_bytes)) if host_bytes > 0 else None
 
 
-def swap_rule(cost: StepCostModel) -> Any:  # SwapOrRecompute
-    from slaq.engine.kv_security.swap import SwapOrRecompute
-
+def swap_rule(cost: StepCostModel) -> SwapOrRecompute:
     return SwapOrRecompute(transfer_seconds=cost.host_transfer_seconds, recompute_seconds=cost.recompute_seconds)
 
 
@@ -55,7 +53,7 @@ class SwapAccount:
 
     cost: StepCostModel
     block_size: int
-    ledger: Any  # the connector planner's SwapLedger (its refusal counts)
+    ledger: SwapLedger  # the connector planner's (its refusal counts)
     victims: int = 0
     swapped_victims: int = 0
     tokens_out: int = 0
