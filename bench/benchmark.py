@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -94,6 +94,23 @@ class WorkloadSpec:
         }
 
 
+KV_SWAP_MODES = ("on", "off", "both")
+NO_SWAP_SUFFIX = "-noswap"
+
+
+def swap_variants(policies: Sequence[PolicySpec], mode: str) -> list[tuple[PolicySpec, bool]]:
+    """(policy, KV swap on) runs for `--kv-swap` `mode`: with `both`, a policy whose engine ships
+    slaq's KV connector runs twice, the second time named `<name>-noswap` and recomputing its victims."""
+    if mode not in KV_SWAP_MODES:
+        raise WorkloadError(f"--kv-swap must be one of {', '.join(KV_SWAP_MODES)}, got {mode!r}")
+    runs: list[tuple[PolicySpec, bool]] = []
+    for spec in policies:
+        runs.append((spec, mode != "off"))
+        if mode == "both" and spec.ships_kv_connector:
+            runs.append((replace(spec, name=spec.name + NO_SWAP_SUFFIX), False))
+    return runs
+
+
 RunObserver = Callable[[PolicySpec, float], ProgressCallback | None]
 RunDone = Callable[[PolicySpec, float, dict[str, Any]], None]
 
@@ -101,9 +118,12 @@ RunDone = Callable[[PolicySpec, float, dict[str, Any]], None]
 def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequence[PolicySpec], loads: Sequence[float], *,
                   capacity_rps: float | None = None, max_drain_s: float = 1800.0,
                   on_start: RunObserver | None = None, on_done: RunDone | None = None,
-                  keep_results: list[tuple[float, RunResult]] | None = None, pod: PodConfig | None = None) -> dict[str, Any]:
+                  keep_results: list[tuple[float, RunResult]] | None = None, pod: PodConfig | None = None,
+                  kv_swap: str = "on") -> dict[str, Any]:
     """Every policy at every load; the report (single load: top-level `policies`; several: `sweep`).
-    With `pod`, the policies whose pod ships the sidecar run behind its real core (`slaq.bench.pod`)."""
+    With `pod`, the policies whose pod ships the sidecar run behind its real core (`slaq.bench.pod`);
+    `kv_swap` (on, off, both: see `swap_variants`) for those whose engine ships slaq's KV connector."""
+    runs = swap_variants(policies, kv_swap)
     if not loads or any(not (x > 0) for x in loads):
         raise WorkloadError(f"loads must be positive numbers, got {list(loads)}")
     requests = workload.build()
@@ -118,10 +138,11 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         rate = load * capacity.requests_per_s
         scaled = workload.at_rate(requests, rate)
         results: dict[str, Any] = {}
-        for spec in policies:
+        for spec, swap in runs:
             progress = on_start(spec, load) if on_start else None
             try:
-                result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress, pod=pod)
+                result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, progress=progress, pod=pod,
+                                    kv_swap=swap)
             except PolicyUnavailable:
                 raise
             except Exception as exc:  # a scheduler that crashes is a result: report it, run the others
@@ -144,6 +165,7 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
         # engine: every policy drives the engine scheduler alone; pod: as the pod ships (see slaq.bench.pod)
         "mode": "pod" if pod is not None else "engine",
         "pod": None if pod is None else pod.describe(),
+        "kv_swap": kv_swap,  # per policy, `kv_swap` holds what its connector moved (null: no swap)
         "workload": workload.describe(requests),
         "profile": {"name": profile.name, **profile.model_dump(mode="json", exclude={"name"}), "num_gpu_blocks": profile.num_gpu_blocks},
         "capacity": {

@@ -70,6 +70,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "rule, length prediction) in simulated time; fcfs and priority are stock vLLM pods with no sidecar")
     sim.add_argument("--quota", action="append", default=[], metavar="TENANT:rpm=N[,tpm=N][,concurrency=N]",
                      help="with --pod: a tenant's quota share on the pod (tenants are TIER-INDEX, e.g. batch-0); repeatable")
+    sim.add_argument("--kv-swap", choices=("on", "off", "both"), default="on",
+                     help="slaq's engine swaps preempted requests' KV to host memory and back when cheaper than recomputing it "
+                          "(on, as it ships), recomputes it (off), or both: the slaq policy runs twice, the second as slaq-noswap")
+    sim.add_argument("--kv-host-cache-gib", type=float, default=None, metavar="GIB",
+                     help="host memory for swapped KV (default: the profile's engine.kv_host_cache_gib, 1 as slaq engine ships)")
+    sim.add_argument("--kv-seal-gb-s", default=None, metavar="GB_S|off",
+                     help="host-side AES-GCM seal/open throughput of the KV connector, added to the host link's time "
+                          "(default: the profile's gpu.host_seal_gb_s; off: not counted)")
     sim.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     sim.add_argument("--plots", type=Path, default=None, metavar="DIR", help="write PNG plots here (needs matplotlib)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -149,6 +157,17 @@ def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
                         bursts=parse_bursts(args.bursts) if args.bursts else None)
 
 
+def _seal_rate(text: str | None) -> float | None:
+    from slaq.bench.errors import ProfileError
+
+    if text is None or text == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ProfileError(f"--kv-seal-gb-s must be a number of GB/s or off, got {text!r}") from None
+
+
 def _sim(args: argparse.Namespace) -> int:
     from slaq.bench.errors import BenchError
 
@@ -162,7 +181,7 @@ def _sim(args: argparse.Namespace) -> int:
 def _run_sim(args: argparse.Namespace) -> int:
     from slaq.bench.benchmark import run_benchmark
     from slaq.bench.policies import parse_policies
-    from slaq.bench.pool_profile import load_profile
+    from slaq.bench.pool_profile import load_profile, with_kv_swap
     from slaq.bench.progress import ProgressBar
     from slaq.bench.report import format_table, sweep_table, write_report
 
@@ -173,6 +192,8 @@ def _run_sim(args: argparse.Namespace) -> int:
     workload = workload_from_args(args)
     pod = pod_from_args(args)
     profile = load_profile(args.profile)
+    profile = with_kv_swap(profile, host_cache_gib=args.kv_host_cache_gib, seal_gb_s=_seal_rate(args.kv_seal_gb_s),
+                           seal_counted=args.kv_seal_gb_s != "off")
     bars: dict[tuple[str, float], ProgressBar] = {}
 
     def on_start(spec, load):
@@ -193,7 +214,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         print("measuring capacity...", file=sys.stderr)
     kept: list = [] if args.plots else None
     report = run_benchmark(workload, profile, policies, loads, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain,
-                           on_start=on_start, on_done=on_done, keep_results=kept, pod=pod)
+                           on_start=on_start, on_done=on_done, keep_results=kept, pod=pod, kv_swap=args.kv_swap)
     entries = report.get("sweep") or [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
     capacity = report["capacity"]["requests_per_s"]
     workload_info = report["workload"]
@@ -201,6 +222,9 @@ def _run_sim(args: argparse.Namespace) -> int:
           f"profile {profile.name}; capacity {capacity:.2f} req/s ({report['capacity']['method']})")
     print("mode: pod (slaq behind the sidecar core; fcfs/priority stock vLLM without one; oracle the engine alone)" if pod is not None
           else "mode: engine (every policy drives the engine scheduler alone, no sidecar)")
+    seal = f"{profile.gpu.host_seal_gb_s:g} GB/s" if profile.gpu.host_seal_gb_s else "not counted"
+    print(f"KV swap {args.kv_swap} (slaq's KV connector, {profile.engine.kv_host_cache_gib:g} GiB of host cache, "
+          f"{profile.gpu.host_link_gb_s:g} GB/s host link, sealing {seal}; stock vLLM recomputes its victims)")
     for entry in entries:
         print()
         print(format_table(entry["policies"], title=f"load {entry['load']:g} ({entry['rate_rps']:.2f} req/s)"))

@@ -75,11 +75,12 @@ def _model_config(profile_json: str) -> Any:
     )
 
 
-def engine_setup(profile: PoolProfile, scheduling_policy: str) -> EngineSetup:
-    """vLLM configs for one engine of the profile, with `scheduling_policy` (`fcfs` or `priority`)."""
+def engine_setup(profile: PoolProfile, scheduling_policy: str, *, kv_transfer_config: str | None = None) -> EngineSetup:
+    """vLLM configs for one engine of the profile, with `scheduling_policy` (`fcfs` or `priority`)
+    and, given a `--kv-transfer-config` value, the KV connector it names on the scheduler side."""
     import torch
-    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.config import CacheConfig, KVTransferConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
     engine, model = profile.engine, profile.model
     scheduler_config = SchedulerConfig(
@@ -98,11 +99,16 @@ def engine_setup(profile: PoolProfile, scheduling_policy: str) -> EngineSetup:
         scheduler_config=scheduler_config,
         model_config=_model_config(profile.model_dump_json()),
         cache_config=cache_config,
+        # As `--kv-transfer-config` does: vLLM then also turns off the hybrid KV cache manager.
+        kv_transfer_config=KVTransferConfig(**json.loads(kv_transfer_config)) if kv_transfer_config else None,
     )
     num_blocks = profile.num_gpu_blocks
+    block_bytes = model.kv_bytes_per_token * engine.block_size
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
-        kv_cache_tensors=[],
+        # Nothing is allocated; the size is what a connector reads to know the bytes of a block.
+        kv_cache_tensors=[KVCacheTensor(size=num_blocks * block_bytes, layers=["model.layers"],
+                                        layer_stride=num_blocks * block_bytes, block_stride=block_bytes)],
         kv_cache_groups=[
             KVCacheGroupSpec(
                 ["model.layers"],
@@ -189,6 +195,22 @@ def deliveries(engine_outputs: dict[int, Any]) -> Iterator[tuple[str, int, bool]
     for outputs in engine_outputs.values():
         for out in outputs.outputs:
             yield out.request_id, len(out.new_token_ids), out.finish_reason is not None
+
+
+def preempted_ids(output: Any) -> set[str]:
+    """The requests `schedule()` preempted to produce `output`."""
+    return set(output.preempted_req_ids or ())
+
+
+def connector_plan(output: Any) -> Any | None:
+    """The plan slaq's KV connector put in the step's `kv_connector_metadata` (None without one)."""
+    metadata = getattr(output, "kv_connector_metadata", None)
+    return getattr(metadata, "plan", None)
+
+
+def scheduler_connector(scheduler: Any) -> Any | None:
+    """The scheduler-side KV connector vLLM built from the config (None without one)."""
+    return getattr(scheduler, "connector", None)
 
 
 def preemptions(request: Any) -> int:

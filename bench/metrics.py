@@ -6,7 +6,8 @@ attains its SLO when it finished and met both its TTFT and its mean-TPOT objecti
 wait is first scheduled minus arrival (never scheduled: simulation end minus arrival, a lower
 bound). Goodput and throughput are over the run's makespan (first arrival to last token).
 The recompute tax is the tokens computed a second time because a preemption threw their KV
-away, as a share of all the workload's prompt tokens.
+away, as a share of all the workload's prompt tokens; KV swapped to host memory and loaded back
+(`swapped_in_tokens`, slaq's KV connector) is not recomputed and not counted in it.
 
 With `--pod`, a request the sidecar refused for good (quota 429, shedding 503, ... after the
 client's retries) counts as not attained and not completed, and is counted under `refused` with
@@ -90,6 +91,7 @@ def group_figures(records: Sequence[RequestRecord], objectives: dict[Tier, TierO
         sidecar_wait_p99_s=percentile(sidecar_waits, 99),
         preemptions=sum(r.preemptions for r in records),
         recomputed_tokens=sum(r.recomputed_tokens for r in records),
+        swapped_in_tokens=sum(r.swapped_in_tokens for r in records),
         recompute_tax=recompute_tax(records),
     )
     return figures
@@ -140,6 +142,7 @@ def policy_figures(result: RunResult, objectives: dict[Tier, TierObjectives]) ->
         "preemptions": overall["preemptions"],
         "recomputed_tokens": overall["recomputed_tokens"] if result.sees_kv else None,
         "recompute_tax": overall["recompute_tax"] if result.sees_kv else None,
+        "kv_swap": result.kv_swap,
         "makespan_s": round(result.makespan_s, 6),
         "steps": result.steps,
         "gpu_busy_fraction": round(result.busy_s / result.makespan_s, 6) if result.makespan_s > 0 else 0.0,

@@ -9,7 +9,8 @@
 
 With `--pod` the policies whose pod ships a sidecar (`behind_sidecar`: `slaq`) run behind the real
 sidecar core (`slaq.bench.pod`); stock vLLM's pod has none, and the oracle stays a bound on the
-engine alone.
+engine alone. The policies whose engine ships slaq's KV connector (`ships_kv_connector`: `slaq`)
+swap their preemption victims' KV to host memory unless `--kv-swap off` (`slaq.bench.kv_swap`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class PolicySpec:
     attribute: str
     knows_true_lengths: bool = False
     behind_sidecar: bool = False  # --pod: its pod runs the slaq sidecar in front of the engine
+    ships_kv_connector: bool = False  # its engine loads slaq's KV connector (KV swap: slaq.bench.kv_swap)
 
     def load(self) -> type:
         try:
@@ -49,7 +51,8 @@ POLICIES: dict[str, PolicySpec] = {
     for spec in (
         PolicySpec("fcfs", "fcfs", "stock vLLM AsyncScheduler, first come first served", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-        PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True),
+        PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True,
+                   ships_kv_connector=True),
         PolicySpec("oracle", "priority", "bound: knows true output lengths and the step-time model", "slaq.bench.oracle", "OracleScheduler", knows_true_lengths=True),
     )
 }

@@ -75,6 +75,14 @@ class GpuSpec(_Strict):
     compute_efficiency: Fraction
     bandwidth_efficiency: Fraction
     step_overhead_s: Annotated[float, Field(ge=0)] = 0.0
+    # GPU <-> host memory link (PCIe 5.0 x16 on an H200 SXM: ~55 GB/s achieved of 64 GB/s per
+    # direction): what swapping a preempted request's KV out to host memory and back costs.
+    host_link_gb_s: Positive = 55.0
+    # The host-side work of slaq's KV connector per byte swapped, each way (AES-GCM sealing or
+    # opening and the host copies around it, one block after another on one host thread), which
+    # adds to the link's time: `python -m slaq.engine.kv_security.seal_cost` measures it. None:
+    # not counted (as if sealing ran off the step's critical path).
+    host_seal_gb_s: Positive | None = None
 
 
 class EngineSettings(_Strict):
@@ -85,6 +93,9 @@ class EngineSettings(_Strict):
     gpu_memory_utilization: Fraction = 0.9
     activation_reserve_gb: Annotated[float, Field(ge=0)] = 4.0
     num_gpu_blocks: PositiveInt | None = Field(default=None, description="Overrides the size computed from GPU memory.")
+    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`, same default);
+    # 0: no swap, every preempted request is recomputed.
+    kv_host_cache_gib: Annotated[float, Field(ge=0)] = 1.0
 
 
 class PoolProfile(_Strict):
@@ -102,6 +113,22 @@ class PoolProfile(_Strict):
         if blocks < 1:
             raise ProfileError(f"profile {self.name}: the model's weights leave no GPU memory for the KV cache")
         return blocks
+
+
+def with_kv_swap(profile: PoolProfile, *, host_cache_gib: float | None = None, seal_gb_s: float | None = None,
+                 seal_counted: bool = True) -> PoolProfile:
+    """The profile with another host cache size (`--kv-host-cache-gib`) or host-side seal
+    throughput (`--kv-seal-gb-s`; `seal_counted=False`: not counted)."""
+    engine, gpu = profile.engine, profile.gpu
+    if host_cache_gib is not None:
+        if not host_cache_gib >= 0:
+            raise ProfileError(f"--kv-host-cache-gib must be 0 or more, got {host_cache_gib}")
+        engine = engine.model_copy(update={"kv_host_cache_gib": host_cache_gib})
+    if seal_gb_s is not None and not seal_gb_s > 0:
+        raise ProfileError(f"--kv-seal-gb-s must be a positive number or off, got {seal_gb_s}")
+    if seal_gb_s is not None or not seal_counted:
+        gpu = gpu.model_copy(update={"host_seal_gb_s": seal_gb_s if seal_counted else None})
+    return profile.model_copy(update={"engine": engine, "gpu": gpu})
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:

@@ -2,7 +2,7 @@
 
 Shape (single load):
     {"schema", "workload": {...}, "profile": {...}, "capacity": {...}, "load", "rate_rps",
-     "policies": {<name>: {"attainment", "goodput_rps", "throughput_tok_s", "recompute_tax", ...,
+     "policies": {<name>: {"attainment", "goodput_rps", "throughput_tok_s", "recompute_tax", "kv_swap", ...,
                            "tiers": {"critical"|"standard"|"batch": {"attainment", "goodput_rps",
                                      "ttft_p99_s", "completed_fraction", "max_wait_s", ...}}}}}
 With --load-sweep the per-load parts move into "sweep": [{"load", "rate_rps", "policies"}, ...].
@@ -64,6 +64,15 @@ def _refused(figures: dict[str, Any]) -> str:
     return f"{retried}{figures['refused']} refused by the sidecar ({reasons}), "
 
 
+def _swap(figures: dict[str, Any]) -> str:
+    """`, KV swapped for 70 of 72 victims (recompute: 2; 0.4 s of host transfers)` or nothing."""
+    swap = figures.get("kv_swap")
+    if not swap:
+        return ""
+    refusals = "".join(f"{reason}: {n}; " for reason, n in swap["refusals"].items())
+    return f", KV swapped for {swap['swapped_victims']} of {swap['victims']} victims ({refusals}{swap['transfer_s']:.2g} s of host transfers)"
+
+
 def format_table(policies: dict[str, Any], *, title: str = "") -> str:
     """Policies side by side: one block per policy, one row per tier, plus the policy's totals."""
     rows: list[list[str]] = []
@@ -79,7 +88,7 @@ def format_table(policies: dict[str, Any], *, title: str = "") -> str:
             ratio = f"  goodput {figures['goodput_rps'] / baseline['goodput_rps']:.2f}x fcfs, throughput {figures['throughput_tok_s'] / baseline['throughput_tok_s']:.3f}x"
         rows.append([f"{name}: attainment {_fmt(figures['attainment'], 'pct')}, {figures['throughput_tok_s']:,.0f} tok/s, "
                      f"{figures['unfinished']} unfinished, {_refused(figures)}{figures['preemptions']} preemptions, "
-                     f"recompute tax {_fmt(figures.get('recompute_tax'), 'pct')}{ratio}"])
+                     f"recompute tax {_fmt(figures.get('recompute_tax'), 'pct')}{_swap(figures)}{ratio}"])
         for tier in Tier:
             tier_figures = figures["tiers"][tier.value]
             rows.append([f"  {tier.value}"] + [_fmt(tier_figures.get(key), kind) for _, key, kind in TABLE_COLUMNS[1:]])

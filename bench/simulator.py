@@ -13,6 +13,10 @@ With a `PodFront` (`slaq bench sim --pod`, see `slaq.bench.pod`) requests reach 
 instead, at their own arrival times even while a step runs (the sidecar does not wait for the
 engine's steps); what it releases reaches the engine at the release time, its refusals are
 recorded, and its engine scrapes run every `scrape_interval_s`.
+
+With a `SwapAccount` (`slaq.bench.kv_swap`: slaq's KV connector swaps preempted requests' KV to
+host memory) each step also takes the time its host transfers cost, and a readmitted request
+whose KV came back computes only what did not: the recompute tax counts recomputed work only.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
 from slaq.bench.workload import BenchRequest, TierObjectives
 
 if TYPE_CHECKING:
+    from slaq.bench.kv_swap import SwapAccount
     from slaq.bench.pod import PodFront
 
 BATCH_QUEUE_SIZE = 2  # vLLM's batch queue depth with async scheduling
@@ -53,6 +58,8 @@ class RequestRecord:
     preemptions: int = 0
     computed_tokens: int = 0  # the furthest position ever computed: the KV a preemption throws away
     recomputed_tokens: int = 0  # positions computed again after a preemption (the recompute tax)
+    swapped_out_tokens: int = 0  # KV positions sealed into host memory when preempted (KV swap)
+    swapped_in_tokens: int = 0  # ... and loaded back on readmission instead of recomputed
     released_s: float | None = None  # --pod: when the sidecar released it to the engine
     refused_status: int | None = None  # --pod: the sidecar refused it (HTTP status) ...
     refused_reason: str | None = None  # ... for this reason (e.g. request_rate); it never reached the engine
@@ -90,6 +97,7 @@ class RunResult:
     stop_reason: str = "all requests finished"
     sees_kv: bool = True  # False where the KV work is out of sight (live: over HTTP), so no recompute tax
     behind_sidecar: bool = False  # --pod: the sidecar core admitted, queued and released the requests
+    kv_swap: dict[str, Any] | None = None  # slaq's KV connector swapped victims (see slaq.bench.kv_swap); None: it did not run
 
 
 ProgressCallback = Callable[[int, int], None]
@@ -107,7 +115,8 @@ class Simulator:
 
     def __init__(self, scheduler: Any, cost: StepCostModel, requests: Sequence[BenchRequest],
                  objectives: dict[Tier, TierObjectives], *, policy_name: str, clock: SimClock | None = None,
-                 max_drain_s: float = 1800.0, progress: ProgressCallback | None = None, front: "PodFront | None" = None) -> None:
+                 max_drain_s: float = 1800.0, progress: ProgressCallback | None = None, front: "PodFront | None" = None,
+                 swap: "SwapAccount | None" = None) -> None:
         self.scheduler = scheduler
         self.cost = cost
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
@@ -125,6 +134,7 @@ class Simulator:
         self._overhead: list[float] = []
         self._finished = 0
         self.front = front
+        self.swap = swap
         if front is not None:
             front.connect(self._release, self._refused)
 
@@ -244,6 +254,8 @@ class Simulator:
                 self._overhead.append(time.perf_counter() - started)
                 load, sampled = self._step_work(output)
                 seconds = self.cost.seconds(load)
+                if self.swap is not None:
+                    seconds += self.swap.charge(output, self.records)
                 start = max(clock.now, gpu_free_at)
                 gpu_free_at = start + seconds
                 busy += seconds
@@ -298,4 +310,5 @@ class Simulator:
             overhead_s=self._overhead,
             stop_reason=stop_reason,
             behind_sidecar=self.front is not None,
+            kv_swap=None if self.swap is None else self.swap.summary(self.cost.profile),
         )

@@ -16,6 +16,15 @@ KV bytes / B), with F = peak FLOP/s x compute_efficiency and B = HBM bandwidth x
 bandwidth_efficiency. The GEMMs and the attention kernels run one after the other in every
 layer, so their times add; within each, compute and memory traffic overlap. All parameters
 come from the profile.
+
+Swapping a preempted request's KV to host memory and back (slaq's KV connector) moves
+`kv_bytes_per_token` per token over the host link each way, and the connector's worker seals
+(or opens) each block on the host after (before) it crosses, block after block:
+`host_transfer_seconds` = bytes / host_link + bytes / host_seal (the second term only when the
+profile has `host_seal_gb_s`). Computing
+the same positions again costs `recompute_seconds`: the step time they add (their GEMM and
+attention FLOPs, or their KV traffic if that is larger), without the per-step overhead and the
+weight reads that the steps carrying them pay anyway.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ class StepCostModel:
         self._flops_per_s = gpu.peak_tflops * 1e12 * gpu.compute_efficiency
         self._bytes_per_s = gpu.hbm_tb_s * 1e12 * gpu.bandwidth_efficiency
         self._overhead = gpu.step_overhead_s
+        self._host_seconds_per_byte = 1.0 / (gpu.host_link_gb_s * 1e9) + (1.0 / (gpu.host_seal_gb_s * 1e9) if gpu.host_seal_gb_s else 0.0)
 
     def load(self, work: Iterable[ScheduledWork]) -> StepLoad:
         total = StepLoad()
@@ -65,6 +75,20 @@ class StepCostModel:
         )
         attention = max(load.pairs * self._attn_flops_per_pair / self._flops_per_s, load.kv_tokens * self._kv_bytes / self._bytes_per_s)
         return self._overhead + linear + attention
+
+    def host_transfer_seconds(self, tokens: int) -> float:
+        """Moving `tokens` positions of KV one way between GPU and host memory, sealing included."""
+        return tokens * self._kv_bytes * self._host_seconds_per_byte
+
+    def recompute_seconds(self, tokens: int) -> float:
+        """The step time that computing positions 0..`tokens` again adds (see the module docstring)."""
+        if tokens <= 0:
+            return 0.0
+        work = StepLoad()
+        work.add(ScheduledWork(tokens, 0, False))
+        linear = work.tokens * self._flops_per_token / self._flops_per_s
+        attention = max(work.pairs * self._attn_flops_per_pair / self._flops_per_s, work.kv_tokens * self._kv_bytes / self._bytes_per_s)
+        return linear + attention
 
     def step_seconds(self, work: Iterable[ScheduledWork]) -> float:
         return self.seconds(self.load(work))

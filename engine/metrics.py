@@ -77,6 +77,6 @@ def engine_metrics() -> EngineMetrics:
         prefix_query_tokens=Counter(PREFIX + "prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache at admission, by tier and tenant.", ["tier", "tenant"]),
         table_reloads=Counter(PREFIX + "tenant_table_reloads", "Changed tenant tables the scheduler read while running, by outcome (applied, kept_previous).", ["outcome"]),
         kv_erased_blocks=Counter(PREFIX + "kv_erased_blocks", "KV cache blocks zeroed before reuse, by reason (reuse: handed to another tenant; free: freed by an onFree tenant; tenant_removed; salt_changed).", ["reason"]),
-        kv_swap_blocks=Counter(PREFIX + "kv_swap_blocks", "KV blocks of preempted requests sealed into host memory (out) or restored from it (in), by outcome (out: ok, or refused when the host copy is full or empty; in: ordered, and failed when missing or tampered, then recomputed).", ["direction", "outcome"]),
+        kv_swap_blocks=Counter(PREFIX + "kv_swap_blocks", "KV blocks of preempted requests sealed into host memory (out) or restored from it (in), by outcome (out: ok, refused when the host copy is full or empty, recompute when recomputing costs less; in: ordered, and failed when missing or tampered, then recomputed).", ["direction", "outcome"]),
         info=Gauge(PREFIX + "scheduler_info", "The scheduler class serving this engine (value 1).", ["scheduler", "vllm"], multiprocess_mode="mostrecent"),
     )

@@ -10,6 +10,9 @@
 #                512, so answers detokenize), vLLM block size 128 as on CPU, 10 blocks -> DIR/erase-test.log
 # 3. step times: measured prefill and decode steps beside bench/models/h200-llama3-8b.yaml's
 #                prediction, to calibrate it (scripts/gpu_step_times.py)                -> DIR/step_times.json
+# 4. seal cost:  the KV connector worker's seal and open of a Llama-3-8B block, device-to-host copies
+#                included, to calibrate the profile's gpu.host_seal_gb_s
+#                (python -m slaq.engine.kv_security.seal_cost)                          -> DIR/seal_cost.json
 #
 # --dry-run: no CUDA needed. Prints every command it would run and checks what can be checked on
 # CPU: the kernels against their references (small, reference path), both model directories are
@@ -26,7 +29,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (known: --dry-run, --out DIR)" >&2; exit 2 ;;
   esac
 done
@@ -65,6 +68,9 @@ if [[ $DRY_RUN == 0 ]]; then
 
   step step-times "$PYTHON" scripts/gpu_step_times.py "$STEP_MODEL" --out "$OUT/step_times.json"
   "$PYTHON" scripts/gpu_step_times.py "$STEP_MODEL" --out "$OUT/step_times.json"
+
+  step seal-cost "$PYTHON" -m slaq.engine.kv_security.seal_cost --device cuda
+  "$PYTHON" -m slaq.engine.kv_security.seal_cost --device cuda | tee "$OUT/seal_cost.json"
   echo "gpu_check.sh: all steps passed; figures in $OUT"
   exit 0
 fi
@@ -110,4 +116,13 @@ EOF
 
 step step-times "$PYTHON" scripts/gpu_step_times.py "$STEP_MODEL" --out "$OUT/step_times.json"
 "$PYTHON" scripts/gpu_step_times.py --help > /dev/null
+
+step seal-cost "$PYTHON" -m slaq.engine.kv_security.seal_cost --device cuda
+"$PYTHON" -m slaq.engine.kv_security.seal_cost --device cpu --layers 2 --blocks 4 --repeats 1 > "$OUT/seal_cost-cpu.json"
+"$PYTHON" - "$OUT/seal_cost-cpu.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+assert report["seal_gb_s"] > 0 and report["open_gb_s"] > 0, report
+print("   seal cost: the worker's seal and open path runs on CPU")
+EOF
 echo "gpu_check.sh --dry-run: passed (no GPU used)"

@@ -127,10 +127,10 @@ class KVSecurityPlanner:
             if held is None or self.swap is None:
                 continue
             order = self.swap.preempted(request_id, held)
-            if order is None:
-                self.metrics.kv_swap_blocks.labels(direction="out", outcome="refused").inc(max(1, held.computed_tokens // self.ownership.block_size))
-            else:
+            if isinstance(order, SaveOrder):
                 plan.saves.append(order)
+            else:
+                self.metrics.kv_swap_blocks.labels(direction="out", outcome=order).inc(max(1, held.computed_tokens // self.ownership.block_size))
         tenant_of = self._tenant_of
         for request_id, block_ids, computed, scheduled, replaces in vc.scheduled_blocks(output):
             tenant = tenant_of.get(request_id)

@@ -7,11 +7,17 @@ the tail of a partial block is recomputed. A copy is used once: loaded on readmi
 when the request finishes first. A request whose copy cannot be loaded (the worker finds it
 missing or its tag broken) is recomputed by vLLM from the first block that failed
 (`kv_load_failure_policy=recompute`).
+
+Which victims are swapped: every one whose full blocks fit in the host cache, or, with a
+`SwapOrRecompute` rule, only those whose transfer out and back costs less than computing their
+KV again (the benchmark's simulator gives it its step-time model; the engine has no cost model
+for it yet and swaps whatever fits).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from slaq.engine.kv_security.ownership import HeldBlocks
 
@@ -35,19 +41,46 @@ class LoadOrder:
     block_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class SwapOrRecompute:
+    """Swap a victim's KV when moving it to host memory and back is cheaper than recomputing it.
+
+    `transfer_seconds(tokens)`: one direction over the host link; `recompute_seconds(tokens)`: the
+    compute that positions 0..tokens cost again on readmission."""
+
+    transfer_seconds: Callable[[int], float]
+    recompute_seconds: Callable[[int], float]
+
+    def swaps(self, tokens: int) -> bool:
+        return 2 * self.transfer_seconds(tokens) < self.recompute_seconds(tokens)
+
+
+NO_ROOM = "refused"  # nothing to save, or the host cache cannot hold it
+CHEAPER_TO_RECOMPUTE = "recompute"
+
+
 @dataclass
 class SwapLedger:
     capacity_blocks: int
     block_size: int
+    choice: SwapOrRecompute | None = None  # None: swap every victim that fits
     _copies: dict[str, tuple[str, int]] = field(default_factory=dict)  # request -> (tenant, full blocks copied)
     _queried: dict[str, int] = field(default_factory=dict)  # request -> local tokens it was asked about
     used_blocks: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)  # victims not swapped, by reason
 
-    def preempted(self, request_id: str, held: HeldBlocks) -> SaveOrder | None:
-        """A save order for the full blocks with KV, or None when there is nothing to save or no room."""
+    def preempted(self, request_id: str, held: HeldBlocks) -> SaveOrder | str:
+        """A save order for the full blocks with KV, or why there is none (`NO_ROOM`: nothing to
+        save or no room; `CHEAPER_TO_RECOMPUTE`: the choice rule prefers recomputing them)."""
         blocks = min(held.computed_tokens // self.block_size, len(held.blocks))
+        refusal = None
         if blocks <= 0 or self.used_blocks + blocks > self.capacity_blocks:
-            return None
+            refusal = NO_ROOM
+        elif self.choice is not None and not self.choice.swaps(blocks * self.block_size):
+            refusal = CHEAPER_TO_RECOMPUTE
+        if refusal is not None:
+            self.refusals[refusal] = self.refusals.get(refusal, 0) + 1
+            return refusal
         self.forget(request_id)
         self._copies[request_id] = (held.tenant, blocks)
         self.used_blocks += blocks

@@ -61,3 +61,29 @@ def test_bad_input_is_named(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "sim", "--load", "-1"])
     assert exit_info.value.code == 2 and "loads must be positive" in capsys.readouterr().err
+
+
+def test_kv_swap_flags_are_checked_before_any_simulation(capsys) -> None:
+    assert main(["bench", "sim", "--policies", "slaq", "--kv-seal-gb-s", "fast", "--quiet"]) == 2
+    assert "--kv-seal-gb-s must be a number of GB/s or off, got 'fast'" in capsys.readouterr().err
+    assert main(["bench", "sim", "--policies", "slaq", "--kv-host-cache-gib", "-1", "--quiet"]) == 2
+    assert "--kv-host-cache-gib must be 0 or more, got -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "sim", "--kv-swap", "maybe"])
+    assert exit_info.value.code == 2 and "--kv-swap: invalid choice: 'maybe'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_kv_swap_both_reports_slaq_with_and_without_swap(tmp_path: Path, small_profile) -> None:
+    out, profile = tmp_path / "report.json", tmp_path / "small.yaml"
+    profile.write_text(yaml.safe_dump(small_profile.model_dump(mode="json")))
+    result = _slaq("sim", "--trace", str(SAMPLE_TRACE), "--requests", "40", "--load", "1.0", "--capacity-rps", "5",
+                   "--policies", "slaq", "--kv-swap", "both", "--kv-seal-gb-s", "off", "--kv-host-cache-gib", "2",
+                   "--profile", str(profile), "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["kv_swap"] == "both" and list(report["policies"]) == ["slaq", "slaq-noswap"]
+    swap = report["policies"]["slaq"]["kv_swap"]
+    assert swap["host_cache_gib"] == 2.0 and swap["host_seal_gb_s"] is None and swap["host_link_gb_s"] == 55.0
+    assert report["policies"]["slaq-noswap"]["kv_swap"] is None
+    assert "KV swap both" in result.stdout and "sealing not counted" in result.stdout

@@ -68,3 +68,26 @@ def test_engine_gauges_are_what_the_engine_exports(small_profile) -> None:
     scheduler.schedule()
     waiting, running, kv_usage = harness.engine_gauges(scheduler)
     assert waiting + running == 3 and running >= 1 and 0.0 < kv_usage < 1.0
+
+
+def test_a_kv_transfer_config_gives_the_scheduler_slaqs_connector_and_its_plans(small_profile) -> None:
+    from slaq.bench.kv_swap import transfer_config
+
+    plain = _scheduler(small_profile)
+    assert harness.scheduler_connector(plain) is None
+    setup = harness.engine_setup(small_profile, "fcfs", kv_transfer_config=transfer_config(small_profile))
+    # the KV cache tensors say how many bytes a block holds: what the connector sizes its host cache by
+    block_bytes = small_profile.model.kv_bytes_per_token * small_profile.engine.block_size
+    assert sum(t.size for t in setup.kv_cache_config.kv_cache_tensors) == small_profile.num_gpu_blocks * block_bytes
+    scheduler = harness.build_scheduler(AsyncScheduler, setup)
+    connector = harness.scheduler_connector(scheduler)
+    assert type(connector).__name__ == "SlaqKVConnector"
+    assert connector.planner.swap.capacity_blocks == 2**30 // block_bytes  # the profile's 1 GiB
+    request = harness.make_request("r", 100, max_tokens=10, arrival_time=SIM_EPOCH, priority=0, extra_args={})
+    with SimClock().installed():
+        scheduler.add_request(request)
+        output = scheduler.schedule()
+    plan = harness.connector_plan(output)
+    assert plan is not None and plan.saves == [] and plan.loads == []
+    assert harness.preempted_ids(output) == set()
+    assert harness.connector_plan(plain.schedule()) is None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slaq.bench.errors import ProfileError
-from slaq.bench.pool_profile import load_profile
+from slaq.bench.pool_profile import load_profile, with_kv_swap
 from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
 
 
@@ -33,6 +33,46 @@ def test_decode_steps_are_memory_bound_and_grow_with_context() -> None:
     assert 0.004 < one < 0.008  # reading 16 GB of weights at ~3.8 TB/s
     assert cost.decode_seconds(256, 4000) > cost.decode_seconds(256, 1000) > cost.decode_seconds(64, 1000)
     assert cost.step_seconds([]) == 0.0
+
+
+def test_host_transfer_is_kv_bytes_over_the_host_link() -> None:
+    profile = load_profile()
+    assert profile.gpu.host_link_gb_s == 55.0 and profile.engine.kv_host_cache_gib == 1.0
+    profile = with_kv_swap(profile, seal_counted=False)  # the link alone
+    cost = StepCostModel(profile)
+    # 1,000 tokens x 128 KiB (32 layers x 8 KV heads x 128 x K and V x 2 bytes) over 55 GB/s
+    assert cost.host_transfer_seconds(1000) == pytest.approx(1000 * 131072 / 55e9)
+    assert cost.host_transfer_seconds(1000) == pytest.approx(2.383e-3, rel=1e-3)
+    slow = StepCostModel(profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"host_link_gb_s": 5.5})}))
+    assert slow.host_transfer_seconds(1000) == pytest.approx(10 * cost.host_transfer_seconds(1000))
+
+
+def test_sealing_adds_its_time_to_the_links() -> None:
+    profile = load_profile()
+    assert profile.gpu.host_seal_gb_s == 1.26  # measured: python -m slaq.engine.kv_security.seal_cost
+    cost = StepCostModel(profile)
+    assert cost.host_transfer_seconds(1000) == pytest.approx(1000 * 131072 * (1 / 55e9 + 1 / 1.26e9))
+    faster = StepCostModel(with_kv_swap(profile, seal_gb_s=12.6))
+    assert faster.host_transfer_seconds(1000) == pytest.approx(1000 * 131072 * (1 / 55e9 + 1 / 12.6e9))
+    with pytest.raises(ProfileError, match="--kv-seal-gb-s"):
+        with_kv_swap(profile, seal_gb_s=0.0)
+    with pytest.raises(ProfileError, match="--kv-host-cache-gib"):
+        with_kv_swap(profile, host_cache_gib=-1.0)
+
+
+def test_recompute_costs_the_prompt_compute_without_the_step_overhead() -> None:
+    cost = StepCostModel(load_profile())
+    assert cost.recompute_seconds(0) == 0.0
+    # a whole 8,192-token prompt recomputed: its chunk's step less the 2 ms overhead and the weight floor
+    full = cost.step_seconds([ScheduledWork(8192, 0, False)])
+    assert cost.recompute_seconds(8192) == pytest.approx(full - 0.002, rel=1e-6)
+    # attention grows quadratically: 4,000 tokens cost more than four times 1,000
+    assert cost.recompute_seconds(4000) > 4 * cost.recompute_seconds(1000)
+    # on an H200 over PCIe, moving KV out and back is ~6x cheaper than recomputing it ...
+    link_only = StepCostModel(with_kv_swap(load_profile(), seal_counted=False))
+    assert 2 * link_only.host_transfer_seconds(1000) < cost.recompute_seconds(1000) / 5
+    # ... and sealing it on one host thread at the measured 1.26 GB/s makes it ~7x dearer
+    assert 2 * cost.host_transfer_seconds(1000) > 5 * cost.recompute_seconds(1000)
 
 
 def test_prefill_budget_fits_the_time() -> None:

@@ -19,7 +19,8 @@ def test_dry_run_names_each_gpu_step_and_its_cpu_checks_pass(tmp_path: Path) -> 
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     steps = [line.split(":")[0] for line in out.splitlines() if line.startswith("== ")]
-    assert steps == ["== kernels", "== erase-test", "== step-times"], out
+    assert steps == ["== kernels", "== erase-test", "== step-times", "== seal-cost"], out
+    assert "seal_cost --device cuda" in out and (tmp_path / "seal_cost-cpu.json").exists()
     assert "slaq.kernels.check --device cuda" in out and "gpu_step_times.py" in out
     assert "erase test: 2 tests selected" in out and "--device gpu" in out and "--block-size 128" in out
     assert (tmp_path / "kernels-cpu.json").exists()

@@ -10,7 +10,7 @@ from slaq.engine.kv_security.ownership import (
     BlockOwnership,
     HeldBlocks,
 )
-from slaq.engine.kv_security.swap import SwapLedger
+from slaq.engine.kv_security.swap import NO_ROOM, SaveOrder, SwapLedger
 
 BS = 4
 
@@ -93,8 +93,8 @@ def test_retiring_a_tenant_erases_free_blocks_now_and_held_ones_when_freed() -> 
 def test_swap_ledger_saves_full_blocks_restores_once_and_respects_capacity() -> None:
     ledger = SwapLedger(capacity_blocks=4, block_size=BS)
     order = ledger.preempted("r1", HeldBlocks("acme", [5, 6, 7], 10))  # 10 tokens: 2 full blocks
-    assert order is not None and order.block_ids == (5, 6) and ledger.used_blocks == 2
-    assert ledger.preempted("r2", HeldBlocks("bolt", [1, 2, 3], 12)) is None  # 2 + 3 > 4: recompute
+    assert isinstance(order, SaveOrder) and order.block_ids == (5, 6) and ledger.used_blocks == 2
+    assert ledger.preempted("r2", HeldBlocks("bolt", [1, 2, 3], 12)) == NO_ROOM  # 2 + 3 > 4: recompute
     # readmitted with 13 tokens, 4 of them a local prefix hit: the copy supplies tokens 4..7
     assert ledger.matched_tokens("r1", 4, 13) == 4
     load = ledger.allocated("r1", [9, 8, 3], 4)

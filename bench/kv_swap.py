@@ -1,0 +1,107 @@
+"""KV swap in the simulator: slaq's own KV connector in the loop, its host transfers charged to the steps.
+
+- Which engines: those whose pod ships slaq's KV connector (`PolicySpec.ships_kv_connector`:
+  `slaq`; `slaq engine` loads it for the slaq scheduler only). Stock vLLM recomputes its victims.
+- The connector: the real `SlaqKVConnector`, which vLLM builds on the scheduler side from the same
+  `--kv-transfer-config` the launcher writes, with `profile.engine.kv_host_cache_gib` of host
+  memory. Its planner sees every preemption and readmission through vLLM's connector calls and
+  decides which victims are sealed into host memory and which readmitted requests load their KV
+  back instead of computing it (vLLM then counts those tokens as computed). Erase is off here: it
+  changes no scheduling decision in the simulator, and its GPU time (a memory-bound store, about
+  1 us per 2 MiB block on an H200, not measured) is not modelled.
+- Swap or recompute, per victim: the ledger's `SwapOrRecompute` rule, fed by the step-time model
+  (`StepCostModel.host_transfer_seconds` out and back against `recompute_seconds`); a victim the
+  host cache cannot hold is recomputed.
+- Cost: the connector's worker seals the step's victims and fills its readmitted requests' blocks
+  before the forward pass, synchronously (`handle_preemptions`, `start_load_kv`;
+  `wait_for_layer_load` returns at once), block after block: copy over the host link, then
+  AES-GCM on one host thread (or the reverse). Nothing overlaps them, so the step that carries a
+  plan takes `host_transfer_seconds(tokens sealed + tokens loaded)` longer: the link's time plus,
+  when the profile has `gpu.host_seal_gb_s`, the sealing's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from slaq.bench import engine_harness as harness
+from slaq.bench.pool_profile import PoolProfile
+from slaq.bench.stepcost import StepCostModel
+from slaq.engine.kv_security.settings import KVSecuritySettings, transfer_config_json
+from slaq.engine.kv_security.swap import SwapLedger, SwapOrRecompute
+
+if TYPE_CHECKING:
+    from slaq.bench.simulator import RequestRecord
+
+GIB = 2**30
+
+
+def transfer_config(profile: PoolProfile) -> str | None:
+    """The `--kv-transfer-config` of an engine with the profile's host cache (None: 0 GiB, no swap)."""
+    host_bytes = int(profile.engine.kv_host_cache_gib * GIB)
+    return transfer_config_json(KVSecuritySettings(erase=False, host_cache_bytes=host_bytes)) if host_bytes > 0 else None
+
+
+def swap_rule(cost: StepCostModel) -> SwapOrRecompute:
+    return SwapOrRecompute(transfer_seconds=cost.host_transfer_seconds, recompute_seconds=cost.recompute_seconds)
+
+
+@dataclass
+class SwapAccount:
+    """What the connector moved, step by step, and the time it cost."""
+
+    cost: StepCostModel
+    block_size: int
+    ledger: SwapLedger  # the connector planner's (its refusal counts)
+    victims: int = 0
+    swapped_victims: int = 0
+    tokens_out: int = 0
+    tokens_in: int = 0
+    transfer_s: float = 0.0
+
+    @classmethod
+    def install(cls, scheduler: Any, cost: StepCostModel) -> "SwapAccount":
+        """Give the scheduler's connector the cost rule; the account that follows its plans."""
+        connector = harness.scheduler_connector(scheduler)
+        if connector is None or connector.planner is None or connector.planner.swap is None:
+            raise ValueError("the scheduler has no KV connector with a host cache")
+        ledger = connector.planner.swap
+        ledger.choice = swap_rule(cost)
+        return cls(cost, ledger.block_size, ledger)
+
+    def charge(self, output: Any, records: Mapping[str, "RequestRecord"]) -> float:
+        """Seconds the step's host transfers add to it; the tokens moved go on the requests' records."""
+        self.victims += len(harness.preempted_ids(output))
+        plan = harness.connector_plan(output)
+        if plan is None:
+            return 0.0
+        moved = 0
+        for save in plan.saves:
+            tokens = len(save.block_ids) * self.block_size
+            records[save.request_id].swapped_out_tokens += tokens
+            self.tokens_out += tokens
+            moved += tokens
+        for load in plan.loads:
+            tokens = len(load.block_ids) * self.block_size
+            records[load.request_id].swapped_in_tokens += tokens
+            self.tokens_in += tokens
+            moved += tokens
+        self.swapped_victims += len(plan.saves)
+        seconds = self.cost.host_transfer_seconds(moved)
+        self.transfer_s += seconds
+        return seconds
+
+    def summary(self, profile: PoolProfile) -> dict[str, Any]:
+        return {
+            "host_cache_gib": profile.engine.kv_host_cache_gib,
+            "host_link_gb_s": profile.gpu.host_link_gb_s,
+            "host_seal_gb_s": profile.gpu.host_seal_gb_s,
+            "victims": self.victims,
+            "swapped_victims": self.swapped_victims,
+            "recomputed_victims": self.victims - self.swapped_victims,
+            "refusals": dict(sorted(self.ledger.refusals.items())),
+            "swapped_out_tokens": self.tokens_out,
+            "swapped_in_tokens": self.tokens_in,
+            "transfer_s": round(self.transfer_s, 6),
+        }
