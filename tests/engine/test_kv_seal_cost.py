@@ -14,7 +14,8 @@ def test_seal_cost_prints_the_throughput_of_the_workers_own_path(capsys) -> None
     figures = json.loads(capsys.readouterr().out)
     assert figures["device"] == "cpu" and figures["block_bytes"] == 2 * 2 * 16 * 8 * 128 * 4
     assert figures["seal_s_per_block"] > 0 and figures["open_s_per_block"] > 0
-    assert figures["seal_gb_s"] == pytest.approx(figures["block_bytes"] / figures["seal_s_per_block"] / 1e9, rel=0.01)
+    # Both figures are printed rounded (GB/s to 3 decimals): on a slow machine that is the larger error.
+    assert figures["seal_gb_s"] == pytest.approx(figures["block_bytes"] / figures["seal_s_per_block"] / 1e9, rel=0.01, abs=0.0006)
 
 
 def test_seal_cost_refuses_cuda_without_a_gpu(capsys) -> None:
