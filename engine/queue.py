@@ -15,11 +15,12 @@ Backfill (the report's formula 2: batch utility under memory). vLLM's waiting lo
 first request whose allocation fails, so one refused head would hold every admission behind it
 for the step. While a step runs (`begin_step` .. `end_step`) and an admission check is set, the
 queue asks it about its choice before offering it, and passes over for the rest of the step:
-- a request refused for a reason of its own (its tenant's KV cap, the critical headroom);
-- a request that does not fit in the free KV cache, while it is in the first BACKFILL_SLACK of
-  its horizon (TTFT objective, or aging bound): smaller requests behind it that fit go first;
-  after that it blocks the loop again, as in vLLM, so the blocks that free up are its own and
-  it starts before its deadline or aging bound.
+- a request refused for a reason of its own (its tenant's KV cap);
+- a request that does not fit in the free KV cache, or in what the critical headroom leaves of
+  it, while it is in the first BACKFILL_SLACK of its horizon (TTFT objective, or aging bound):
+  smaller requests behind it that fit go first; after that it blocks the loop again, as in vLLM,
+  so the blocks that free up are its own and it starts before its deadline or aging bound (a
+  big request passed over for the headroom for good would lose every freed block to small ones).
 At most MAX_PASSED_OVER requests are passed over per step (the loop's extra work is bounded);
 they are back in their heaps when the step ends.
 """
@@ -32,7 +33,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 from slaq.api.common import Tier
-from slaq.engine.blocks import REFUSED_KV_FULL
+from slaq.engine.blocks import REFUSED_TENANT_CAP
 from slaq.engine.ordering import REKEY_HEAD, WaitingOrder
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
@@ -218,12 +219,13 @@ class SLARequestQueue(RequestQueue):
             self._passed_ids.add(entry[3].request_id)
 
     def _pass_over(self, request: Request) -> bool:
-        """Skip `request` for this step: refused for a reason of its own, or too big for the free KV
-        cache while it still has BACKFILL_SLACK of its horizon left (see the module doc)."""
+        """Skip `request` for this step: refused by its tenant's KV cap, or refused for want of free
+        blocks (too big for the free KV cache, or for what the critical headroom leaves) while it
+        still has BACKFILL_SLACK of its horizon left (see the module doc)."""
         reason = self.admission(request)  # type: ignore[misc]
         if reason is None:
             return False
-        if reason != REFUSED_KV_FULL:
+        if reason == REFUSED_TENANT_CAP:
             return True
         info = self._info_of(request)
         horizon = info.ttft_s if info.ttft_s is not None else self._order.spec.aging_bound_seconds

@@ -113,3 +113,31 @@ def test_backfill_past_a_head_that_does_not_fit_stops_at_half_its_horizon(clock:
     assert max(admitted_behind) <= 2.0 + 0.05  # ...and only in the first half of the head's 4 s objective
     driver.run_until_idle(max_steps=5000)
     assert head.request_id in driver.finished
+
+
+def test_a_head_refused_by_the_critical_headroom_stops_the_backfill_at_half_its_horizon(clock: list[float]) -> None:
+    """Passed over for the headroom for good, a big request would lose every block that frees up to
+    the small ones behind it (the demo's standard prompts waited seconds so)."""
+    config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.2, aging_bound_seconds=10.0))
+    scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=101, max_model_len=2048, max_num_batched_tokens=2048)
+    driver = Driver(scheduler)
+    # 72 of 100 blocks for 6 s, of the head's own tier: the head may not preempt it.
+    holder = make_request(Tier.STANDARD, prompt_tokens=1140, max_tokens=60, arrival=clock[0])
+    driver.add(holder)
+    _step(driver, clock, 0.1)
+    assert free_blocks(scheduler) == 28
+    # 10 blocks fit in the 28 free ones, but not with the 20 kept for critical requests.
+    head = make_request(Tier.STANDARD, prompt_tokens=160, max_tokens=4, ttft_ms=4000.0, arrival=clock[0])
+    driver.add(head)
+    admitted_behind: list[float] = []
+    for _ in range(30):  # 3 s: one-block requests arrive behind the head all along, and leave the headroom whole
+        small = make_request(Tier.BATCH, prompt_tokens=16, max_tokens=1, arrival=clock[0])
+        driver.add(small)
+        output = _step(driver, clock, 0.1)
+        if small.request_id in {r.req_id for r in output.scheduled_new_reqs}:
+            admitted_behind.append(clock[0] - head.arrival_time)
+    assert head.request_id not in driver.first_scheduled_step  # the headroom held it back all along
+    assert admitted_behind and min(admitted_behind) < 0.2  # backfilled at once...
+    assert max(admitted_behind) <= 2.0 + 0.1  # ...and only in the first half of the head's 4 s objective
+    driver.run_until_idle(max_steps=5000)
+    assert head.request_id in driver.finished
