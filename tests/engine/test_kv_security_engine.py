@@ -5,7 +5,7 @@ The connector's worker-side test hook (`inspectPath`) counts the non-zero KV ele
 handed to another tenant, after the erase and before the forward pass writes B's tokens into it:
 zero with erase on; A's values still there in the negative control (`--kv-erase off`).
 
-Swap: a batch request is preempted for critical ones, its KV sealed into host memory, restored on
+Swap: a batch request is preempted for a critical one, its KV sealed into host memory, restored on
 readmission; its answer equals the answer it gets alone. With a ciphertext byte flipped
 (`tamperFlag`), the restore fails its tag, the request is recomputed, and the answer is the same.
 """
@@ -159,51 +159,61 @@ def _joined(thread: threading.Thread, outcome: dict, what: str):
     return outcome["result"]
 
 
-def _preempted_answer(engine: EngineHandle, seed: int, attempts: int = PREEMPTION_ATTEMPTS) -> str:
-    """The batch request's answer when two critical requests preempt it midway.
+BATCH_OUTPUT = 150  # 354 + 150 tokens: at most 4 blocks, inside the 512-token model length
 
-    Whether the scheduler preempts or lets the second critical request wait for the first depends
-    on how fast this machine runs the steps (on a quiet one it often waits); a run without a
-    preemption does not pose the question, so it is run again, and the test fails if none of
-    `attempts` runs preempted."""
-    prompt = _prompt(seed, 3 * BLOCK_TOKENS - 30)
+
+def _batch_prompts(seed: int) -> list[list[int]]:
+    return [_prompt(seed + i, 3 * BLOCK_TOKENS - 30) for i in range(2)]
+
+
+def _answers_alone(engine: EngineHandle, seed: int) -> list[str]:
+    return [_complete(engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT) for prompt in _batch_prompts(seed)]
+
+
+def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTION_ATTEMPTS) -> list[str]:
+    """The answers of two batch requests, one of which a critical request preempts midway.
+
+    The two hold 6 to 8 of the 9 blocks while they decode; the critical request's 4 blocks do not
+    fit beside them, and there is no other critical request it could wait for, so it preempts one
+    of them however fast this machine runs the steps (the scheduler's own choice, or vLLM's when a
+    chunked prefill runs out of blocks). A run without a preemption would not pose the question:
+    it is run again, and so is one whose victim was not sealed to host memory (vLLM's own
+    preemption of a chunked prefill recomputes); the test fails if none of `attempts` runs did both."""
+    prompts = _batch_prompts(seed)
     for attempt in range(attempts):
         preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
-        running = threading.Event()
-        batch = _in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, 180, running)
-        # Its first token back, not a metrics poll: on a quiet machine the request could finish between two polls.
-        assert running.wait(REQUEST_DEADLINE_S), "the batch request did not start"
-        # Two 4-block critical requests, long enough (48 tokens) that the first still runs when the
-        # second arrives however slowly the threads start: together with the batch request they
-        # need more than the 9 blocks.
-        critical = [_in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + 10 * attempt + i, 4 * BLOCK_TOKENS - 60), 48)
-                    for i in range(2)]
-        for i, (thread, outcome) in enumerate(critical):
-            _joined(thread, outcome, f"critical request {i}")
-        answer = _joined(*batch, "the preempted batch request")
-        if _counter(engine, "slaq_engine_preemptions_total", tier="batch") > preempted:
-            return answer
-    raise AssertionError(f"the batch request was not preempted in {attempts} attempts")
+        sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
+        started = [threading.Event() for _ in prompts]
+        batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
+        # Their first tokens back, not a metrics poll: on a quiet machine a request could finish between two polls.
+        assert all(event.wait(REQUEST_DEADLINE_S) for event in started), "the batch requests did not start"
+        critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16)
+        _joined(*critical, "the critical request")
+        answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
+        if (_counter(engine, "slaq_engine_preemptions_total", tier="batch") > preempted
+                and _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok") > sealed):
+            return answers
+    raise AssertionError(f"no batch request was preempted and sealed to host memory in {attempts} attempts")
 
 
 def test_a_preempted_request_is_restored_from_its_sealed_host_copy_with_the_same_answer(secured: EngineHandle) -> None:
-    alone = _complete(secured, "batchco", Tier.BATCH, _prompt(300, 3 * BLOCK_TOKENS - 30), 180)
+    alone = _answers_alone(secured, 300)
     out_before = _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
     in_before = _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="ordered")
     failed_before = _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed")
-    assert _preempted_answer(secured, 300) == alone
+    assert _preempted_answers(secured, 300) == alone
     assert _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok") > out_before
     assert _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="ordered") > in_before
     assert _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed") == failed_before
 
 
 def test_a_tampered_host_copy_is_recomputed_never_served_and_the_answer_is_the_same(secured: EngineHandle, hooks: dict[str, Path]) -> None:
-    alone = _complete(secured, "batchco", Tier.BATCH, _prompt(400, 3 * BLOCK_TOKENS - 30), 180)
+    alone = _answers_alone(secured, 400)
     failed_before = _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed")
     hooks["tamper"].touch()
     try:
-        answer = _preempted_answer(secured, 400)
+        answers = _preempted_answers(secured, 400)
     finally:
         hooks["tamper"].unlink()
     assert _counter(secured, "slaq_engine_kv_swap_blocks_total", direction="in", outcome="failed") > failed_before
-    assert answer == alone
+    assert answers == alone
