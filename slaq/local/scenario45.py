@@ -29,7 +29,8 @@ from slaq.local.errors import ScenarioError
 from slaq.local.loadgen import Outcome, PlannedRequest, stream_one
 
 class NotTogether(ScenarioError):
-    """A, B and C were not sent within `TOGETHER_S` of each other: run it again."""
+    """The run did not pose the report's question: A, B and C were not sent within `TOGETHER_S` of
+    each other, or the background did not still hold its blocks when they were. Run it again."""
 
 
 BLOCK_SIZE = 32  # the CPU backend's preferred multiple
@@ -154,8 +155,9 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
     running = [asyncio.create_task(stream_one(url, model, r, origin, event)) for r, event in zip(background, decoding)]
     # The background holds its KV blocks once it decodes: its first token is back.
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
-    if any(t.done() for t in running):
-        raise ScenarioError("a background request ended before A, B and C were sent (the engine ran faster than planned)")
+    if ended := [t.result() for t in running if t.done()]:
+        raise NotTogether(f"a background request ended before A, B and C were sent (status {ended[0].status}, "
+                          f"{'finished' if ended[0].finished else 'not finished'})")
     trio: dict[str, asyncio.Task] = {}
     for n, request in enumerate(trio_requests):
         if n:
