@@ -187,18 +187,23 @@ async def test_the_operator_writes_attainment_from_the_sidecars_counters(pod: Po
                                                .get("status") or {}).get("slaRisk") is not None, 60, "the operator reading the pod", 0.5)
     met0, missed0 = await asyncio.to_thread(_vip_outcomes, pod)
     # One at a time: this is about counting, not load (a burst would be shed by the pod guard).
-    statuses = []
+    outcomes = []
     async with client() as http:
         for i in range(25):  # more than the 20 finished requests the AtRisk verdict needs
-            statuses.append((await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i)).status)
-    assert statuses.count(200) >= 20, statuses
+            outcomes.append(await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4, seed=7000 + i))
+    completed = sum(1 for o in outcomes if o.done)
+    assert completed >= 20, [(o.status, o.error) for o in outcomes]
 
     def settled() -> tuple[float, float] | None:
         first = _vip_outcomes(pod)
         time.sleep(2.0)
-        return first if _vip_outcomes(pod) == first and first[0] + first[1] - met0 - missed0 >= 20 else None
+        return first if _vip_outcomes(pod) == first and first[0] + first[1] - met0 - missed0 >= completed else None
 
-    met, missed = await asyncio.to_thread(wait_for, settled, 60, "the sidecar's counters settling", 0.5)
+    try:
+        met, missed = await asyncio.to_thread(wait_for, settled, 60, "the sidecar's counters settling", 0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: vip's (met, missed) went from {(met0, missed0)} to {_vip_outcomes(pod)} "
+                             f"for {completed} completed requests") from None
     requests = int(met + missed - met0 - missed0)
     expected = round((met - met0) / requests, 4)
 

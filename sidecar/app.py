@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -220,6 +221,9 @@ class SidecarApp:
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
+        settled = entry.flight.settlement if entry.flight is not None else None
+        if settled is not None and settled.status < 400:  # it left after the whole answer, [DONE] included
+            entry.status, entry.reason = settled.status, None
 
     async def _serve(self, scope: Scope, send: Send, entry: AccessEntry, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
         started = time.perf_counter()
@@ -232,6 +236,12 @@ class SidecarApp:
         except EngineUnavailable as error:
             self.core.refused(error, identity)
             status = 503
+            raise
+        except asyncio.CancelledError:
+            # The client went away; one that read the closing [DONE] first (and may well close before
+            # the engine's stream has ended) got the whole answer: it counts as answered, with its outcome.
+            if observer.answered:
+                status = HTTPStatus.OK
             raise
         finally:
             self.core.finish(

@@ -21,6 +21,7 @@ from slaq.sidecar.errors import EngineUnavailable
 _TOKEN_EVENT = re.compile(rb'"(?:text|content)":\s?"(?!")')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s?(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s?(\d+)')
+_DONE_EVENT = b"data: [DONE]"
 TAIL_BYTES = 4096
 
 # Hop-by-hop and recomputed headers are not forwarded in either direction.
@@ -31,12 +32,13 @@ _DROP_RESPONSE_HEADERS = frozenset({"content-length", "connection", "keep-alive"
 class ResponseObserver:
     """Watches response bytes: first token time, streamed token count, usage from the tail."""
 
-    __slots__ = ("streaming", "first_token", "token_events", "_carry", "_tail")
+    __slots__ = ("streaming", "first_token", "token_events", "answered", "_carry", "_tail")
 
     def __init__(self, streaming: bool) -> None:
         self.streaming = streaming
         self.first_token = False
         self.token_events = 0
+        self.answered = False  # the stream's closing `data: [DONE]` went past: the client has the whole answer
         self._carry = b""
         self._tail = b""
 
@@ -54,6 +56,8 @@ class ResponseObserver:
             if _TOKEN_EVENT.search(event):
                 self.token_events += 1
                 self.first_token = True
+            elif event.strip() == _DONE_EVENT:
+                self.answered = True
         return self.first_token and not was_first
 
     def output_tokens(self) -> int | None:

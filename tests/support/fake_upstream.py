@@ -10,6 +10,7 @@ sidecar forwards like any other header):
     x-fake-delay-ms: D       delay before the first token and between tokens
     x-fake-status: S         answer S with an OpenAI error body instead
     x-fake-break: 1          cut the stream after the first token
+    x-fake-linger-ms: L      keep the stream open L ms after its `data: [DONE]`
 
 `ServerThread` runs any ASGI app with uvicorn on 127.0.0.1 in a thread of its own and stops it.
 """
@@ -172,7 +173,11 @@ class FakeEngine:
         if (body.get("stream_options") or {}).get("include_usage"):
             final = {"id": "fake", "object": "chat.completion.chunk" if chat else "text_completion", "created": created, "model": self.model, "choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(final).encode() + b"\n\n", "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        linger = float(headers.get("x-fake-linger-ms", "0")) / 1000.0
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": linger > 0})
+        if linger:
+            await asyncio.sleep(linger)
+            await send({"type": "http.response.body", "body": b""})
 
 
 class RecordingPassthrough:
