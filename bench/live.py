@@ -12,7 +12,6 @@ bound).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from slaq.api.common import Tier
 from slaq.bench.errors import LiveError
 from slaq.bench.simulator import RequestRecord, RunResult
 from slaq.bench.workload import BenchRequest, TierObjectives
+from slaq.sse import DONE, sse_data
 
 
 @dataclass(frozen=True)
@@ -132,13 +132,12 @@ async def _one(client: Any, request: BenchRequest, credential: TenantCredential,
                     return outcome
                 chunks, usage_tokens = 0, None
                 async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                    data = sse_data(line)
+                    if data is None:
                         continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
+                    if data is DONE:
                         record.finished = True
                         break
-                    data = json.loads(payload)
                     if data.get("usage"):
                         usage_tokens = data["usage"].get("completion_tokens", usage_tokens)
                     choices = data.get("choices") or []

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from slaq.sse import DONE, sse_data
+
 MODEL = "slaq-tiny"
 
 
@@ -44,13 +46,12 @@ async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, pr
                 outcome.error = (await response.aread()).decode("utf-8", "replace")[:200]
                 return outcome
             async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+                data = sse_data(line)
+                if data is None:
                     continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+                if data is DONE:
                     outcome.done = True
                     break
-                data = json.loads(payload)
                 if "error" in data:
                     outcome.error = str(data["error"])[:200]
                     break

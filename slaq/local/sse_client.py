@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from slaq.sse import sse_data
+
 LAZY_READ_S = 0.25
 DONE_EVENT = b"[DONE]"
 
@@ -78,13 +80,12 @@ def _has_choice(event: bytes) -> bool:
     """A server-sent event's `data:` payload is a completion chunk with at least one choice (a token;
     its text may be empty: a partial UTF-8 sequence from the random-weight model)."""
     for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload and payload != DONE_EVENT:
-                try:
-                    return bool(json.loads(payload).get("choices"))
-                except (ValueError, AttributeError):
-                    return False
+        try:
+            data = sse_data(line)
+        except ValueError:
+            return False
+        if isinstance(data, dict):
+            return bool(data.get("choices"))
     return False
 
 
