@@ -7,6 +7,7 @@ the named field), a retryable API error becomes kopf.TemporaryError (kopf tries 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from slaq.api.common import GROUP, VERSION
 from slaq.operator.client import Connection
 from slaq.operator.errors import RetryableApiError, SpecError
 from slaq.operator.reconciler import Reconciler
+from slaq.operator.view import ClusterView, index_pool, index_tenant
 
 POOLS = (GROUP, VERSION, "inferencepools")
 TENANTS = (GROUP, VERSION, "tenantslas")
@@ -44,6 +46,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.SmartProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.reporting_component = "slaq-operator"
+    # kopf's own Events ("Handler ... succeeded") would add two API writes to every change of every
+    # object; failures are still posted, and the operator posts its own (AtRisk, InvalidSpec).
+    settings.posting.level = logging.WARNING
 
 
 def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, connection: Connection | None = None,
@@ -56,8 +61,19 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             return connection.kopf_login(**kwargs)
 
+    # The view the tables are planned from: kopf runs no handler before both indexes hold the
+    # whole initial listing (view.py).
+    @kopf.index(*POOLS, id="pool_index", registry=registry)
+    def pool_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return index_pool(body)
+
+    @kopf.index(*TENANTS, id="tenant_index", registry=registry)
+    def tenant_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return index_tenant(body)
+
     @kopf.on.startup(id="create_salt_key", registry=registry)
-    async def create_salt_key(**_: Any) -> None:
+    async def create_salt_key(pool_index: kopf.Index[str, Any], tenant_index: kopf.Index[str, Any], **_: Any) -> None:
+        reconciler.bind_view(ClusterView(pool_index, tenant_index))
         await reconciler.ensure_salt_key()
 
     @kopf.on.resume(*POOLS, id="pool_children", registry=registry)
@@ -71,7 +87,7 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
     @errors
     async def pool_gone(name: str, namespace: str, **_: Any) -> None:
         reconciler.forget_pool(namespace, name)
-        await reconciler.sync_tables()  # its tenants' quotas are re-split over the remaining pools
+        await reconciler.refresh(pools=[f"{namespace}/{name}"])  # its tenants' quotas are re-split over the remaining pools
 
     @kopf.timer(*POOLS, id="pool_usage", interval=observe_interval_s, initial_delay=observe_interval_s, idle=None, registry=registry)
     @errors

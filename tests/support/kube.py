@@ -14,6 +14,9 @@ Fixture API (pytest plugin, registered in the root conftest.py):
                                 # the next `times` matching requests answer `status` with
                                 # no state change (method: GET, POST, PATCH, DELETE or '*')
         kube.collect_garbage() -> list[key]   # what the garbage collector would delete now
+        kube.calls              # every API request served, as Call(verb, resource, namespace, name,
+                                # subresource): what a test counts (watch streams are verb WATCH)
+        kube.keep_requests = False   # stop kmock keeping every request with its body (benches)
         kube.install_crds(paths)              # declare CRDs (done for crds/*.yaml by the fixture)
 
 What it adds to kmock 0.8's `KubernetesEmulator` (pinned: this subclass reaches into it):
@@ -73,6 +76,24 @@ class Fault:
             and (self.name is None or request.name == self.name)
             and request.subresource == self.subresource
         )
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request the emulator served, as an API server's audit log would name it."""
+
+    verb: str  # GET, LIST, WATCH, CREATE (POST), PATCH, DELETE
+    resource: str  # plural, e.g. "secrets"
+    namespace: str | None
+    name: str | None
+    subresource: str | None = None
+
+
+def _verb(request: rendering.Request) -> str:
+    method = request.method.value
+    if method == "GET" and request.name is None:
+        return "WATCH" if request.params.get("watch") in ("true", "1") else "LIST"
+    return {"POST": "CREATE"}.get(method, method)
 
 
 @dataclass(frozen=True)
@@ -161,6 +182,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._pump: asyncio.Task[None] | None = None
         self._scale_paths: dict[kmock.resource, ScalePaths] = {}
         self.kubeconfig: Path | None = None
+        self.calls: list[Call] = []
+        self.keep_requests = True
 
     # ---------------------------------------------------------------- test-facing helpers
 
@@ -229,10 +252,17 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # kmock 0.8 fails to parse `/api/v1/namespaces` (a cluster-scoped core list) into a request.
         if raw_request.method == "GET" and raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            self.calls.append(Call("LIST", "namespaces", None, None))
             return await self._serve_namespace_list(raw_request)
-        return await super().__call__(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            if not self.keep_requests:
+                self._requests.clear()
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.resource.plural is not None:
+            self.calls.append(Call(_verb(request), request.resource.plural, request.namespace, request.name, request.subresource))
         try:
             for fault in self._faults:
                 if fault.matches(request):
