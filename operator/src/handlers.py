@@ -17,10 +17,8 @@ from slaq.api.common import GROUP, VERSION
 from slaq.operator.client import Connection
 from slaq.operator.errors import RetryableApiError, SpecError
 from slaq.operator.reconciler import Reconciler
-from slaq.operator.view import ClusterView, index_pool, index_tenant
 
 POOLS = (GROUP, VERSION, "inferencepools")
-TENANTS = (GROUP, VERSION, "tenantslas")
 RETRY_DELAY_S = 5.0
 
 Handler = Callable[..., Awaitable[None]]
@@ -61,20 +59,13 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             return connection.kopf_login(**kwargs)
 
-    # The view the tables are planned from: kopf runs no handler before both indexes hold the
-    # whole initial listing (view.py).
-    @kopf.index(*POOLS, id="pool_index", registry=registry)
-    def pool_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
-        return index_pool(body)
-
-    @kopf.index(*TENANTS, id="tenant_index", registry=registry)
-    def tenant_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
-        return index_tenant(body)
-
-    @kopf.on.startup(id="create_salt_key", registry=registry)
-    async def create_salt_key(pool_index: kopf.Index[str, Any], tenant_index: kopf.Index[str, Any], **_: Any) -> None:
-        reconciler.bind_view(ClusterView(pool_index, tenant_index))
+    # Pools and tenants are watched by the reconciler's own informers (informer.py): it starts
+    # them here and returns once both are listed, so no table is planned from a partial view.
+    # Tenants have no kopf handler: their tables and statuses follow the watch (reconciler.py).
+    @kopf.on.startup(id="start_informers", registry=registry)
+    async def start_informers(**_: Any) -> None:
         await reconciler.ensure_salt_key()
+        await reconciler.start()
 
     @kopf.on.resume(*POOLS, id="pool_children", registry=registry)
     @kopf.on.create(*POOLS, id="pool_children", registry=registry)
@@ -93,17 +84,5 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
     @errors
     async def pool_usage(body: kopf.Body, **_: Any) -> None:
         await reconciler.observe_pool(dict(body))
-
-    @kopf.on.resume(*TENANTS, id="tenant_tables", registry=registry)
-    @kopf.on.create(*TENANTS, id="tenant_tables", registry=registry)
-    @kopf.on.update(*TENANTS, id="tenant_tables", registry=registry)
-    @errors
-    async def tenant_tables(body: kopf.Body, **_: Any) -> None:
-        await reconciler.reconcile_tenant(dict(body))
-
-    @kopf.on.delete(*TENANTS, id="tenant_removed", registry=registry)
-    @errors
-    async def tenant_removed(body: kopf.Body, **_: Any) -> None:
-        await reconciler.forget_tenant(dict(body))
 
     return registry

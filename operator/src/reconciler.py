@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from slaq.api.common import GROUP
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable
@@ -40,13 +41,16 @@ from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
 from slaq.operator.tables import TenantPlan, TenantSplits, assemble_table, binds, plan_tenant, pool_key
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
-from slaq.operator.view import ClusterView, Indexed, name_of, parse_pool, parse_tenant
+from slaq.operator.informer import Informer
+from slaq.operator.view import ClusterView, Indexed, deleting, indexed_pool, indexed_tenant, name_of, parse_pool, parse_tenant
 
 __all__ = ["Reconciler", "parse_pool", "parse_tenant"]
 
 log = logging.getLogger("slaq.operator")
 SALT_KEY_BYTES = 32
 STATUS_WRITERS = 8  # tenant status patches in flight at once
+RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
+LEGACY_FINALIZER = f"{GROUP}/finalizer"  # earlier versions held TenantSLAs with kopf's finalizer
 
 
 def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
@@ -113,8 +117,11 @@ class Reconciler:
         self._pending_pools: set[str] = set()
         self._pending_status: set[str] = set()
         self._everything = True  # the first refresh plans every tenant and writes every table
-        self.view = ClusterView()
+        self.pools = Informer(api, "inferencepools", indexed_pool, on_change=self._pool_changed)
+        self.tenants = Informer(api, "tenantslas", indexed_tenant, on_change=self._tenant_changed)
+        self.view = ClusterView(self.pools.store, self.tenants.store)
         self.keys = KeyWatch(api, self.on_key_secret_change)
+        self._flusher: asyncio.Task[None] | None = None
         self.attainment = attainment or AttainmentLedger()
         self.min_requests = min_requests
         self.clock = clock  # wall clock: the sidecars' `_created` times are wall-clock times too
@@ -146,9 +153,42 @@ class Reconciler:
 
     # ------------------------------------------------------------------ tenant tables
 
-    def bind_view(self, view: ClusterView) -> None:
-        """The kopf indexes the tables are planned from (handlers.py binds them at startup)."""
-        self.view = view
+    async def start(self) -> None:
+        """Watch pools and tenants, and return once both are listed (before any table is planned)."""
+        self.pools.start()
+        self.tenants.start()
+        await self.pools.synced.wait()
+        await self.tenants.synced.wait()
+        self._kick()
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        for informer in (self.pools, self.tenants):
+            await informer.close()
+        await self.keys.close()
+
+    async def _tenant_changed(self, name: str, new: Indexed[TenantSLA] | None, old: Indexed[TenantSLA] | None) -> None:
+        self._pending.setdefault(name, False)
+        self._kick()
+
+    async def _pool_changed(self, key: str, new: Indexed[InferencePool] | None, old: Indexed[InferencePool] | None) -> None:
+        self._pending_pools.add(key)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Refresh in the background what watch events marked (a burst of events: one pass)."""
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_marks(), name="slaq-table-refresh")
+
+    async def _flush_marks(self) -> None:
+        while self._pending or self._pending_pools or self._pending_status or self._everything:
+            try:
+                await self.refresh()
+            except OperatorError as exc:  # the marks stay pending
+                log.warning("refreshing tenant tables: %s; again in %.0f s", exc, RETRY_S)
+                await asyncio.sleep(RETRY_S)
 
     async def on_key_secret_change(self, namespace: str, name: str) -> None:
         """A watched Secret changed: the tables of the tenants that name it are rewritten now."""
@@ -229,6 +269,7 @@ class Reconciler:
             before = set(self._plans[name].entries) if name in self._plans else set()
             if found is None or found.model is None:
                 changed |= self._drop_tenant(name, before)
+                await self._tenant_not_served(name)
                 continue
             tenant = found.model
             hashes = await self._key_hashes(tenant)
@@ -253,6 +294,26 @@ class Reconciler:
         self._unwritten |= changed & set(pools)
         await self._write_tables(pools)
         await self._write_tenant_statuses(replanned | due)
+
+    async def _tenant_not_served(self, name: str) -> None:
+        """An invalid tenant is told why on its status; a deleted one loses the finalizer an
+        earlier version put on it (tables need none: a tenant gone is a tenant left out)."""
+        found = self.view.tenant_entry(name)
+        if found is None:
+            return
+        meta = found.body.get("metadata") or {}
+        if deleting(found.body):
+            if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+                await self.api.merge_patch("tenantslas", name, None,
+                                           {"metadata": {"finalizers": [f for f in meta["finalizers"] if f != LEGACY_FINALIZER]}})
+            return
+        if found.error is not None:
+            ready = _condition_of(found.body, "Ready") or {}
+            reported = ready.get("reason") == "InvalidSpec" and ready.get("message") == str(found.error) \
+                and (found.body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+            if not reported:
+                log.warning("refused: %s", found.error)
+                await self.report_invalid("tenantslas", found.body, found.error)
 
     def _drop_tenant(self, name: str, pools: set[str]) -> set[str]:
         """Forget a tenant that is gone, being deleted or invalid; the pools whose tables held it."""
@@ -513,17 +574,3 @@ class Reconciler:
             status["slaRisk"] = self._risk[key]
         if any(old.get(k) != v for k, v in status.items()):
             await self.api.patch_status("inferencepools", pool.metadata.name, pool.metadata.namespace, status)
-
-    # ------------------------------------------------------------------ tenants
-
-    async def reconcile_tenant(self, body: dict[str, Any]) -> None:
-        try:
-            parse_tenant(body)
-        except SpecError as exc:
-            await self.report_invalid("tenantslas", body, exc)
-            raise
-        await self.refresh(tenants=[name_of(body)])
-
-    async def forget_tenant(self, body: dict[str, Any]) -> None:
-        """Remove a deleted tenant from every table (the view leaves out objects being deleted)."""
-        await self.refresh(tenants=[name_of(body)], force=True)

@@ -1,19 +1,14 @@
-"""The operator's in-memory view of pools and tenants, fed by kopf indexes (no list calls).
-
-kopf keeps one index per kind from its own watch streams (`index_pool`, `index_tenant` are the
-index functions handlers.py registers) and starts no handler before every index has taken in
-the whole initial listing, so the view is complete from the first handler on: a restarted
-operator never writes a table from a partial picture of the cluster.
+"""The operator's in-memory view of pools and tenants (informer.py keeps it current: no list calls).
 
 Each entry holds the raw object and its parsed model, or the SpecError that kept it from
-parsing; objects being deleted stay in the index until they are gone, and the view leaves them
-out of what it serves.
+parsing; objects being deleted stay until they are gone, and the view leaves them out of what
+it serves.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -55,11 +50,6 @@ def parse_tenant(body: Mapping[str, Any]) -> TenantSLA:
     return parse(TenantSLA, "TenantSLA", body)
 
 
-def pool_key_of(body: Mapping[str, Any]) -> str:
-    meta = body.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
-
-
 @dataclass(frozen=True)
 class Indexed(Generic[Model]):
     """One object as the index holds it: its body, and its model or why it has none."""
@@ -82,50 +72,40 @@ def indexed(model: type[Model], kind: str, body: Mapping[str, Any]) -> Indexed[M
         return Indexed(raw, error=exc)
 
 
-def index_pool(body: Mapping[str, Any]) -> dict[str, Indexed[InferencePool]]:
-    """kopf index function: pools by `namespace/name`."""
-    return {pool_key_of(body): indexed(InferencePool, "InferencePool", body)}
+def indexed_pool(body: Mapping[str, Any]) -> Indexed[InferencePool]:
+    return indexed(InferencePool, "InferencePool", body)
 
 
-def index_tenant(body: Mapping[str, Any]) -> dict[str, Indexed[TenantSLA]]:
-    """kopf index function: tenants by name (TenantSLA is cluster-scoped)."""
-    return {name_of(body): indexed(TenantSLA, "TenantSLA", body)}
-
-
-IndexLike = Mapping[str, Iterable[Indexed[Any]]]  # a kopf.Index: key -> store of values (one here)
-
-
-def _one(index: IndexLike, key: str) -> Indexed[Any] | None:
-    if key not in index:
-        return None
-    return next(iter(index[key]), None)
+def indexed_tenant(body: Mapping[str, Any]) -> Indexed[TenantSLA]:
+    return indexed(TenantSLA, "TenantSLA", body)
 
 
 class ClusterView:
-    """Read-only access to the indexed pools and tenants (kopf.Index objects, or plain dicts in tests)."""
+    """Read-only access to the stored pools (by `namespace/name`) and tenants (by name)."""
 
-    def __init__(self, pools: IndexLike | None = None, tenants: IndexLike | None = None) -> None:
-        self._pools: IndexLike = pools if pools is not None else {}
-        self._tenants: IndexLike = tenants if tenants is not None else {}
+    def __init__(self, pools: Mapping[str, Indexed[InferencePool]] | None = None,
+                 tenants: Mapping[str, Indexed[TenantSLA]] | None = None) -> None:
+        self._pools = pools if pools is not None else {}
+        self._tenants = tenants if tenants is not None else {}
 
     def pool(self, key: str) -> Indexed[InferencePool] | None:
         """The pool if it is served (valid, not being deleted), else None."""
-        found = _one(self._pools, key)
+        found = self._pools.get(key)
         return found if found is not None and found.served else None
 
     def tenant(self, name: str) -> Indexed[TenantSLA] | None:
-        found = _one(self._tenants, name)
+        found = self._tenants.get(name)
         return found if found is not None and found.served else None
 
+    def tenant_entry(self, name: str) -> Indexed[TenantSLA] | None:
+        """The tenant as stored, invalid or being deleted too."""
+        return self._tenants.get(name)
+
     def pools(self) -> Iterator[Indexed[InferencePool]]:
-        for key in list(self._pools):
-            if (found := self.pool(key)) is not None:
-                yield found
+        return (found for found in list(self._pools.values()) if found.served)
 
     def tenant_names(self) -> list[str]:
         return list(self._tenants)
 
     def tenants(self) -> Iterator[Indexed[TenantSLA]]:
-        for name in list(self._tenants):
-            if (found := self.tenant(name)) is not None:
-                yield found
+        return (found for found in list(self._tenants.values()) if found.served)

@@ -18,6 +18,7 @@ Fixture API (pytest plugin, registered in the root conftest.py):
                                 # subresource): what a test counts (watch streams are verb WATCH)
         kube.keep_requests = False   # stop kmock keeping every request with its body (benches)
         kube.install_crds(paths)              # declare CRDs (done for crds/*.yaml by the fixture)
+        kube.preload(resource, body)          # store an object without an event (before watchers)
 
 What it adds to kmock 0.8's `KubernetesEmulator` (pinned: this subclass reaches into it):
 uid, resourceVersion, generation (bumped only when the object outside metadata/status changes)
@@ -204,6 +205,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(self.objects[key].raw)
+
+    def preload(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Store an object as if created before anyone watched (no event): for large benches."""
+        namespace = (body.get("metadata") or {}).get("namespace")
+        stored = self._stamp_new(copy.deepcopy(body), namespace)
+        self._store_new(kmock.resource(resource), namespace, stored)
+        return stored
 
     def install_crds(self, paths: Iterable[Path]) -> None:
         """Declare the CRDs in these files for discovery, store them, and learn their subresources."""
