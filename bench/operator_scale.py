@@ -113,15 +113,18 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
                     return False
             return True
 
+        before: dict[str, float | None] = {}
+
+        def share(pool: str) -> float | None:
+            got = watch.tenants(emulator, pool)
+            return None if got is None else got.get(tenant_name(CHANGED_TENANT), (0, None))[1]
+
         def changed() -> bool:
-            for pool in affected:
-                got = watch.tenants(emulator, pool)
-                if got is None or got.get(tenant_name(CHANGED_TENANT), (0, None))[1] is None:
-                    return False
-                share = got[tenant_name(CHANGED_TENANT)][1]
-                if share is None or share > NEW_RPM:  # one replica per pool: its share is at most the quota
-                    return False
-            return True
+            """Every affected table shows a new share, and together they fit the new quota."""
+            now = {pool: share(pool) for pool in affected}
+            if any(value is None or value == before[pool] for pool, value in now.items()):
+                return False
+            return sum(v for v in now.values() if v is not None) <= NEW_RPM
 
         async def until(check: Any, deadline_s: float, poll_s: float = POLL_S) -> float:
             end = time.monotonic() + deadline_s
@@ -149,6 +152,7 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
                 elif command == "quiet":
                     pipe.send(("ok", await quiet()))
                 elif command == "change":
+                    before.update({pool: share(pool) for pool in affected})
                     mark = len(emulator.calls)
                     started = time.monotonic()
                     resp = await emulator.patch(f"/apis/slaq.dev/v1alpha1/tenantslas/{tenant_name(CHANGED_TENANT)}",

@@ -35,5 +35,6 @@ def selector_string(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def table_secret_name(pool_name: str) -> str:
-    return f"{pool_name}{TABLE_SUFFIX}"
+def table_secret_name(pool_name: str, part: int = 0) -> str:
+    """The Secret holding part `part` of the pool's tenant table (part 0: the only one, or the first)."""
+    return f"{pool_name}{TABLE_SUFFIX}" + (f"-{part}" if part else "")

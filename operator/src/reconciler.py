@@ -38,8 +38,11 @@ from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApi
 from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
-from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
-from slaq.operator.tables import TenantPlan, TenantSplits, assemble_table, binds, plan_tenant, pool_key
+from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
+from slaq.operator.tables import (
+    SECRET_DATA_LIMIT, TenantPlan, TenantSplits, assemble_table, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
+    table_texts,
+)
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
 from slaq.operator.informer import Informer
 from slaq.operator.view import ClusterView, Indexed, deleting, indexed_pool, indexed_tenant, name_of, parse_pool, parse_tenant
@@ -103,8 +106,9 @@ class Reconciler:
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
         self._gateway: dict[str, GatewayOutcome] = {}
-        self._written: dict[str, TenantTable] = {}  # by pool key: the table last applied
-        self._unwritten: set[str] = set()  # pools whose entries changed and whose table is not applied yet
+        self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
+        self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
+        self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
         self._table_names: dict[str, list[str]] = {}  # by pool key: status.tenants last written
         self._key_problems: dict[str, str] = {}
         self._key_users: dict[tuple[str, str], set[str]] = {}  # key Secret -> tenants naming it
@@ -259,6 +263,8 @@ class Reconciler:
             marked_pools = marked_pools | set(pools) | set(self._entries)
             marked = {**marked, **{name: True for name in [*self.view.tenant_names(), *self._plans]}}
         changed, moved = self._moved_pools(marked_pools, pools)
+        for key in changed:
+            self._touch(key)
         forced = {name for name, force in marked.items() if force} | moved
         replicas = {key: self._replicas(p.model) for key, p in pools.items() if p.model is not None}
         usage = {key: u for key, u in self._usage.items() if key in pools}
@@ -268,7 +274,8 @@ class Reconciler:
             found = self.view.tenant(name)
             before = set(self._plans[name].entries) if name in self._plans else set()
             if found is None or found.model is None:
-                changed |= self._drop_tenant(name, before)
+                for key in self._drop_tenant(name, before):
+                    self._touch(key, name)
                 await self._tenant_not_served(name)
                 continue
             tenant = found.model
@@ -281,17 +288,15 @@ class Reconciler:
             self._plans[name], self._splits[name] = part, part.splits
             for key in before - set(part.entries):
                 self._entries.get(key, {}).pop(name, None)
-                changed.add(key)
+                self._touch(key, name)
             for key, entry in part.entries.items():
                 if self._entries.setdefault(key, {}).get(name) != entry:
                     self._entries[key][name] = entry
-                    changed.add(key)
+                    self._touch(key, name)
             replanned.add(name)
-        for key in changed - set(pools):  # pools gone: nothing to write
-            self._entries.pop(key, None)
-            self._written.pop(key, None)
-            self._table_names.pop(key, None)
-        self._unwritten |= changed & set(pools)
+        for key in set(self._touched) - set(pools):  # pools gone: nothing to write
+            for book in (self._entries, self._written, self._parts, self._touched, self._table_names):
+                book.pop(key, None)
         await self._write_tables(pools)
         await self._write_tenant_statuses(replanned | due)
 
@@ -344,8 +349,16 @@ class Reconciler:
             self._key_problems.pop(name, None)
         return list(found.hashes)
 
+    def _touch(self, key: str, tenant: str | None = None) -> None:
+        """The pool's table must be written again: the part holding `tenant`, or (None) all of it."""
+        if tenant is None:
+            self._touched[key] = None
+        elif (touched := self._touched.setdefault(key, set())) is not None:
+            touched.add(tenant)
+
     def _lowers_a_share(self, key: str, table: TenantTable) -> bool:
-        old = {t.name: t.share for t in (self._written[key].tenants if key in self._written else [])}
+        written = self._written.get(key, {}).get(table.part or 0)
+        old = {t.name: t.share for t in (written.tenants if written is not None else [])}
         for entry in table.tenants:
             before = old.get(entry.name)
             if before is None:
@@ -356,21 +369,46 @@ class Reconciler:
                     return True
         return False
 
+    def _parts_to_write(self, key: str, touched: set[str] | None) -> list[tuple[TenantTable, dict[str, str]]]:
+        """The parts of the pool's table to write, with their Secret data: the parts holding the
+        touched tenants, or a new split (as few parts as fit) when all changed or a part outgrew
+        its Secret."""
+        entries, count = self._entries.get(key, {}), self._parts.get(key)
+        if count is not None and touched is not None:
+            out = []
+            for part in sorted({part_of(name, count) for name in touched}):
+                table = assemble_table(key, (e for name, e in entries.items() if part_of(name, count) == part), part, count)
+                texts = table_texts(table)
+                if data_bytes(texts) > SECRET_DATA_LIMIT:
+                    break
+                out.append((table, texts))
+            else:
+                return out
+        split = split_table(key, entries.values(), max(1, count or 1) if touched is not None else 1)
+        self._parts[key] = len(split)
+        return split
+
     async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> None:
-        """Apply the tables of the pools whose entries changed, and their `status.tenants`.
+        """Apply the changed parts of the tables whose entries changed, and their `status.tenants`.
 
         Lowered shares are written first, so the sum in force stays within the quota while
-        raised shares wait for the next write (docs/operator.md: overshoot bound)."""
-        tables = {key: assemble_table(key, list(self._entries.get(key, {}).values())) for key in self._unwritten}
-        for key in sorted(tables, key=lambda k: (0 if self._lowers_a_share(k, tables[k]) else 1, k)):
-            pool, table = pools[key], tables[key]
-            if self._written.get(key) != table:
-                await self.api.apply(owned_by(render_table_secret(pool.model, table), pool.body))
-                self._written[key] = table
-            self._unwritten.discard(key)
-            names = [t.name for t in table.tenants]
+        raised shares wait for the next write (docs/operator.md: overshoot bound). A table split
+        over fewer Secrets than before has the parts beyond its count deleted."""
+        plans = {key: self._parts_to_write(key, touched) for key, touched in self._touched.items()}
+        lowered = {key for key, parts in plans.items() if any(self._lowers_a_share(key, table) for table, _ in parts)}
+        for key in sorted(plans, key=lambda k: (k not in lowered, k)):
+            pool = pools[key]
+            meta, written = pool.body["metadata"], self._written.setdefault(key, {})
+            for table, texts in plans[key]:
+                if written.get(table.part or 0) != table:
+                    await self.api.apply(owned_by(render_table_secret(pool.model, table, texts), pool.body))
+                    written[table.part or 0] = table
+            for stale in sorted(part for part in written if part >= self._parts[key]):
+                await self.api.delete("secrets", table_secret_name(meta["name"], stale), meta["namespace"])
+                del written[stale]
+            self._touched.pop(key, None)
+            names = sorted(self._entries.get(key, {}))
             if self._table_names.get(key, (pool.body.get("status") or {}).get("tenants")) != names:
-                meta = pool.body["metadata"]
                 await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
             self._table_names[key] = names
 
@@ -534,7 +572,7 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._gateway):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._gateway):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 

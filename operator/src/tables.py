@@ -8,17 +8,21 @@ and their sum stays within the tenant's quota.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
+from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.operator.errors import OperatorError
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.quotas import Slot, Split, split_quota
 
 RATE_UNIT = 1000  # rates are split in milli-requests (milli-tokens) per minute
 FLOOR_FRACTION = 0.1
+SECRET_DATA_LIMIT = 1024 * 1024  # the API server refuses a Secret whose data holds more bytes
 
 
 def pool_key(pool: InferencePool) -> str:
@@ -131,10 +135,49 @@ def plan_tenant(
     return TenantPlan(entries, shares, splits)
 
 
-def assemble_table(pool: str, entries: Sequence[TenantEntry]) -> TenantTable:
-    """A pool's table from its tenants' entries (sorted by name), with its content revision."""
-    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name))
+def assemble_table(pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1) -> TenantTable:
+    """A pool's table (or part `part` of `parts`) from its tenants' entries (sorted by name), with
+    its content revision."""
+    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name),
+                        part=part if parts > 1 else None, parts=parts if parts > 1 else None)
     return table.model_copy(update={"revision": table_revision(table)})
+
+
+def part_of(tenant: str, parts: int) -> int:
+    """Which part of a split table holds a tenant: stable, so a change rewrites one part."""
+    return zlib.crc32(tenant.encode("utf-8")) % parts
+
+
+def table_texts(table: TenantTable) -> dict[str, str]:
+    """The table Secret's data: the sidecar's table and the engine's cut of it."""
+    return {TENANT_TABLE_KEY: table.model_dump_json(by_alias=True, exclude_none=True),
+            ENGINE_TABLE_KEY: EngineTable.of(table).model_dump_json(by_alias=True, exclude_none=True)}
+
+
+def data_bytes(texts: Mapping[str, str]) -> int:
+    """What the API server counts against a Secret's 1 MiB: the decoded bytes of every value."""
+    return sum(len(text.encode("utf-8")) for text in texts.values())
+
+
+class TableTooLarge(OperatorError):
+    pass
+
+
+def split_table(pool: str, entries: Iterable[TenantEntry], parts: int = 1) -> list[tuple[TenantTable, dict[str, str]]]:
+    """The pool's table as few parts as fit one Secret each (a power of two, at least `parts`),
+    each with its Secret data; TableTooLarge beyond MAX_TABLE_PARTS."""
+    entries = list(entries)
+    while True:
+        groups: list[list[TenantEntry]] = [[] for _ in range(parts)]
+        for entry in entries:
+            groups[part_of(entry.name, parts)].append(entry)
+        split = [(table, table_texts(table)) for table in (assemble_table(pool, group, i, parts) for i, group in enumerate(groups))]
+        if all(data_bytes(texts) <= SECRET_DATA_LIMIT for _, texts in split):
+            return split
+        if parts * 2 > MAX_TABLE_PARTS:
+            raise TableTooLarge(f"pool {pool}: {len(entries)} tenants do not fit {MAX_TABLE_PARTS} table Secrets of "
+                                f"{SECRET_DATA_LIMIT} bytes; split the tenants over more pools (tenantSelector)")
+        parts *= 2
 
 
 def plan_tables(

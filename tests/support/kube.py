@@ -26,7 +26,8 @@ and creationTimestamp; metadata.namespace from the URL and `generateName`; 201 o
 `status` and `scale` subresources with their real semantics; server-side apply
 (`application/apply-patch+yaml`, create-or-replace by one field manager); JSON-patch `test`
 failures as 422; label selectors on list and watch; list `kind`; `/api/v1` groupVersion `v1`;
-`GET /api/v1/namespaces`; and ownerReference garbage collection on request (`collect_garbage`).
+`GET /api/v1/namespaces`; ownerReference garbage collection on request (`collect_garbage`); and
+the 1 MiB limit on a Secret's data (422 naming the size, as the API server's validation answers).
 Not emulated: admission, schema validation, field selectors, watch timeouts and bookmarks, PUT,
 strategic merge patch, managedFields. A real cluster remains the final word for those.
 """
@@ -34,6 +35,8 @@ strategic merge patch, managedFields. A real cluster remains the final word for 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
 import datetime
 import json
@@ -58,6 +61,27 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 EVENT_DELAY_S = 0.005
+SECRETS = kmock.resource("", "v1", "secrets")
+MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the API server's limit on a request body
+MAX_SECRET_SIZE = 1024 * 1024  # corev1.MaxSecretSize: the API server refuses a Secret whose data holds more
+
+
+def check_secret_size(resource: kmock.resource, body: dict[str, Any]) -> None:
+    """422 like the API server's validation for a Secret whose data (decoded) and stringData
+    together hold more than 1 MiB."""
+    if resource != SECRETS:
+        return
+    size = 0
+    for value in (body.get("data") or {}).values():
+        try:
+            size += len(base64.b64decode(value or "", validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise KubeApiError(422, "Invalid", f"data: Invalid value: illegal base64 data: {exc}") from exc
+    size += sum(len(str(v).encode("utf-8")) for v in (body.get("stringData") or {}).values())
+    if size > MAX_SECRET_SIZE:
+        name = (body.get("metadata") or {}).get("name", "")
+        raise KubeApiError(422, "Invalid", f'Secret "{name}" is invalid: data: Too long: may not be more than '
+                                           f"{MAX_SECRET_SIZE} bytes (it holds {size})")
 
 
 @dataclass
@@ -258,6 +282,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ---------------------------------------------------------------- request handling
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # aiohttp reads at most 1 MiB of a request body by default; the API server takes up to 3 MiB
+        # (a 1 MiB Secret is 1.33 MiB in base64), and then applies its own limits (check_secret_size).
+        raw_request._client_max_size = MAX_REQUEST_BYTES
         # kmock 0.8 fails to parse `/api/v1/namespaces` (a cluster-scoped core list) into a request.
         if raw_request.method == "GET" and raw_request.path.rstrip("/") == "/api/v1/namespaces":
             self.calls.append(Call("LIST", "namespaces", None, None))
@@ -434,6 +461,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise KubeApiError(400, "BadRequest", "the body of a create must be an object")
         body = self._stamp_new(copy.deepcopy(request.data), request.namespace)
         assert request.resource is not None
+        check_secret_size(request.resource, body)
         async with self._lock:
             if self._live(self._key(request, body["metadata"]["name"])) is not None:
                 raise KubeApiError(409, "AlreadyExists", f'{request.resource.plural} "{body["metadata"]["name"]}" already exists')
@@ -462,6 +490,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError, TypeError) as exc:
                 raise KubeApiError(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
             new = self._restrict_to_endpoint(request, old, new)
+            check_secret_size(key[0], new)
             return await self._replace(key, old, new)
 
     def _restrict_to_endpoint(self, request: rendering.Request, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -499,6 +528,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.params.get("fieldManager") in (None, ""):
             raise KubeApiError(422, "Invalid", "fieldManager is required for apply patches")
         applied = copy.deepcopy(applied)
+        check_secret_size(key[0], applied)
         if old is None:
             applied.setdefault("metadata", {})["name"] = key[2]
             body = self._stamp_new(applied, key[1])
