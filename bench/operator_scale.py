@@ -35,13 +35,11 @@ from multiprocessing.connection import Connection as Pipe
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `python bench/operator_scale.py` from the checkout
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench.scale_objects import (  # noqa: E402
+from slaq.bench.scale_objects import (
     KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the emulator lives in the checkout's tests/support
 
 CHANGED_TENANT = 0
 NEW_RPM = 300  # from 600
@@ -82,6 +80,8 @@ class TableWatch:
 
 
 async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> None:
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
     import kmock
 
     from tests.support.kube import REPO_ROOT as ROOT

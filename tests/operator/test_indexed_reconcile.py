@@ -11,7 +11,7 @@ import asyncio
 import base64
 
 from slaq.api.table import hash_api_key
-from bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from tests.operator.test_operator_kmock import create, entries, merge_patch, operator
 from tests.support.kube import Call, KubeEmulator
 from tests.support.polling import eventually

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
 from slaq.api.table import EngineTable, TenantTable, part_file_name
 from slaq.operator.names import table_secret_name
