@@ -40,8 +40,7 @@ from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_n
 from slaq.operator.keys import KeyWatch
 from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
-    SECRET_DATA_LIMIT, TenantPlan, TenantSplits, assemble_table, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
-    table_texts,
+    SECRET_DATA_LIMIT, TableRenderer, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
 )
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
 from slaq.operator.informer import Informer
@@ -109,6 +108,8 @@ class Reconciler:
         self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
         self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
         self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
+        self._members: dict[str, list[set[str]]] = {}  # by pool key: the tenants of each part of its table
+        self._renderer = TableRenderer()
         self._table_names: dict[str, list[str]] = {}  # by pool key: status.tenants last written
         self._key_problems: dict[str, str] = {}
         self._key_users: dict[tuple[str, str], set[str]] = {}  # key Secret -> tenants naming it
@@ -193,6 +194,9 @@ class Reconciler:
             except OperatorError as exc:  # the marks stay pending
                 log.warning("refreshing tenant tables: %s; again in %.0f s", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
+            except Exception:  # noqa: BLE001 - a bug must not end the refreshes: logged whole, tried again
+                log.exception("refreshing tenant tables failed; again in %.0f s", RETRY_S)
+                await asyncio.sleep(RETRY_S)
 
     async def on_key_secret_change(self, namespace: str, name: str) -> None:
         """A watched Secret changed: the tables of the tenants that name it are rewritten now."""
@@ -239,8 +243,10 @@ class Reconciler:
         """How many replicas may be serving the pool: what the split divides by."""
         return max(pool.spec.replicas.current, self._observed_replicas.get(pool_key(pool), 0))
 
-    def _moved_pools(self, marked_pools: set[str], pools: dict[str, Indexed[InferencePool]]) -> tuple[set[str], set[str]]:
-        """(pools whose tables change, tenants to plan again) after these pools changed or went."""
+    def _moved_pools(self, marked_pools: set[str], pools: dict[str, Indexed[InferencePool]],
+                     scan: bool = True) -> tuple[set[str], set[str]]:
+        """(pools whose tables change, tenants to plan again) after these pools changed or went;
+        without `scan`, the tenants a pool now binds are not looked for (all are planned anyway)."""
         changed, moved = set(), set()
         for key in marked_pools:
             found = pools.get(key)
@@ -253,7 +259,8 @@ class Reconciler:
                 self._pool_inputs.pop(key, None)
                 continue
             self._pool_inputs[key] = inputs
-            moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model)}
+            if scan:
+                moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model)}
         return changed, moved
 
     async def _reconcile_tables(self, marked: dict[str, bool], marked_pools: set[str], due: set[str], everything: bool) -> None:
@@ -262,7 +269,7 @@ class Reconciler:
         if everything:
             marked_pools = marked_pools | set(pools) | set(self._entries)
             marked = {**marked, **{name: True for name in [*self.view.tenant_names(), *self._plans]}}
-        changed, moved = self._moved_pools(marked_pools, pools)
+        changed, moved = self._moved_pools(marked_pools, pools, scan=not everything)
         for key in changed:
             self._touch(key)
         forced = {name for name, force in marked.items() if force} | moved
@@ -295,7 +302,7 @@ class Reconciler:
                     self._touch(key, name)
             replanned.add(name)
         for key in set(self._touched) - set(pools):  # pools gone: nothing to write
-            for book in (self._entries, self._written, self._parts, self._touched, self._table_names):
+            for book in (self._entries, self._written, self._parts, self._members, self._touched, self._table_names):
                 book.pop(key, None)
         await self._write_tables(pools)
         await self._write_tenant_statuses(replanned | due)
@@ -373,19 +380,25 @@ class Reconciler:
         """The parts of the pool's table to write, with their Secret data: the parts holding the
         touched tenants, or a new split (as few parts as fit) when all changed or a part outgrew
         its Secret."""
-        entries, count = self._entries.get(key, {}), self._parts.get(key)
-        if count is not None and touched is not None:
+        entries, count, members = self._entries.get(key, {}), self._parts.get(key), self._members.get(key)
+        if count is not None and members is not None and touched is not None:
+            for name in touched:
+                part = members[part_of(name, count)]
+                if name in entries:
+                    part.add(name)
+                else:
+                    part.discard(name)
             out = []
-            for part in sorted({part_of(name, count) for name in touched}):
-                table = assemble_table(key, (e for name, e in entries.items() if part_of(name, count) == part), part, count)
-                texts = table_texts(table)
+            for index in sorted({part_of(name, count) for name in touched}):
+                table, texts = self._renderer.render(key, [entries[name] for name in members[index]], index, count)
                 if data_bytes(texts) > SECRET_DATA_LIMIT:
                     break
                 out.append((table, texts))
             else:
                 return out
-        split = split_table(key, entries.values(), max(1, count or 1) if touched is not None else 1)
+        split = split_table(key, entries.values(), (count or 1) if touched is not None else 1, renderer=self._renderer)
         self._parts[key] = len(split)
+        self._members[key] = [{entry.name for entry in table.tenants} for table, _ in split]
         return split
 
     async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> None:
@@ -411,6 +424,9 @@ class Reconciler:
             if self._table_names.get(key, (pool.body.get("status") or {}).get("tenants")) != names:
                 await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
             self._table_names[key] = names
+        live = sum(len(entries) for entries in self._entries.values())
+        if len(self._renderer) > 2 * live + 1000:  # entries replaced since: their JSON goes too
+            self._renderer.keep_only(entry for entries in self._entries.values() for entry in entries.values())
 
     async def _write_tenant_statuses(self, names: set[str]) -> None:
         """Status of each named tenant still served, a few patches in flight at once; the ones that
@@ -572,7 +588,7 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._gateway):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
