@@ -50,18 +50,18 @@ QUIET_S = 1.5  # no request for this long: the change is done
 
 @dataclass
 class TableWatch:
-    """What the tables in the emulator hold, parsed only when a Secret's resourceVersion moved."""
+    """What the tables in the emulator hold, each part parsed only when its resourceVersion moved."""
 
-    seen: dict[str, tuple[str, dict[str, tuple[int, float | None]]]] = field(default_factory=dict)
+    # Secret name -> (resourceVersion, parts it says the table has, tenant -> (key hashes, rpm share))
+    seen: dict[str, tuple[str, int, dict[str, tuple[int, float | None]]]] = field(default_factory=dict)
 
-    def tenants(self, emulator: Any, pool: str) -> dict[str, tuple[int, float | None]] | None:
-        """tenant -> (key hash count, requests-per-minute share) over every part of the pool's
-        table, or None while its parts disagree on how many there are."""
+    def parts(self, emulator: Any, pool: str) -> list[dict[str, tuple[int, float | None]]] | None:
+        """Every part of the pool's table, or None while they disagree on how many there are."""
+        import kmock
+
         from slaq.api.runtime import TENANT_TABLE_KEY
         from slaq.api.table import TenantTable
-        import kmock
-        found: dict[str, tuple[int, float | None]] = {}
-        parts: set[int] = set()
+        found, counts = [], set()
         for index in range(MAX_PARTS):
             name = f"{pool}-tenants" + (f"-{index}" if index else "")
             key = (kmock.resource("v1/secrets"), POOL_NAMESPACE, name)
@@ -71,12 +71,23 @@ class TableWatch:
             rv = obj.raw["metadata"]["resourceVersion"]
             if name not in self.seen or self.seen[name][0] != rv:
                 table = TenantTable.model_validate_json(base64.b64decode(obj.raw["data"][TENANT_TABLE_KEY]))
-                parsed = {t.name: (len(t.key_hashes), t.share.requests_per_minute) for t in table.tenants}
-                self.seen[name] = (rv, {"__parts__": (getattr(table, "parts", None) or 1, None), **parsed})
-            entry = dict(self.seen[name][1])
-            parts.add(entry.pop("__parts__")[0])
-            found.update(entry)
-        return found if len(parts) <= 1 else None
+                self.seen[name] = (rv, table.parts or 1, {t.name: (len(t.key_hashes), t.share.requests_per_minute) for t in table.tenants})
+            counts.add(self.seen[name][1])
+            found.append(self.seen[name][2])
+        return found if len(counts) <= 1 and len(found) == (counts.pop() if counts else 0) else None
+
+    def share(self, emulator: Any, pool: str, tenant: str) -> float | None:
+        for part in self.parts(emulator, pool) or []:
+            if tenant in part:
+                return part[tenant][1]
+        return None
+
+    def holds(self, emulator: Any, pool: str, tenants: set[str]) -> bool:
+        """Whether the pool's table holds exactly `tenants`, each with one key hash."""
+        parts = self.parts(emulator, pool)
+        if parts is None or sum(len(part) for part in parts) != len(tenants):
+            return False
+        return all(name in tenants and count == 1 for part in parts for name, (count, _) in part.items())
 
 
 async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> None:
@@ -107,17 +118,12 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
         affected = pools_of_tenant(CHANGED_TENANT, pools, models)
 
         def converged() -> bool:
-            for pool, names in expected.items():
-                got = watch.tenants(emulator, pool)
-                if got is None or set(got) != names or any(count != 1 for count, _ in got.values()):
-                    return False
-            return True
+            return all(watch.holds(emulator, pool, names) for pool, names in expected.items())
 
         before: dict[str, float | None] = {}
 
         def share(pool: str) -> float | None:
-            got = watch.tenants(emulator, pool)
-            return None if got is None else got.get(tenant_name(CHANGED_TENANT), (0, None))[1]
+            return watch.share(emulator, pool, tenant_name(CHANGED_TENANT))
 
         def changed() -> bool:
             """Every affected table shows a new share, and together they fit the new quota."""

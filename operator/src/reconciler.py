@@ -77,6 +77,14 @@ def _condition_of(body: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
+def same_for_tables(new: Indexed[TenantSLA], old: Indexed[TenantSLA]) -> bool:
+    """Whether two versions of a tenant plan the same: same spec, labels, validity and deletion."""
+    if new.model is None or old.model is None:
+        return False
+    return (new.model.spec == old.model.spec and new.model.metadata.labels == old.model.metadata.labels
+            and deleting(new.body) == deleting(old.body))
+
+
 @dataclass(frozen=True)
 class PoolInputs:
     """What of a pool its tenants' entries depend on: which tenants it binds, and the replica
@@ -175,6 +183,8 @@ class Reconciler:
         await self.keys.close()
 
     async def _tenant_changed(self, name: str, new: Indexed[TenantSLA] | None, old: Indexed[TenantSLA] | None) -> None:
+        if new is not None and old is not None and same_for_tables(new, old):
+            return  # a status write (often the operator's own): nothing a table holds changed
         self._pending.setdefault(name, False)
         self._kick()
 
