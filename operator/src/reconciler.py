@@ -51,6 +51,7 @@ __all__ = ["Reconciler", "parse_pool", "parse_tenant"]
 log = logging.getLogger("slaq.operator")
 SALT_KEY_BYTES = 32
 STATUS_WRITERS = 8  # tenant status patches in flight at once
+WRITERS = 8  # pools whose tables are written at once
 RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
 LEGACY_FINALIZER = f"{GROUP}/finalizer"  # earlier versions held TenantSLAs with kopf's finalizer
 
@@ -412,31 +413,42 @@ class Reconciler:
         return split
 
     async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> None:
-        """Apply the changed parts of the tables whose entries changed, and their `status.tenants`.
+        """Apply the changed parts of the tables whose entries changed, and their `status.tenants`,
+        a few pools at once (WRITERS).
 
-        Lowered shares are written first, so the sum in force stays within the quota while
-        raised shares wait for the next write (docs/operator.md: overshoot bound). A table split
-        over fewer Secrets than before has the parts beyond its count deleted."""
+        Lowered shares are written first (all pools that lower one, then the rest), so the sum in
+        force stays within the quota while raised shares wait (docs/operator.md: overshoot bound).
+        A table split over fewer Secrets than before has the parts beyond its count deleted."""
         plans = {key: self._parts_to_write(key, touched) for key, touched in self._touched.items()}
         lowered = {key for key, parts in plans.items() if any(self._lowers_a_share(key, table) for table, _ in parts)}
-        for key in sorted(plans, key=lambda k: (k not in lowered, k)):
-            pool = pools[key]
-            meta, written = pool.body["metadata"], self._written.setdefault(key, {})
-            for table, texts in plans[key]:
-                if written.get(table.part or 0) != table:
-                    await self.api.apply(owned_by(render_table_secret(pool.model, table, texts), pool.body))
-                    written[table.part or 0] = table
-            for stale in sorted(part for part in written if part >= self._parts[key]):
-                await self.api.delete("secrets", table_secret_name(meta["name"], stale), meta["namespace"])
-                del written[stale]
-            self._touched.pop(key, None)
-            names = sorted(self._entries.get(key, {}))
-            if self._table_names.get(key, (pool.body.get("status") or {}).get("tenants")) != names:
-                await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
-            self._table_names[key] = names
+        gate = asyncio.Semaphore(WRITERS)
+
+        async def one(key: str) -> None:
+            async with gate:
+                await self._write_table(pools[key], key, plans[key])
+
+        for wave in (sorted(lowered), sorted(set(plans) - lowered)):
+            results = await asyncio.gather(*(one(key) for key in wave), return_exceptions=True)
+            if failures := [r for r in results if isinstance(r, BaseException)]:
+                raise failures[0]
         live = sum(len(entries) for entries in self._entries.values())
         if len(self._renderer) > 2 * live + 1000:  # entries replaced since: their JSON goes too
             self._renderer.keep_only(entry for entries in self._entries.values() for entry in entries.values())
+
+    async def _write_table(self, pool: Indexed[InferencePool], key: str, parts: list[tuple[TenantTable, dict[str, str]]]) -> None:
+        meta, written = pool.body["metadata"], self._written.setdefault(key, {})
+        for table, texts in parts:
+            if written.get(table.part or 0) != table:
+                await self.api.apply(owned_by(render_table_secret(pool.model, table, texts), pool.body))
+                written[table.part or 0] = table
+        for stale in sorted(part for part in written if part >= self._parts[key]):
+            await self.api.delete("secrets", table_secret_name(meta["name"], stale), meta["namespace"])
+            del written[stale]
+        self._touched.pop(key, None)
+        names = sorted(self._entries.get(key, {}))
+        if self._table_names.get(key, (pool.body.get("status") or {}).get("tenants")) != names:
+            await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
+        self._table_names[key] = names
 
     async def _write_tenant_statuses(self, names: set[str]) -> None:
         """Status of each named tenant still served, a few patches in flight at once; the ones that
