@@ -16,6 +16,7 @@ import kopf
 from slaq.api.common import GROUP, VERSION
 from slaq.operator.client import Connection
 from slaq.operator.errors import RetryableApiError, SpecError
+from slaq.operator.names import FINALIZER
 from slaq.operator.reconciler import Reconciler
 
 POOLS = (GROUP, VERSION, "inferencepools")
@@ -40,7 +41,7 @@ def translating_errors(retry_delay_s: float) -> Callable[[Handler], Handler]:
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """slaq's own finalizer and annotation names, so `kubectl describe` says who holds an object."""
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.SmartProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.reporting_component = "slaq-operator"

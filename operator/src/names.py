@@ -9,6 +9,7 @@ from __future__ import annotations
 from slaq.api.common import GROUP
 
 MANAGER = "slaq-operator"  # server-side apply field manager and app.kubernetes.io/managed-by
+FINALIZER = f"{GROUP}/finalizer"  # kopf's finalizer on pools (and, in earlier versions, on TenantSLAs)
 POOL_LABEL = f"{GROUP}/pool"
 TABLE_SUFFIX = "-tenants"
 SALT_SECRET_NAME = "slaq-cache-salt-key"

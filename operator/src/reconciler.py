@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slaq.api.common import GROUP
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable
@@ -38,7 +37,7 @@ from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApi
 from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
-from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
+from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
     SECRET_DATA_LIMIT, TableRenderer, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
 )
@@ -53,7 +52,6 @@ SALT_KEY_BYTES = 32
 STATUS_WRITERS = 8  # tenant status patches in flight at once
 WRITERS = 8  # pools whose tables are written at once
 RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
-LEGACY_FINALIZER = f"{GROUP}/finalizer"  # earlier versions held TenantSLAs with kopf's finalizer
 
 
 def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
@@ -326,9 +324,9 @@ class Reconciler:
             return
         meta = found.body.get("metadata") or {}
         if deleting(found.body):
-            if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+            if FINALIZER in (meta.get("finalizers") or []):
                 await self.api.merge_patch("tenantslas", name, None,
-                                           {"metadata": {"finalizers": [f for f in meta["finalizers"] if f != LEGACY_FINALIZER]}})
+                                           {"metadata": {"finalizers": [f for f in meta["finalizers"] if f != FINALIZER]}})
             return
         if found.error is not None:
             ready = _condition_of(found.body, "Ready") or {}

@@ -78,3 +78,15 @@ async def test_a_rotated_key_rewrites_only_its_tenants_pools(kube: KubeEmulator)
     assert not [c for c in calls if c.verb in ("LIST", "GET")], calls
     assert [(c.verb, c.name) for c in calls if c.resource == "secrets"] == [("PATCH", f"{pool}-tenants")]
     assert len(calls) <= 2 * 1 + 2, calls
+
+
+async def test_a_tenant_holding_the_finalizer_of_earlier_versions_is_released_on_deletion(kube: KubeEmulator) -> None:
+    async with operator(kube, interval=3600.0):
+        await seeded(kube)
+        body = tenant_body(TENANTS, MODELS)
+        body["metadata"]["finalizers"] = ["slaq.dev/finalizer"]
+        await create(kube, body)
+        await eventually(lambda: tenant_name(TENANTS) in entries(kube, POOL_NAMESPACE, pool_name(TENANTS % POOLS)), what="the tenant served")
+        assert (await kube.delete(f"/apis/slaq.dev/v1alpha1/tenantslas/{tenant_name(TENANTS)}")).status == 202
+        await eventually(lambda: kube.read("slaq.dev/v1alpha1/tenantslas", None, tenant_name(TENANTS)) is None, what="the tenant gone")
+        await eventually(lambda: tenant_name(TENANTS) not in entries(kube, POOL_NAMESPACE, pool_name(TENANTS % POOLS)), what="out of its table")
