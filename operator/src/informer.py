@@ -18,6 +18,10 @@ from slaq.operator.client import KubeClient
 
 log = logging.getLogger("slaq.operator.informer")
 RETRY_S = 2.0
+# A watch that the server ends with 410 Gone (its resourceVersion compacted away) is restarted by
+# lightkube from the current state, which replays what exists but not what was deleted meanwhile:
+# listing again this often drops such leftovers (a LIST per half hour per kind, never per event).
+RELIST_S = 1800.0
 
 Value = TypeVar("Value")
 OnChange = Callable[[str, "Value | None", "Value | None"], Awaitable[None]]
@@ -37,6 +41,7 @@ class Informer(Generic[Value]):
         self.plural, self.namespace = plural, namespace
         self._transform = transform
         self._on_change = on_change
+        self.relist_s = RELIST_S
         self.store: dict[str, Value] = {}
         self.synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -66,10 +71,13 @@ class Informer(Generic[Value]):
                 for key, body in listed.items():
                     await self._changed(key, self._transform(body))
                 self.synced.set()
-                async for event, body in self._api.watch(self.plural, self.namespace, resource_version=version):
-                    await self._changed(object_key(body), None if event == "DELETED" else self._transform(body))
+                async with asyncio.timeout(self.relist_s):
+                    async for event, body in self._api.watch(self.plural, self.namespace, resource_version=version):
+                        await self._changed(object_key(body), None if event == "DELETED" else self._transform(body))
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:
+                continue  # time to list again (see RELIST_S)
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
                 log.warning("watching %s in %s: %s; listing again in %.0f s", self.plural, self.namespace or "all namespaces", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
