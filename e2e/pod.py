@@ -99,16 +99,21 @@ class PodSpecRun:
 
     def write_secret(self, secret_name: str, files: dict[str, str]) -> None:
         """A Secret's content into every volume the pod takes from it, each with only the keys its
-        `items` project (all when none), written atomically as the kubelet swaps a Secret volume."""
+        `items` project (all when none), written atomically as the kubelet swaps a Secret volume.
+        Secret volumes and the Secret sources of projected volumes alike."""
         for volume in self.template["spec"]["volumes"]:
-            source = volume.get("secret")
-            if not source or source["secretName"] != secret_name:
-                continue
-            directory = self.volume_dir(volume["name"])
-            for item in source.get("items") or [{"key": key, "path": key} for key in files]:
-                staging = directory / f".{item['path']}.tmp"
-                staging.write_text(files[item["key"]], encoding="utf-8")
-                staging.replace(directory / item["path"])
+            sources = [{"name": volume["secret"]["secretName"], **volume["secret"]}] if "secret" in volume else \
+                [src["secret"] for src in (volume.get("projected") or {}).get("sources") or [] if "secret" in src]
+            for source in sources:
+                if source["name"] == secret_name:
+                    self._project(volume["name"], source, files)
+
+    def _project(self, volume: str, source: dict[str, Any], files: dict[str, str]) -> None:
+        directory = self.volume_dir(volume)
+        for item in source.get("items") or [{"key": key, "path": key} for key in files]:
+            staging = directory / f".{item['path']}.tmp"
+            staging.write_text(files[item["key"]], encoding="utf-8")
+            staging.replace(directory / item["path"])
 
     def start(self, name: str) -> Child:
         argv, env = self.command(name)

@@ -10,9 +10,10 @@ import base64
 from typing import Any
 
 from slaq.api.pool import InferencePool
-from slaq.api.runtime import ENGINE_TABLE_KEY, SIDECAR_PORT_NAME, TENANT_TABLE_KEY
-from slaq.api.table import EngineTable, TenantTable
+from slaq.api.runtime import SIDECAR_PORT_NAME
+from slaq.api.table import TenantTable
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
+from slaq.operator.tables import split_table, table_texts
 from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
 
 
@@ -99,18 +100,18 @@ def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
     }
 
 
-def render_table_secret(pool: InferencePool, table: TenantTable) -> dict[str, Any]:
+def render_table_secret(pool: InferencePool, table: TenantTable, texts: dict[str, str] | None = None) -> dict[str, Any]:
     """The pool's tenant table (key hashes, never keys), mounted read-only into every sidecar, and
     its engine cut (KV shares, erase modes, salt fingerprints), the only key the engine mounts.
 
-    One Secret, so both containers always see the same revision."""
-    texts = {TENANT_TABLE_KEY: table.model_dump_json(by_alias=True, exclude_none=True),
-             ENGINE_TABLE_KEY: EngineTable.of(table).model_dump_json(by_alias=True, exclude_none=True)}
+    One Secret per part of the table (tables.split_table), holding both keys, so both containers
+    always see the same revision. `texts`: the data when the caller has already serialised it."""
+    texts = texts if texts is not None else table_texts(table)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {**_meta(pool, table_secret_name(pool.metadata.name)),
+        "metadata": {**_meta(pool, table_secret_name(pool.metadata.name, table.part or 0)),
                      "annotations": {"slaq.dev/table-revision": table.revision}},
         "data": {key: base64.b64encode(text.encode("utf-8")).decode("ascii") for key, text in texts.items()},
     }
@@ -123,8 +124,10 @@ def render_children(pool: InferencePool) -> list[dict[str, Any]]:
 
 
 def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[str, Any]]:
-    """Everything the operator applies for a pool: the table first, so pods mount it on their first start."""
-    return [render_table_secret(pool, table), *render_children(pool)]
+    """Everything the operator applies for a pool: the table first (in as many Secrets as it
+    takes), so pods mount it on their first start."""
+    parts = split_table(table.pool, table.tenants)
+    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool)]
 
 
 def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:

@@ -131,10 +131,22 @@ class KubeClient:
         except httpx2.HTTPError as exc:
             raise _translate(exc, "LIST", plural) from exc
 
-    async def watch(self, plural: str, namespace: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(event type, object) from a list then a watch, resumed by lightkube across timeouts."""
+    async def list_versioned(self, plural: str, namespace: str | None = None) -> tuple[list[dict[str, Any]], str]:
+        """Every object and the list's resourceVersion (a watch from it misses nothing and repeats nothing)."""
         try:
-            async for event, obj in self._client.watch(RESOURCES[plural], namespace=_where(plural, namespace)):
+            listing = self._client.list(RESOURCES[plural], namespace=_where(plural, namespace))
+            items = [_plain(o) async for o in listing]
+            return items, listing.resourceVersion
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "LIST", plural) from exc
+
+    async def watch(self, plural: str, namespace: str | None = None,
+                    resource_version: str | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from `resource_version` on (without one: every object as ADDED,
+        then changes), resumed by lightkube across timeouts."""
+        try:
+            async for event, obj in self._client.watch(RESOURCES[plural], namespace=_where(plural, namespace),
+                                                       resource_version=resource_version):
                 yield event, _plain(obj)
         except httpx2.HTTPError as exc:
             raise _translate(exc, "WATCH", plural) from exc
@@ -156,6 +168,13 @@ class KubeClient:
             return _plain(await self._client.create(from_dict(obj), namespace=meta.get("namespace")))
         except httpx2.HTTPError as exc:
             raise _translate(exc, "CREATE", f"{obj['kind']}/{meta.get('name') or meta.get('generateName')}") from exc
+
+    async def merge_patch(self, plural: str, name: str, namespace: str | None, patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of the object itself (metadata the operator owns, e.g. finalizers)."""
+        try:
+            return _plain(await self._client.patch(RESOURCES[plural], name, patch, namespace=namespace, patch_type=PatchType.MERGE))
+        except httpx2.HTTPError as exc:
+            raise _translate(exc, "PATCH", f"{plural}/{name}") from exc
 
     async def patch_status(self, plural: str, name: str, namespace: str | None, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status subresource (the operator's own status fields only)."""

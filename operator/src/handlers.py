@@ -7,6 +7,7 @@ the named field), a retryable API error becomes kopf.TemporaryError (kopf tries 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,10 +16,10 @@ import kopf
 from slaq.api.common import GROUP, VERSION
 from slaq.operator.client import Connection
 from slaq.operator.errors import RetryableApiError, SpecError
+from slaq.operator.names import FINALIZER
 from slaq.operator.reconciler import Reconciler
 
 POOLS = (GROUP, VERSION, "inferencepools")
-TENANTS = (GROUP, VERSION, "tenantslas")
 RETRY_DELAY_S = 5.0
 
 Handler = Callable[..., Awaitable[None]]
@@ -40,10 +41,13 @@ def translating_errors(retry_delay_s: float) -> Callable[[Handler], Handler]:
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """slaq's own finalizer and annotation names, so `kubectl describe` says who holds an object."""
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.SmartProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.reporting_component = "slaq-operator"
+    # kopf's own Events ("Handler ... succeeded") would add two API writes to every change of every
+    # object; failures are still posted, and the operator posts its own (AtRisk, InvalidSpec).
+    settings.posting.level = logging.WARNING
 
 
 def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, connection: Connection | None = None,
@@ -56,9 +60,13 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             return connection.kopf_login(**kwargs)
 
-    @kopf.on.startup(id="create_salt_key", registry=registry)
-    async def create_salt_key(**_: Any) -> None:
+    # Pools and tenants are watched by the reconciler's own informers (informer.py): it starts
+    # them here and returns once both are listed, so no table is planned from a partial view.
+    # Tenants have no kopf handler: their tables and statuses follow the watch (reconciler.py).
+    @kopf.on.startup(id="start_informers", registry=registry)
+    async def start_informers(**_: Any) -> None:
         await reconciler.ensure_salt_key()
+        await reconciler.start()
 
     @kopf.on.resume(*POOLS, id="pool_children", registry=registry)
     @kopf.on.create(*POOLS, id="pool_children", registry=registry)
@@ -71,23 +79,11 @@ def build_registry(reconciler: Reconciler, *, observe_interval_s: float = 15.0, 
     @errors
     async def pool_gone(name: str, namespace: str, **_: Any) -> None:
         reconciler.forget_pool(namespace, name)
-        await reconciler.sync_tables()  # its tenants' quotas are re-split over the remaining pools
+        await reconciler.refresh(pools=[f"{namespace}/{name}"])  # its tenants' quotas are re-split over the remaining pools
 
     @kopf.timer(*POOLS, id="pool_usage", interval=observe_interval_s, initial_delay=observe_interval_s, idle=None, registry=registry)
     @errors
     async def pool_usage(body: kopf.Body, **_: Any) -> None:
         await reconciler.observe_pool(dict(body))
-
-    @kopf.on.resume(*TENANTS, id="tenant_tables", registry=registry)
-    @kopf.on.create(*TENANTS, id="tenant_tables", registry=registry)
-    @kopf.on.update(*TENANTS, id="tenant_tables", registry=registry)
-    @errors
-    async def tenant_tables(body: kopf.Body, **_: Any) -> None:
-        await reconciler.reconcile_tenant(dict(body))
-
-    @kopf.on.delete(*TENANTS, id="tenant_removed", registry=registry)
-    @errors
-    async def tenant_removed(body: kopf.Body, **_: Any) -> None:
-        await reconciler.forget_tenant(dict(body))
 
     return registry

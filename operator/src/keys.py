@@ -2,26 +2,21 @@
 
 The operator never reads a key Secret per event. For each namespace that some TenantSLA's
 `spec.apiKeySecretRef` names, it lists the namespace's Secrets once and then watches them
-(`list` + `watch` on Secrets in that namespace: what rbac.secretNamespaces confines). A changed
+(`list` + `watch` on Secrets in that namespace, informer.py: what rbac.secretNamespaces confines). A changed
 Secret calls `on_change(namespace, name)` at once, so a rotated key reaches the tenant tables
 within seconds. Only hashes are kept; the keys themselves are dropped on arrival.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from slaq.api.table import hash_api_key
 from slaq.operator.client import KubeClient
-
-log = logging.getLogger("slaq.operator.keys")
-RETRY_S = 2.0
+from slaq.operator.informer import Informer
 
 
 @dataclass(frozen=True)
@@ -55,54 +50,32 @@ OnChange = Callable[[str, str], Awaitable[None]]
 
 
 class KeyWatch:
-    """Key hashes of every Secret in the watched namespaces, by (namespace, name)."""
+    """Key hashes of every Secret in the watched namespaces, by (namespace, name): one informer
+    (informer.py) per namespace, keeping only the hashes."""
 
     def __init__(self, api: KubeClient, on_change: OnChange) -> None:
         self._api = api
         self._on_change = on_change
-        self._sets: dict[tuple[str, str], KeySet] = {}
-        self._ready: dict[str, asyncio.Event] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._informers: dict[str, Informer[KeySet]] = {}
 
     def get(self, namespace: str, name: str) -> KeySet:
-        return self._sets.get((namespace, name)) or key_set(namespace, name, None)
+        informer = self._informers.get(namespace)
+        found = informer.store.get(f"{namespace}/{name}") if informer is not None else None
+        return found or key_set(namespace, name, None)
 
     async def ensure(self, namespace: str) -> None:
         """Start watching `namespace` (once) and return when its Secrets have been listed."""
-        if namespace not in self._ready:
-            self._ready[namespace] = asyncio.Event()
-            self._tasks[namespace] = asyncio.create_task(self._follow(namespace), name=f"slaq-keys-{namespace}")
-        await self._ready[namespace].wait()
+        if namespace not in self._informers:
+            self._informers[namespace] = Informer(
+                self._api, "secrets", lambda body: key_set(namespace, body["metadata"]["name"], body.get("data") or {}),
+                namespace=namespace, on_change=self._changed)
+            self._informers[namespace].start()
+        await self._informers[namespace].synced.wait()
 
-    def _store(self, namespace: str, body: dict[str, Any], deleted: bool = False) -> bool:
-        name = body["metadata"]["name"]
-        new = key_set(namespace, name, None if deleted else (body.get("data") or {}))
-        if self._sets.get((namespace, name)) == new:
-            return False
-        if deleted:
-            self._sets.pop((namespace, name), None)
-        else:
-            self._sets[(namespace, name)] = new
-        return True
-
-    async def _follow(self, namespace: str) -> None:
-        while True:
-            try:
-                for body in await self._api.list("secrets", namespace):
-                    if self._store(namespace, body) and self._ready[namespace].is_set():
-                        await self._on_change(namespace, body["metadata"]["name"])
-                self._ready[namespace].set()
-                async for event, body in self._api.watch("secrets", namespace):
-                    if self._store(namespace, body, deleted=event == "DELETED"):
-                        await self._on_change(namespace, body["metadata"]["name"])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
-                log.warning("watching Secrets in %s: %s; again in %.0f s", namespace, exc, RETRY_S)
-                await asyncio.sleep(RETRY_S)
+    async def _changed(self, key: str, new: KeySet | None, old: KeySet | None) -> None:
+        namespace, name = key.split("/", 1)
+        await self._on_change(namespace, name)
 
     async def close(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._tasks.clear()
+        for informer in self._informers.values():
+            await informer.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from slaq.api.common import GROUP
 
 MANAGER = "slaq-operator"  # server-side apply field manager and app.kubernetes.io/managed-by
+FINALIZER = f"{GROUP}/finalizer"  # kopf's finalizer on pools (and, in earlier versions, on TenantSLAs)
 POOL_LABEL = f"{GROUP}/pool"
 TABLE_SUFFIX = "-tenants"
 SALT_SECRET_NAME = "slaq-cache-salt-key"
@@ -35,5 +36,6 @@ def selector_string(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-def table_secret_name(pool_name: str) -> str:
-    return f"{pool_name}{TABLE_SUFFIX}"
+def table_secret_name(pool_name: str, part: int = 0) -> str:
+    """The Secret holding part `part` of the pool's tenant table (part 0: the only one, or the first)."""
+    return f"{pool_name}{TABLE_SUFFIX}" + (f"-{part}" if part else "")

@@ -18,6 +18,7 @@ from slaq.api.runtime import (
     ENGINE_TABLE_ENV,
     ENGINE_TABLE_KEY,
     HEALTH_PATH,
+    MAX_TABLE_PARTS,
     METRICS_PATH,
     METRICS_PORT_NAME,
     READY_PATH,
@@ -26,6 +27,7 @@ from slaq.api.runtime import (
     TENANT_TABLE_DIR,
     TENANT_TABLE_KEY,
 )
+from slaq.api.table import part_file_name
 from slaq.operator.names import pool_labels, table_secret_name
 
 RUN_AS_USER = 10001
@@ -193,9 +195,12 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
 
 
 def _table_volume(volume: str, pool_name: str, key: str) -> dict[str, Any]:
-    # `items` projects one key; the kubelet still updates it in place (only subPath mounts go stale).
-    return {"name": volume, "secret": {"secretName": table_secret_name(pool_name), "defaultMode": 0o440,
-                                       "items": [{"key": key, "path": key}]}}
+    """One key of every part of the pool's table Secret(s), as `key`, `key-1`...: part 0 always
+    exists, the others only for a table split over several Secrets (optional sources).
+    The kubelet updates a projected volume in place, all files at once (only subPath mounts go stale)."""
+    sources = [{"secret": {"name": table_secret_name(pool_name, part), "items": [{"key": key, "path": part_file_name(key, part)}],
+                           **({"optional": True} if part else {})}} for part in range(MAX_TABLE_PARTS)]
+    return {"name": volume, "projected": {"defaultMode": 0o440, "sources": sources}}
 
 
 def render_pod_template(pool: InferencePool) -> dict[str, Any]:

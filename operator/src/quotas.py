@@ -89,14 +89,16 @@ def split_quota(
 
     floor = floor_units(quota_units, total_replicas, Fraction(floor_fraction), min_floor_units)
     spare = quota_units - floor * total_replicas
-    demands = {s.pool: Fraction(s.demand) for s in slots}
-    total_demand = sum(demands.values())
-    weights = {p: (demands[p] / total_demand if total_demand > 0 else Fraction(replicas[p], total_replicas)) for p in replicas}
-    target = {p: floor + math.floor(spare * weights[p] / replicas[p]) for p in replicas}
+    if any(s.demand for s in slots):
+        demands = {s.pool: Fraction(s.demand) for s in slots}
+        total_demand = sum(demands.values())
+        target = {p: floor + math.floor(spare * (demands[p] / total_demand) / replicas[p]) for p in replicas}
+    else:  # nothing observed: equally per replica (the integer form of spare * (r / total) / r)
+        target = {p: floor + spare // total_replicas for p in replicas}
 
     if previous is not None and previous.quota == quota and previous.unit == unit and dict(previous.replicas) == replicas \
             and set(previous.units) == set(replicas) and previous.total_units() <= quota_units \
-            and all(previous.units[p] >= floor for p in replicas):
+            and all(previous.units[p] >= floor for p in replicas) and dict(previous.units) != target:
         step = Fraction(smoothing)
         units = {p: math.floor(previous.units[p] + step * (target[p] - previous.units[p])) for p in replicas}
     else:

@@ -1,9 +1,16 @@
-"""The operator's work, independent of kopf: read the cluster, render, apply, write status.
+"""The operator's work, independent of kopf: read the view, render, apply, write status.
 
-Handlers (handlers.py) call one method each. Every method applies the whole desired state,
-so running it twice, after a restart, or after a failed attempt converges to the same objects.
-Table planning and writing are serialised by one lock: every table write comes from a fresh
-snapshot, and all pools' shares of a tenant come from the same one.
+Handlers (handlers.py) call one method each. Every method applies the desired state of what it
+names, so running it twice, after a restart, or after a failed attempt converges to the same
+objects.
+
+Tenant tables are reconciled incrementally from the in-memory view (view.py, fed by kopf
+indexes) and the watched key Secrets (keys.py): no list call per event or per tick. An event
+marks what it touches (a tenant, a pool, a key Secret's tenants) and `refresh` plans only those
+tenants again (each tenant's entries in the pools it binds come from one `plan_tenant` call, so
+its shares still sum within its quota) and writes only the tables whose entries changed. Marks
+made while a refresh runs are taken by the next one, so a burst of events costs one pass.
+Planning and writing are serialised by one lock.
 """
 
 from __future__ import annotations
@@ -14,16 +21,14 @@ import binascii
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import TenantTable
-from slaq.api.tenant import TenantSLA
+from slaq.api.table import TenantEntry, TenantTable
+from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, judge
 from slaq.operator.children import owned_by, render_children, render_table_secret
 from slaq.operator.client import KubeClient
@@ -32,43 +37,21 @@ from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApi
 from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
 from slaq.operator.keys import KeyWatch
-from slaq.operator.names import MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string
-from slaq.operator.tables import TablePlan, TenantSplits, plan_tables, pool_key
+from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
+from slaq.operator.tables import (
+    SECRET_DATA_LIMIT, TableRenderer, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
+)
 from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
+from slaq.operator.informer import Informer
+from slaq.operator.view import ClusterView, Indexed, deleting, indexed_pool, indexed_tenant, name_of, parse_pool, parse_tenant
+
+__all__ = ["Reconciler", "parse_pool", "parse_tenant"]
 
 log = logging.getLogger("slaq.operator")
 SALT_KEY_BYTES = 32
-
-
-def _field(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(object)"
-
-
-def parse_pool(body: dict[str, Any]) -> InferencePool:
-    """The pool as the API model; SpecError naming the first bad field."""
-    try:
-        return InferencePool.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise SpecError("InferencePool", _name(body), _field(first["loc"]), first["msg"]) from exc
-
-
-def parse_tenant(body: dict[str, Any]) -> TenantSLA:
-    """The tenant as the API model; SpecError naming the first bad field."""
-    try:
-        tenant = TenantSLA.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise SpecError("TenantSLA", _name(body), _field(first["loc"]), first["msg"]) from exc
-    return tenant
-
-
-def _name(body: dict[str, Any]) -> str:
-    return (body.get("metadata") or {}).get("name", "?")
-
-
-def _deleting(body: dict[str, Any]) -> bool:
-    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
+STATUS_WRITERS = 8  # tenant status patches in flight at once
+WRITERS = 8  # pools whose tables are written at once
+RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
 
 
 def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
@@ -93,6 +76,28 @@ def _condition_of(body: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
+def same_for_tables(new: Indexed[TenantSLA], old: Indexed[TenantSLA]) -> bool:
+    """Whether two versions of a tenant plan the same: same spec, labels, validity and deletion."""
+    if new.model is None or old.model is None:
+        return False
+    return (new.model.spec == old.model.spec and new.model.metadata.labels == old.model.metadata.labels
+            and deleting(new.body) == deleting(old.body))
+
+
+@dataclass(frozen=True)
+class PoolInputs:
+    """What of a pool its tenants' entries depend on: which tenants it binds, and the replica
+    count their quotas are split by. When it changes, every tenant of the pool is planned again."""
+
+    labels: tuple[tuple[str, str], ...]
+    tenant_selector: str
+    replicas: int
+
+    @classmethod
+    def of(cls, pool: InferencePool, replicas: int) -> "PoolInputs":
+        return cls(tuple(sorted(pool.metadata.labels.items())), pool.spec.tenant_selector.model_dump_json(), replicas)
+
+
 class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
@@ -107,11 +112,28 @@ class Reconciler:
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
         self._gateway: dict[str, GatewayOutcome] = {}
-        self._written: dict[str, TenantTable] = {}
+        self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
+        self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
+        self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
+        self._members: dict[str, list[set[str]]] = {}  # by pool key: the tenants of each part of its table
+        self._renderer = TableRenderer()
+        self._table_names: dict[str, list[str]] = {}  # by pool key: status.tenants last written
         self._key_problems: dict[str, str] = {}
-        self._key_refs: set[tuple[str, str]] = set()
+        self._key_users: dict[tuple[str, str], set[str]] = {}  # key Secret -> tenants naming it
+        self._key_ref: dict[str, tuple[str, str]] = {}  # tenant -> its key Secret
+        self._entries: dict[str, dict[str, TenantEntry]] = {}  # by pool key, then tenant name
+        self._plans: dict[str, TenantPlan] = {}  # by tenant name: its entries and shares
+        self._tenant_inputs: dict[str, tuple[Any, ...]] = {}  # by tenant name: what its plan came from
+        self._pool_inputs: dict[str, PoolInputs] = {}  # by pool key: what its tenants' plans came from
+        self._pending: dict[str, bool] = {}  # tenant -> plan again even if its own inputs are unchanged
+        self._pending_pools: set[str] = set()
+        self._pending_status: set[str] = set()
+        self._everything = True  # the first refresh plans every tenant and writes every table
+        self.pools = Informer(api, "inferencepools", indexed_pool, on_change=self._pool_changed)
+        self.tenants = Informer(api, "tenantslas", indexed_tenant, on_change=self._tenant_changed)
+        self.view = ClusterView(self.pools.store, self.tenants.store)
         self.keys = KeyWatch(api, self.on_key_secret_change)
-        self.last_plan: TablePlan | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self.attainment = attainment or AttainmentLedger()
         self.min_requests = min_requests
         self.clock = clock  # wall clock: the sidecars' `_created` times are wall-clock times too
@@ -143,50 +165,216 @@ class Reconciler:
 
     # ------------------------------------------------------------------ tenant tables
 
-    async def _read_keys(self, tenants: Sequence[TenantSLA]) -> dict[str, list[str]]:
-        """Key hashes from the watched Secrets (keys.py): no Secret is read per event."""
-        hashes: dict[str, list[str]] = {}
-        self._key_problems = {}
-        refs: set[tuple[str, str]] = set()
-        for tenant in tenants:
-            ref = tenant.spec.api_key_secret_ref
-            await self.keys.ensure(ref.namespace)
-            found = self.keys.get(ref.namespace, ref.name)
-            refs.add((ref.namespace, ref.name))
-            if found.problem is not None:
-                self._key_problems[tenant.metadata.name] = found.problem
-            hashes[tenant.metadata.name] = list(found.hashes)
-        self._key_refs = refs
-        return hashes
+    async def start(self) -> None:
+        """Watch pools and tenants, and return once both are listed (before any table is planned)."""
+        self.pools.start()
+        self.tenants.start()
+        await self.pools.synced.wait()
+        await self.tenants.synced.wait()
+        self._kick()
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        for informer in (self.pools, self.tenants):
+            await informer.close()
+        await self.keys.close()
+
+    async def _tenant_changed(self, name: str, new: Indexed[TenantSLA] | None, old: Indexed[TenantSLA] | None) -> None:
+        if new is not None and old is not None and same_for_tables(new, old):
+            return  # a status write (often the operator's own): nothing a table holds changed
+        self._pending.setdefault(name, False)
+        self._kick()
+
+    async def _pool_changed(self, key: str, new: Indexed[InferencePool] | None, old: Indexed[InferencePool] | None) -> None:
+        self._pending_pools.add(key)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Refresh in the background what watch events marked (a burst of events: one pass)."""
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_marks(), name="slaq-table-refresh")
+
+    async def _flush_marks(self) -> None:
+        while self._pending or self._pending_pools or self._pending_status or self._everything:
+            try:
+                await self.refresh()
+            except OperatorError as exc:  # the marks stay pending
+                log.warning("refreshing tenant tables: %s; again in %.0f s", exc, RETRY_S)
+                await asyncio.sleep(RETRY_S)
+            except Exception:  # noqa: BLE001 - a bug must not end the refreshes: logged whole, tried again
+                log.exception("refreshing tenant tables failed; again in %.0f s", RETRY_S)
+                await asyncio.sleep(RETRY_S)
 
     async def on_key_secret_change(self, namespace: str, name: str) -> None:
-        """A watched Secret changed: when a tenant names it, its tables are rewritten now."""
-        if (namespace, name) not in self._key_refs:
+        """A watched Secret changed: the tables of the tenants that name it are rewritten now."""
+        users = self._key_users.get((namespace, name))
+        if not users:
             return
-        log.info("key Secret %s/%s changed: rewriting the tenant tables", namespace, name)
+        log.info("key Secret %s/%s changed: replanning tenant(s) %s", namespace, name, ", ".join(sorted(users)))
         try:
-            await self.sync_tables()
-        except OperatorError as exc:  # the next event or usage tick tries again
+            await self.refresh(tenants=users)
+        except OperatorError as exc:  # the marks stay pending: the next event or usage tick tries again
             log.warning("after key Secret %s/%s changed: %s", namespace, name, exc)
 
-    async def _snapshot(self) -> tuple[list[tuple[InferencePool, dict[str, Any]]], list[tuple[TenantSLA, dict[str, Any]]]]:
-        pools, tenants = [], []
-        for body in await self.api.list("inferencepools"):
-            if not _deleting(body):
-                try:
-                    pools.append((parse_pool(body), body))
-                except SpecError as exc:
-                    log.warning("skipping pool: %s", exc)
-        for body in await self.api.list("tenantslas"):
-            if not _deleting(body):
-                try:
-                    tenants.append((parse_tenant(body), body))
-                except SpecError as exc:
-                    log.warning("skipping tenant: %s", exc)
-        return pools, tenants
+    async def refresh(self, tenants: Iterable[str] = (), pools: Iterable[str] = (), *, force: bool = False,
+                      status: Iterable[str] = ()) -> None:
+        """Plan the marked tenants again and write the tables and statuses that changed.
+
+        `tenants` are planned again when their own inputs (spec, labels, key hashes) changed, or
+        always with `force` (their pools' replicas or demand moved); a pool in `pools` whose
+        labels, tenant selector or replica count changed has every tenant it holds or now binds
+        planned again; `status` tenants get their status re-judged (attainment). Marks made while
+        another refresh runs are taken by the next one; marks of a refresh that failed stay pending.
+        """
+        for name in tenants:
+            self._pending[name] = self._pending.get(name, False) or force
+        self._pending_pools.update(pools)
+        self._pending_status.update(status)
+        async with self._lock:
+            marked, marked_pools, due = self._pending, self._pending_pools, self._pending_status
+            everything = self._everything
+            if not (marked or marked_pools or due or everything):
+                return  # a refresh that started after these marks took them
+            self._pending, self._pending_pools, self._pending_status = {}, set(), set()
+            try:
+                await self._reconcile_tables(marked, marked_pools, due, everything)
+                self._everything = False
+            except BaseException:
+                for name, forced in marked.items():
+                    self._pending[name] = self._pending.get(name, False) or forced
+                self._pending_pools |= marked_pools
+                self._pending_status |= due
+                raise
+
+    def _replicas(self, pool: InferencePool) -> int:
+        """How many replicas may be serving the pool: what the split divides by."""
+        return max(pool.spec.replicas.current, self._observed_replicas.get(pool_key(pool), 0))
+
+    def _moved_pools(self, marked_pools: set[str], pools: dict[str, Indexed[InferencePool]],
+                     scan: bool = True) -> tuple[set[str], set[str]]:
+        """(pools whose tables change, tenants to plan again) after these pools changed or went;
+        without `scan`, the tenants a pool now binds are not looked for (all are planned anyway)."""
+        changed, moved = set(), set()
+        for key in marked_pools:
+            found = pools.get(key)
+            inputs = PoolInputs.of(found.model, self._replicas(found.model)) if found is not None and found.model else None
+            if inputs == self._pool_inputs.get(key) and key in self._written:
+                continue
+            changed.add(key)
+            moved |= set(self._entries.get(key, {}))
+            if found is None or found.model is None:
+                self._pool_inputs.pop(key, None)
+                continue
+            self._pool_inputs[key] = inputs
+            if scan:
+                moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model)}
+        return changed, moved
+
+    async def _reconcile_tables(self, marked: dict[str, bool], marked_pools: set[str], due: set[str], everything: bool) -> None:
+        salt_key = await self.ensure_salt_key()
+        pools = {pool_key(p.model): p for p in self.view.pools() if p.model is not None}
+        if everything:
+            marked_pools = marked_pools | set(pools) | set(self._entries)
+            marked = {**marked, **{name: True for name in [*self.view.tenant_names(), *self._plans]}}
+        changed, moved = self._moved_pools(marked_pools, pools, scan=not everything)
+        for key in changed:
+            self._touch(key)
+        forced = {name for name, force in marked.items() if force} | moved
+        replicas = {key: self._replicas(p.model) for key, p in pools.items() if p.model is not None}
+        usage = {key: u for key, u in self._usage.items() if key in pools}
+        models = [p.model for p in pools.values() if p.model is not None]
+        replanned: set[str] = set()
+        for name in sorted(set(marked) | moved):
+            found = self.view.tenant(name)
+            before = set(self._plans[name].entries) if name in self._plans else set()
+            if found is None or found.model is None:
+                for key in self._drop_tenant(name, before):
+                    self._touch(key, name)
+                await self._tenant_not_served(name)
+                continue
+            tenant = found.model
+            hashes = await self._key_hashes(tenant)
+            inputs = (tenant.spec.model_dump_json(), sorted(tenant.metadata.labels.items()), hashes, self._key_problems.get(name))
+            if name not in forced and self._tenant_inputs.get(name) == inputs:
+                continue
+            self._tenant_inputs[name] = inputs
+            part = plan_tenant(tenant, models, hashes, salt_key, replicas, usage, self._splits.get(name))
+            self._plans[name], self._splits[name] = part, part.splits
+            for key in before - set(part.entries):
+                self._entries.get(key, {}).pop(name, None)
+                self._touch(key, name)
+            for key, entry in part.entries.items():
+                if self._entries.setdefault(key, {}).get(name) != entry:
+                    self._entries[key][name] = entry
+                    self._touch(key, name)
+            replanned.add(name)
+        for key in set(self._touched) - set(pools):  # pools gone: nothing to write
+            for book in (self._entries, self._written, self._parts, self._members, self._touched, self._table_names):
+                book.pop(key, None)
+        await self._write_tables(pools)
+        await self._write_tenant_statuses(replanned | due)
+
+    async def _tenant_not_served(self, name: str) -> None:
+        """An invalid tenant is told why on its status; a deleted one loses the finalizer an
+        earlier version put on it (tables need none: a tenant gone is a tenant left out)."""
+        found = self.view.tenant_entry(name)
+        if found is None:
+            return
+        meta = found.body.get("metadata") or {}
+        if deleting(found.body):
+            if FINALIZER in (meta.get("finalizers") or []):
+                await self.api.merge_patch("tenantslas", name, None,
+                                           {"metadata": {"finalizers": [f for f in meta["finalizers"] if f != FINALIZER]}})
+            return
+        if found.error is not None:
+            ready = _condition_of(found.body, "Ready") or {}
+            reported = ready.get("reason") == "InvalidSpec" and ready.get("message") == str(found.error) \
+                and (found.body.get("status") or {}).get("observedGeneration") == meta.get("generation")
+            if not reported:
+                log.warning("refused: %s", found.error)
+                await self.report_invalid("tenantslas", found.body, found.error)
+
+    def _drop_tenant(self, name: str, pools: set[str]) -> set[str]:
+        """Forget a tenant that is gone, being deleted or invalid; the pools whose tables held it."""
+        for book in (self._plans, self._splits, self._tenant_inputs, self._key_problems):
+            book.pop(name, None)
+        ref = self._key_ref.pop(name, None)
+        if ref is not None:
+            self._key_users.get(ref, set()).discard(name)
+        for key in pools:
+            self._entries.get(key, {}).pop(name, None)
+        return pools
+
+    async def _key_hashes(self, tenant: TenantSLA) -> list[str]:
+        """The tenant's key hashes from the watched Secrets (keys.py): no Secret is read per event."""
+        name, ref = tenant.metadata.name, tenant.spec.api_key_secret_ref
+        where = (ref.namespace, ref.name)
+        if self._key_ref.get(name) != where:
+            old = self._key_ref.get(name)
+            if old is not None:
+                self._key_users.get(old, set()).discard(name)
+            self._key_ref[name] = where
+            self._key_users.setdefault(where, set()).add(name)
+        await self.keys.ensure(ref.namespace)
+        found = self.keys.get(*where)
+        if found.problem is not None:
+            self._key_problems[name] = found.problem
+        else:
+            self._key_problems.pop(name, None)
+        return list(found.hashes)
+
+    def _touch(self, key: str, tenant: str | None = None) -> None:
+        """The pool's table must be written again: the part holding `tenant`, or (None) all of it."""
+        if tenant is None:
+            self._touched[key] = None
+        elif (touched := self._touched.setdefault(key, set())) is not None:
+            touched.add(tenant)
 
     def _lowers_a_share(self, key: str, table: TenantTable) -> bool:
-        old = {t.name: t.share for t in (self._written[key].tenants if key in self._written else [])}
+        written = self._written.get(key, {}).get(table.part or 0)
+        old = {t.name: t.share for t in (written.tenants if written is not None else [])}
         for entry in table.tenants:
             before = old.get(entry.name)
             if before is None:
@@ -197,42 +385,97 @@ class Reconciler:
                     return True
         return False
 
-    async def sync_tables(self) -> TablePlan:
-        """Plan every pool's tenant table from one snapshot and write them, then tenant statuses."""
-        async with self._lock:
-            salt_key = await self.ensure_salt_key()
-            pools, tenants = await self._snapshot()
-            keys = await self._read_keys([t for t, _ in tenants])
-            replicas = {pool_key(p): max(p.spec.replicas.current, self._observed_replicas.get(pool_key(p), 0)) for p, _ in pools}
-            live = set(replicas)
-            plan = plan_tables([p for p, _ in pools], [t for t, _ in tenants], keys, salt_key, replicas,
-                               {k: v for k, v in self._usage.items() if k in live}, self._splits)
-            # Lowered shares are written first, so the sum in force stays within the quota while
-            # raised shares wait for the next write (docs/operator.md: overshoot bound).
-            ordered = sorted(pools, key=lambda pb: 0 if self._lowers_a_share(pool_key(pb[0]), plan.tables[pool_key(pb[0])]) else 1)
-            for pool, body in ordered:
-                key = pool_key(pool)
-                table = plan.tables[key]
-                if self._written.get(key) != table:
-                    await self.api.apply(owned_by(render_table_secret(pool, table), body))
-                    self._written[key] = table
-                await self._patch_pool_tenants(body, [t.name for t in table.tenants])
-            self._splits = plan.splits
-            for key in set(self._written) - live:
-                del self._written[key]
-            for tenant, body in tenants:
-                await self._write_tenant_status(tenant, body, plan, len(keys.get(tenant.metadata.name, [])))
-            self.last_plan = plan
-            return plan
+    def _parts_to_write(self, key: str, touched: set[str] | None) -> list[tuple[TenantTable, dict[str, str]]]:
+        """The parts of the pool's table to write, with their Secret data: the parts holding the
+        touched tenants, or a new split (as few parts as fit) when all changed or a part outgrew
+        its Secret."""
+        entries, count, members = self._entries.get(key, {}), self._parts.get(key), self._members.get(key)
+        if count is not None and members is not None and touched is not None:
+            for name in touched:
+                part = members[part_of(name, count)]
+                if name in entries:
+                    part.add(name)
+                else:
+                    part.discard(name)
+            out = []
+            for index in sorted({part_of(name, count) for name in touched}):
+                table, texts = self._renderer.render(key, [entries[name] for name in members[index]], index, count)
+                if data_bytes(texts) > SECRET_DATA_LIMIT:
+                    break
+                out.append((table, texts))
+            else:
+                return out
+        split = split_table(key, entries.values(), (count or 1) if touched is not None else 1, renderer=self._renderer)
+        self._parts[key] = len(split)
+        self._members[key] = [{entry.name for entry in table.tenants} for table, _ in split]
+        return split
 
-    async def _patch_pool_tenants(self, body: dict[str, Any], names: list[str]) -> None:
-        if (body.get("status") or {}).get("tenants") != names:
-            meta = body["metadata"]
+    async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> None:
+        """Apply the changed parts of the tables whose entries changed, and their `status.tenants`,
+        a few pools at once (WRITERS).
+
+        Lowered shares are written first (all pools that lower one, then the rest), so the sum in
+        force stays within the quota while raised shares wait (docs/operator.md: overshoot bound).
+        A table split over fewer Secrets than before has the parts beyond its count deleted."""
+        plans = {key: self._parts_to_write(key, touched) for key, touched in self._touched.items()}
+        lowered = {key for key, parts in plans.items() if any(self._lowers_a_share(key, table) for table, _ in parts)}
+        gate = asyncio.Semaphore(WRITERS)
+
+        async def one(key: str) -> None:
+            async with gate:
+                await self._write_table(pools[key], key, plans[key])
+
+        for wave in (sorted(lowered), sorted(set(plans) - lowered)):
+            results = await asyncio.gather(*(one(key) for key in wave), return_exceptions=True)
+            if failures := [r for r in results if isinstance(r, BaseException)]:
+                raise failures[0]
+        live = sum(len(entries) for entries in self._entries.values())
+        if len(self._renderer) > 2 * live + 1000:  # entries replaced since: their JSON goes too
+            self._renderer.keep_only(entry for entries in self._entries.values() for entry in entries.values())
+
+    async def _write_table(self, pool: Indexed[InferencePool], key: str, parts: list[tuple[TenantTable, dict[str, str]]]) -> None:
+        meta, written = pool.body["metadata"], self._written.setdefault(key, {})
+        for table, texts in parts:
+            if written.get(table.part or 0) != table:
+                await self.api.apply(owned_by(render_table_secret(pool.model, table, texts), pool.body))
+                written[table.part or 0] = table
+        for stale in sorted(part for part in written if part >= self._parts[key]):
+            await self.api.delete("secrets", table_secret_name(meta["name"], stale), meta["namespace"])
+            del written[stale]
+        self._touched.pop(key, None)
+        names = sorted(self._entries.get(key, {}))
+        if self._table_names.get(key, (pool.body.get("status") or {}).get("tenants")) != names:
             await self.api.patch_status("inferencepools", meta["name"], meta["namespace"], {"tenants": names})
+        self._table_names[key] = names
 
-    async def _write_tenant_status(self, tenant: TenantSLA, body: dict[str, Any], plan: TablePlan, key_count: int) -> None:
+    async def _write_tenant_statuses(self, names: set[str]) -> None:
+        """Status of each named tenant still served, a few patches in flight at once; the ones that
+        failed stay due, and the first failure is raised."""
+        due = sorted(names)
+        gate = asyncio.Semaphore(STATUS_WRITERS)
+
+        async def one(name: str) -> None:
+            found = self.view.tenant(name)
+            if found is None or found.model is None:
+                return
+            async with gate:
+                try:
+                    await self._write_tenant_status(found.model, found.body)
+                except BaseException:
+                    self._pending_status.add(name)
+                    raise
+
+        results = await asyncio.gather(*(one(name) for name in due), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+
+    async def _write_tenant_status(self, tenant: TenantSLA, body: dict[str, Any]) -> None:
         name, generation = tenant.metadata.name, body["metadata"].get("generation")
-        pools = [share.to_wire() for share in plan.tenant_pools.get(name, [])]
+        plan = self._plans.get(name)
+        pools = [share.to_wire() for share in (plan.pools if plan else [])]
+        ref = self._key_ref.get(name)
+        key_count = len(self.keys.get(*ref).hashes) if ref else 0
         problem = self._key_problems.get(name)
         ready = bool(pools) and problem is None
         conditions = [
@@ -272,7 +515,7 @@ class Reconciler:
         try:
             await self.api.create(render_event(body, type_=type_, reason=reason, message=message, timestamp=now()))
         except OperatorError as exc:
-            log.warning("could not post the %s event for %s: %s", reason, _name(body), exc)
+            log.warning("could not post the %s event for %s: %s", reason, name_of(body), exc)
 
     # ------------------------------------------------------------------ pools
 
@@ -293,7 +536,7 @@ class Reconciler:
         except SpecError as exc:
             await self.report_invalid("inferencepools", body, exc)
             raise
-        plan = await self.sync_tables()
+        await self.refresh(pools=[pool_key(pool)])
         children = render_children(pool)
         for child in children:
             await self.api.apply(owned_by(child, body))
@@ -301,7 +544,7 @@ class Reconciler:
             await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
         await self.apply_gateway_pool(pool, body)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
-        await self._write_pool_status(pool, body, deployment, plan)
+        await self._write_pool_status(pool, body, deployment)
 
     async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
         """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve
@@ -348,7 +591,10 @@ class Reconciler:
         pool = parse_pool(body)
         key = pool_key(pool)
         observations = await self.usage_source.observe(pool)
-        self._usage[key] = sum_usage(observations)
+        before, usage = self._usage.get(key, {}), sum_usage(observations)
+        self._usage[key] = usage
+        moved = set(before) | set(usage)  # active tenants: their split keeps moving toward demand (quotas.py smoothing)
+        judged = {series[0] for o in observations for series in o.outcomes}
         self._risk[key] = mean_sla_risk(observations)
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
         if key in self._gateway and not self._gateway[key].ok:
@@ -356,23 +602,22 @@ class Reconciler:
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
-        plan = await self.sync_tables()
-        fresh = await self.api.get("inferencepools", pool.metadata.name, pool.metadata.namespace) or body
-        await self._write_pool_status(pool, fresh, deployment, plan, observed_pods=len(observations))
+        await self.refresh(tenants=moved, pools=[key], force=True, status=judged)
+        fresh = found.body if (found := self.view.pool(key)) is not None else body  # the index holds the latest status
+        await self._write_pool_status(pool, fresh, deployment, observed_pods=len(observations))
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._gateway):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
     async def _write_pool_status(self, pool: InferencePool, body: dict[str, Any], deployment: dict[str, Any] | None,
-                                 plan: TablePlan, observed_pods: int | None = None) -> None:
+                                 observed_pods: int | None = None) -> None:
         key, generation = pool_key(pool), body["metadata"].get("generation")
         dstatus = (deployment or {}).get("status") or {}
         ready, wanted = int(dstatus.get("readyReplicas") or 0), pool.spec.replicas.current
-        table = plan.tables.get(key)
-        tenants = [t.name for t in table.tenants] if table else []
+        tenants = sorted(self._entries.get(key, {}))
         missing = sorted(t for t in tenants if t in self._key_problems)
         degraded_reason, degraded_message = "AsExpected", ""
         if missing:
@@ -403,18 +648,3 @@ class Reconciler:
             status["slaRisk"] = self._risk[key]
         if any(old.get(k) != v for k, v in status.items()):
             await self.api.patch_status("inferencepools", pool.metadata.name, pool.metadata.namespace, status)
-
-    # ------------------------------------------------------------------ tenants
-
-    async def reconcile_tenant(self, body: dict[str, Any]) -> None:
-        try:
-            parse_tenant(body)
-        except SpecError as exc:
-            await self.report_invalid("tenantslas", body, exc)
-            raise
-        await self.sync_tables()
-
-    async def forget_tenant(self, body: dict[str, Any]) -> None:
-        """Remove a deleted tenant from every table (it is excluded: it carries a deletionTimestamp)."""
-        await self.sync_tables()
-        self._splits.pop(_name(body), None)

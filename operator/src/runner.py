@@ -61,7 +61,7 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
                             standalone=options.standalone, liveness_endpoint=options.liveness_endpoint,
                             stop_flag=stop_flag, ready_flag=ready_flag)
     finally:
-        await reconciler.keys.close()
+        await reconciler.close()
         await api.close()
     return reconciler
 

@@ -8,17 +8,22 @@ and their sum stays within the tenant's quota.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import json
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
+from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.operator.errors import OperatorError
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.quotas import Slot, Split, split_quota
 
 RATE_UNIT = 1000  # rates are split in milli-requests (milli-tokens) per minute
 FLOOR_FRACTION = 0.1
+SECRET_DATA_LIMIT = 1024 * 1024  # the API server refuses a Secret whose data holds more bytes
 
 
 def pool_key(pool: InferencePool) -> str:
@@ -114,13 +119,17 @@ def plan_tenant(
     salt = cache_salt(salt_key, tenant)
     entries: dict[str, TenantEntry] = {}
     shares: list[PoolShare] = []
+    by_share: dict[tuple[float | int | None, ...], TenantEntry] = {}  # pools with equal shares share one entry object
     for slot in slots:
         share = splits.share(slot.pool)
-        entries[slot.pool] = TenantEntry(
-            name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
-            attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
-            cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share, kv_erase=spec.kv_erase,
-        )
+        same = (share.requests_per_minute, share.tokens_per_minute, share.max_concurrency)
+        if same not in by_share:
+            by_share[same] = TenantEntry(
+                name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
+                attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
+                cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share, kv_erase=spec.kv_erase,
+            )
+        entries[slot.pool] = by_share[same]
         observed = usage.get(slot.pool, {}).get(name)
         shares.append(PoolShare(
             pool=slot.pool, replicas=slot.replicas, requests_per_minute=share.requests_per_minute,
@@ -131,10 +140,90 @@ def plan_tenant(
     return TenantPlan(entries, shares, splits)
 
 
-def assemble_table(pool: str, entries: Sequence[TenantEntry]) -> TenantTable:
-    """A pool's table from its tenants' entries (sorted by name), with its content revision."""
-    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name))
+def assemble_table(pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1) -> TenantTable:
+    """A pool's table (or part `part` of `parts`) from its tenants' entries (sorted by name), with
+    its content revision."""
+    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name),
+                        part=part if parts > 1 else None, parts=parts if parts > 1 else None)
     return table.model_copy(update={"revision": table_revision(table)})
+
+
+def part_of(tenant: str, parts: int) -> int:
+    """Which part of a split table holds a tenant: stable, so a change rewrites one part."""
+    return zlib.crc32(tenant.encode("utf-8")) % parts
+
+
+def table_texts(table: TenantTable) -> dict[str, str]:
+    """The table Secret's data: the sidecar's table and the engine's cut of it."""
+    return {TENANT_TABLE_KEY: table.model_dump_json(by_alias=True, exclude_none=True),
+            ENGINE_TABLE_KEY: EngineTable.of(table).model_dump_json(by_alias=True, exclude_none=True)}
+
+
+class TableRenderer:
+    """Table parts and their Secret data, each entry serialised once: the JSON of an entry object
+    is kept while the entry is (a table part of 1,000 tenants whose one entry changed costs one
+    entry's serialisation and a join). The texts equal `table_texts(assemble_table(...))`."""
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[TenantEntry, str, str]] = {}  # id(entry) -> (entry, its JSON, its engine JSON)
+
+    def _entry(self, entry: TenantEntry) -> tuple[str, str]:
+        cached = self._texts.get(id(entry))
+        if cached is None or cached[0] is not entry:
+            engine = EngineTable.of(TenantTable(pool="", tenants=[entry])).tenants[0]
+            cached = (entry, entry.model_dump_json(by_alias=True, exclude_none=True), engine.model_dump_json(by_alias=True, exclude_none=True))
+            self._texts[id(entry)] = cached
+        return cached[1], cached[2]
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def keep_only(self, live: Iterable[TenantEntry]) -> None:
+        """Forget the JSON of entries no table holds any more."""
+        keep = {id(e) for e in live}
+        self._texts = {k: v for k, v in self._texts.items() if k in keep}
+
+    def render(self, pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1) -> tuple[TenantTable, dict[str, str]]:
+        ordered = sorted(entries, key=lambda e: e.name)
+        texts = [self._entry(e) for e in ordered]
+        where = f',"part":{part},"parts":{parts}' if parts > 1 else ""
+        head = '{"pool":' + json.dumps(pool, ensure_ascii=False)
+        tail = where + ',"tenants":['
+        unrevised = head + ',"revision":""' + tail + ",".join(t for t, _ in texts) + "]}"
+        revision = hashlib.sha256(unrevised.encode("utf-8")).hexdigest()[:16]
+        table = TenantTable(pool=pool, revision=revision, part=part if parts > 1 else None, parts=parts if parts > 1 else None,
+                            tenants=ordered)
+        tenants = head + f',"revision":"{revision}"' + tail + ",".join(t for t, _ in texts) + "]}"
+        engine = head + f',"revision":"{revision}"' + tail + ",".join(e for _, e in texts) + "]}"
+        return table, {TENANT_TABLE_KEY: tenants, ENGINE_TABLE_KEY: engine}
+
+
+def data_bytes(texts: Mapping[str, str]) -> int:
+    """What the API server counts against a Secret's 1 MiB: the decoded bytes of every value."""
+    return sum(len(text.encode("utf-8")) for text in texts.values())
+
+
+class TableTooLarge(OperatorError):
+    pass
+
+
+def split_table(pool: str, entries: Iterable[TenantEntry], parts: int = 1,
+                renderer: TableRenderer | None = None) -> list[tuple[TenantTable, dict[str, str]]]:
+    """The pool's table as few parts as fit one Secret each (a power of two, at least `parts`),
+    each with its Secret data; TableTooLarge beyond MAX_TABLE_PARTS."""
+    entries = list(entries)
+    renderer = renderer if renderer is not None else TableRenderer()
+    while True:
+        groups: list[list[TenantEntry]] = [[] for _ in range(parts)]
+        for entry in entries:
+            groups[part_of(entry.name, parts)].append(entry)
+        split = [renderer.render(pool, group, i, parts) for i, group in enumerate(groups)]
+        if all(data_bytes(texts) <= SECRET_DATA_LIMIT for _, texts in split):
+            return split
+        if parts * 2 > MAX_TABLE_PARTS:
+            raise TableTooLarge(f"pool {pool}: {len(entries)} tenants do not fit {MAX_TABLE_PARTS} table Secrets of "
+                                f"{SECRET_DATA_LIMIT} bytes; split the tenants over more pools (tenantSelector)")
+        parts *= 2
 
 
 def plan_tables(
@@ -163,3 +252,4 @@ def plan_tables(
     for key, tenant_entries in entries.items():
         plan.tables[key] = assemble_table(key, tenant_entries)
     return plan
+

@@ -23,6 +23,9 @@ TENANT_TABLE_KEY = "tenants.json"  # the Secret's data key, and the file name un
 # fingerprints; no key hashes, no salts), the only key mounted into the engine container.
 ENGINE_TABLE_DIR = "/etc/slaq/engine"
 ENGINE_TABLE_KEY = "engine.json"
+# A pool's table is split over at most this many Secrets (`<pool>-tenants`, `<pool>-tenants-1`...),
+# each at most 1 MiB of data; the pod projects all of them, the missing ones being optional.
+MAX_TABLE_PARTS = 16
 
 # Environment variable carrying the pool's SchedulerSpec (wire JSON) into the engine core process.
 SCHEDULER_CONFIG_ENV = "SLAQ_SCHEDULER_CONFIG"

@@ -55,11 +55,29 @@ class TenantEntry(ApiModel):
     kv_erase: KvErase = KvErase.ON_REUSE  # the engine's KV erase mode for this tenant (TenantSLA.spec.kvErase)
 
 
+PartIndex = Annotated[int | None, Field(ge=0, description="Which part of a table split over several Secrets (None: not split).")]
+PartCount = Annotated[int | None, Field(ge=1, description="How many parts the table is split into (None: one).")]
+
+
+def part_file_name(name: str, part: int) -> str:
+    """The file (and Secret data key path) of part `part` of a table: `tenants.json`, `tenants-1.json`..."""
+    if part == 0:
+        return name
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}-{part}{dot}{suffix}" if dot else f"{name}-{part}"
+
+
 class TenantTable(ApiModel):
-    """All tenants bound to one pool, with this replica's share of their quotas."""
+    """All tenants bound to one pool, with this replica's share of their quotas.
+
+    A pool with many tenants has its table split over several Secrets (the API server holds at
+    most 1 MiB of data per Secret): each part is a TenantTable of its own tenants, with `part` and
+    `parts` set, and readers join the parts (slaq/table_file.py)."""
 
     pool: Annotated[str, Field(description="namespace/name of the InferencePool.")]
     revision: Annotated[str, Field(description="Changes whenever the content changes.")] = ""
+    part: PartIndex = None
+    parts: PartCount = None
     tenants: list[TenantEntry] = Field(default_factory=list)
 
     def by_key_hash(self) -> dict[str, TenantEntry]:
@@ -86,11 +104,13 @@ class EngineTable(ApiModel):
 
     pool: str
     revision: Annotated[str, Field(description="The revision of the TenantTable it was cut from.")] = ""
+    part: PartIndex = None
+    parts: PartCount = None
     tenants: list[EngineTenant] = Field(default_factory=list)
 
     @classmethod
     def of(cls, table: TenantTable) -> "EngineTable":
-        return cls(pool=table.pool, revision=table.revision, tenants=[
+        return cls(pool=table.pool, revision=table.revision, part=table.part, parts=table.parts, tenants=[
             EngineTenant(name=t.name, kv_cache_share=t.kv_cache_share, kv_erase=t.kv_erase, salt_fingerprint=salt_fingerprint(t.cache_salt))
             for t in table.tenants])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from tests.support.kube import KubeEmulator, label_selector_matches
@@ -149,3 +151,22 @@ async def test_watch_without_a_version_lists_then_streams_changes_once(kube: Kub
         events = await _next_events(resp, 2)
     assert [e["type"] for e in events] == ["ADDED", "DELETED"]
     assert int(events[1]["object"]["metadata"]["resourceVersion"]) > int(events[0]["object"]["metadata"]["resourceVersion"])
+
+
+async def test_a_secret_over_one_mebibyte_is_refused_like_the_api_server_does(kube: KubeEmulator) -> None:
+    secrets = "/api/v1/namespaces/ns/secrets"
+    just = base64.b64encode(b"x" * (1024 * 1024)).decode()
+    over = base64.b64encode(b"x" * (1024 * 1024 + 1)).decode()
+    assert (await kube.post(secrets, json={"metadata": {"name": "fits"}, "data": {"k": just}})).status == 201
+    refused = await kube.post(secrets, json={"metadata": {"name": "big"}, "data": {"a": over}})
+    assert refused.status == 422
+    message = (await refused.json())["message"]
+    assert "data: Too long" in message and "1048576" in message and "1048577" in message
+    assert kube.read("v1/secrets", "ns", "big") is None
+    # Apply and merge patch are held to the same limit (stringData counts too).
+    apply = await kube.patch(f"{secrets}/fits?fieldManager=t&force=true", headers={"Content-Type": "application/apply-patch+yaml"},
+                             json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "fits"}, "data": {"k": just}, "stringData": {"s": "y"}})
+    assert apply.status == 422
+    grow = await kube.patch(f"{secrets}/fits", json={"data": {"more": base64.b64encode(b"y").decode()}},
+                            headers={"Content-Type": "application/merge-patch+json"})
+    assert grow.status == 422 and kube.read("v1/secrets", "ns", "fits")["data"] == {"k": just}

@@ -11,7 +11,7 @@ import yaml
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import (ENGINE_HOST, ENGINE_PORT, ENGINE_TABLE_DIR, ENGINE_TABLE_ENV, ENGINE_TABLE_KEY, SCHEDULER_CONFIG_ENV,
-                              TENANT_TABLE_DIR, TENANT_TABLE_KEY)
+                              TENANT_TABLE_DIR, TENANT_TABLE_KEY, MAX_TABLE_PARTS)
 from slaq.api.common import KvErase, Tier
 from slaq.api.table import EngineTable, TenantEntry, TenantTable, hash_api_key, salt_fingerprint
 from slaq.operator.children import milli_quantity, owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
@@ -69,12 +69,17 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
     assert pod["terminationGracePeriodSeconds"] >= 5 + 60 + 5
     # The tenant table Secret is mounted read-only as a directory (a subPath mount would never update).
     assert {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True} in sidecar["volumeMounts"]
-    assert volumes["tenant-table"]["secret"]["secretName"] == "llama3-8b-tenants"
-    assert volumes["tenant-table"]["secret"]["items"] == [{"key": TENANT_TABLE_KEY, "path": TENANT_TABLE_KEY}]
-    # The engine mounts only the same Secret's engine key (KV shares, erase modes: no key hashes,
+    # It projects every part of a table split over several Secrets: part 0 always, the others optional.
+    sources = [src["secret"] for src in volumes["tenant-table"]["projected"]["sources"]]
+    assert len(sources) == MAX_TABLE_PARTS and volumes["tenant-table"]["projected"]["defaultMode"] == 0o440
+    assert sources[0] == {"name": "llama3-8b-tenants", "items": [{"key": TENANT_TABLE_KEY, "path": TENANT_TABLE_KEY}]}
+    assert sources[1] == {"name": "llama3-8b-tenants-1", "items": [{"key": TENANT_TABLE_KEY, "path": "tenants-1.json"}], "optional": True}
+    assert all(src["optional"] for src in sources[1:]) and len({src["name"] for src in sources}) == MAX_TABLE_PARTS
+    # The engine mounts only the same Secrets' engine key (KV shares, erase modes: no key hashes,
     # no salts), at the path its env names; never the sidecar's table.
-    assert volumes["engine-table"]["secret"] == {"secretName": "llama3-8b-tenants", "defaultMode": 0o440,
-                                                 "items": [{"key": ENGINE_TABLE_KEY, "path": ENGINE_TABLE_KEY}]}
+    engine_sources = [src["secret"] for src in volumes["engine-table"]["projected"]["sources"]]
+    assert engine_sources[0] == {"name": "llama3-8b-tenants", "items": [{"key": ENGINE_TABLE_KEY, "path": ENGINE_TABLE_KEY}]}
+    assert {item["key"] for src in engine_sources for item in src["items"]} == {ENGINE_TABLE_KEY}
     assert {"name": "engine-table", "mountPath": ENGINE_TABLE_DIR, "readOnly": True} in engine["volumeMounts"]
     assert "tenant-table" not in {m["name"] for m in engine["volumeMounts"]}
     assert "engine-table" not in {m["name"] for m in sidecar["volumeMounts"]}

@@ -83,3 +83,35 @@ def test_same_inputs_give_the_same_revision() -> None:
     a = plan_tables(pools(), tenants(), {}, SALT_KEY, {}, {})
     b = plan_tables(pools(), tenants(), {}, SALT_KEY, {}, {})
     assert a.tables == b.tables
+
+
+def test_a_table_over_one_secret_is_split_into_parts_that_fit_and_stay_put() -> None:
+    from slaq.api.table import TenantEntry
+    from slaq.operator.tables import SECRET_DATA_LIMIT, data_bytes, part_of, split_table
+
+    entries = [TenantEntry(name=f"t{i:05d}", tier="standard", cache_salt="s" * 64, key_hashes=["sha256:" + "a" * 64] * 3)
+               for i in range(4000)]
+    parts = split_table("ns/p", entries)
+    assert len(parts) > 1 and len(parts) & (len(parts) - 1) == 0  # a power of two
+    assert all(data_bytes(texts) <= SECRET_DATA_LIMIT for _, texts in parts)
+    assert [t.part for t, _ in parts] == list(range(len(parts))) and {t.parts for t, _ in parts} == {len(parts)}
+    assert sorted(e.name for t, _ in parts for e in t.tenants) == [e.name for e in entries]
+    # Each tenant's part depends only on its name and the count: one tenant's change rewrites one part.
+    assert all(part_of(e.name, len(parts)) == t.part for t, _ in parts for e in t.tenants)
+    small = split_table("ns/p", entries[:10])
+    assert len(small) == 1 and small[0][0].part is None and small[0][0].parts is None
+
+
+def test_the_renderer_writes_exactly_what_the_models_serialise() -> None:
+    from slaq.api.table import TenantEntry
+    from slaq.operator.tables import TableRenderer, assemble_table, table_texts
+
+    entries = [TenantEntry(name=n, tier="critical", cache_salt="s" * 64, ttft_ms=50.0, key_hashes=["sha256:" + "b" * 64])
+               for n in ("zeta", "alpha", "mu")]
+    renderer = TableRenderer()
+    for part, parts in ((0, 1), (1, 4)):
+        table, texts = renderer.render("ns/pool-ä", entries, part, parts)
+        expected = assemble_table("ns/pool-ä", entries, part, parts)
+        assert table == expected and texts == table_texts(expected)
+    renderer.keep_only(entries[:1])
+    assert renderer.render("ns/p", entries)[1] == table_texts(assemble_table("ns/p", entries))

@@ -14,7 +14,11 @@ Fixture API (pytest plugin, registered in the root conftest.py):
                                 # the next `times` matching requests answer `status` with
                                 # no state change (method: GET, POST, PATCH, DELETE or '*')
         kube.collect_garbage() -> list[key]   # what the garbage collector would delete now
+        kube.calls              # every API request served, as Call(verb, resource, namespace, name,
+                                # subresource): what a test counts (watch streams are verb WATCH)
+        kube.keep_requests = False   # stop kmock keeping every request with its body (benches)
         kube.install_crds(paths)              # declare CRDs (done for crds/*.yaml by the fixture)
+        kube.preload(resource, body)          # store an object without an event (before watchers)
 
 What it adds to kmock 0.8's `KubernetesEmulator` (pinned: this subclass reaches into it):
 uid, resourceVersion, generation (bumped only when the object outside metadata/status changes)
@@ -22,7 +26,8 @@ and creationTimestamp; metadata.namespace from the URL and `generateName`; 201 o
 `status` and `scale` subresources with their real semantics; server-side apply
 (`application/apply-patch+yaml`, create-or-replace by one field manager); JSON-patch `test`
 failures as 422; label selectors on list and watch; list `kind`; `/api/v1` groupVersion `v1`;
-`GET /api/v1/namespaces`; and ownerReference garbage collection on request (`collect_garbage`).
+`GET /api/v1/namespaces`; ownerReference garbage collection on request (`collect_garbage`); and
+the 1 MiB limit on a Secret's data (422 naming the size, as the API server's validation answers).
 Not emulated: admission, schema validation, field selectors, watch timeouts and bookmarks, PUT,
 strategic merge patch, managedFields. A real cluster remains the final word for those.
 """
@@ -30,6 +35,8 @@ strategic merge patch, managedFields. A real cluster remains the final word for 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
 import datetime
 import json
@@ -54,6 +61,27 @@ APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 EVENT_DELAY_S = 0.005
+SECRETS = kmock.resource("", "v1", "secrets")
+MAX_REQUEST_BYTES = 3 * 1024 * 1024  # the API server's limit on a request body
+MAX_SECRET_SIZE = 1024 * 1024  # corev1.MaxSecretSize: the API server refuses a Secret whose data holds more
+
+
+def check_secret_size(resource: kmock.resource, body: dict[str, Any]) -> None:
+    """422 like the API server's validation for a Secret whose data (decoded) and stringData
+    together hold more than 1 MiB."""
+    if resource != SECRETS:
+        return
+    size = 0
+    for value in (body.get("data") or {}).values():
+        try:
+            size += len(base64.b64decode(value or "", validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise KubeApiError(422, "Invalid", f"data: Invalid value: illegal base64 data: {exc}") from exc
+    size += sum(len(str(v).encode("utf-8")) for v in (body.get("stringData") or {}).values())
+    if size > MAX_SECRET_SIZE:
+        name = (body.get("metadata") or {}).get("name", "")
+        raise KubeApiError(422, "Invalid", f'Secret "{name}" is invalid: data: Too long: may not be more than '
+                                           f"{MAX_SECRET_SIZE} bytes (it holds {size})")
 
 
 @dataclass
@@ -73,6 +101,24 @@ class Fault:
             and (self.name is None or request.name == self.name)
             and request.subresource == self.subresource
         )
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request the emulator served, as an API server's audit log would name it."""
+
+    verb: str  # GET, LIST, WATCH, CREATE (POST), PATCH, DELETE
+    resource: str  # plural, e.g. "secrets"
+    namespace: str | None
+    name: str | None
+    subresource: str | None = None
+
+
+def _verb(request: rendering.Request) -> str:
+    method = request.method.value
+    if method == "GET" and request.name is None:
+        return "WATCH" if request.params.get("watch") in ("true", "1") else "LIST"
+    return {"POST": "CREATE"}.get(method, method)
 
 
 @dataclass(frozen=True)
@@ -161,6 +207,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._pump: asyncio.Task[None] | None = None
         self._scale_paths: dict[kmock.resource, ScalePaths] = {}
         self.kubeconfig: Path | None = None
+        self.calls: list[Call] = []
+        self.keep_requests = True
 
     # ---------------------------------------------------------------- test-facing helpers
 
@@ -181,6 +229,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(self.objects[key].raw)
+
+    def preload(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Store an object as if created before anyone watched (no event): for large benches."""
+        namespace = (body.get("metadata") or {}).get("namespace")
+        stored = self._stamp_new(copy.deepcopy(body), namespace)
+        self._store_new(kmock.resource(resource), namespace, stored)
+        return stored
 
     def install_crds(self, paths: Iterable[Path]) -> None:
         """Declare the CRDs in these files for discovery, store them, and learn their subresources."""
@@ -227,12 +282,22 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ---------------------------------------------------------------- request handling
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # aiohttp reads at most 1 MiB of a request body by default; the API server takes up to 3 MiB
+        # (a 1 MiB Secret is 1.33 MiB in base64), and then applies its own limits (check_secret_size).
+        raw_request._client_max_size = MAX_REQUEST_BYTES
         # kmock 0.8 fails to parse `/api/v1/namespaces` (a cluster-scoped core list) into a request.
         if raw_request.method == "GET" and raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            self.calls.append(Call("LIST", "namespaces", None, None))
             return await self._serve_namespace_list(raw_request)
-        return await super().__call__(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            if not self.keep_requests:
+                self._requests.clear()
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and request.resource.plural is not None:
+            self.calls.append(Call(_verb(request), request.resource.plural, request.namespace, request.name, request.subresource))
         try:
             for fault in self._faults:
                 if fault.matches(request):
@@ -396,6 +461,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise KubeApiError(400, "BadRequest", "the body of a create must be an object")
         body = self._stamp_new(copy.deepcopy(request.data), request.namespace)
         assert request.resource is not None
+        check_secret_size(request.resource, body)
         async with self._lock:
             if self._live(self._key(request, body["metadata"]["name"])) is not None:
                 raise KubeApiError(409, "AlreadyExists", f'{request.resource.plural} "{body["metadata"]["name"]}" already exists')
@@ -424,6 +490,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError, TypeError) as exc:
                 raise KubeApiError(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
             new = self._restrict_to_endpoint(request, old, new)
+            check_secret_size(key[0], new)
             return await self._replace(key, old, new)
 
     def _restrict_to_endpoint(self, request: rendering.Request, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +528,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.params.get("fieldManager") in (None, ""):
             raise KubeApiError(422, "Invalid", "fieldManager is required for apply patches")
         applied = copy.deepcopy(applied)
+        check_secret_size(key[0], applied)
         if old is None:
             applied.setdefault("metadata", {})["name"] = key[2]
             body = self._stamp_new(applied, key[1])

@@ -4,11 +4,12 @@ sends. tests/helm/test_chart_rbac.py records the real operator's requests and fa
 request these rules refuse and on a rule no request uses.
 */}}
 {{- define "slaq.rbac.operatorRules" -}}
-# kopf lists and watches both kinds and patches them (finalizers, progress annotations); the
-# reconciler reads a pool back before writing its status.
+# kopf lists, watches and patches pools (finalizer, progress annotations); the operator's own
+# informers list and watch both kinds; it patches a TenantSLA only to release the finalizer
+# earlier versions put on it.
 - apiGroups: ["slaq.dev"]
   resources: ["inferencepools"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["slaq.dev"]
   resources: ["tenantslas"]
   verbs: ["list", "watch", "patch"]
@@ -30,10 +31,11 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["create", "patch", "delete"]
-# Tenant-table Secrets beside each pool, and the cache-salt key Secret in the operator's namespace.
+# Tenant-table Secrets beside each pool (delete: the parts a shrunk table no longer needs), and
+# the cache-salt key Secret in the operator's namespace.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "delete"]
 {{- if not .Values.rbac.secretNamespaces }}
 # The cache-salt key is read by name; the API-key Secrets that TenantSLAs name are listed and
 # watched per namespace, so a rotated key reaches the tables at once (rbac.secretNamespaces
