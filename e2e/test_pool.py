@@ -162,7 +162,9 @@ async def test_a_noisy_tenant_at_ten_times_its_quota_leaves_the_others_attainmen
     # Steady state at ten times the quota: what refills during the phase gets in, and no more.
     assert admitted <= NOISY_RPM * PROBE_SECONDS / 60.0 + 2, "the noisy tenant's quota did not hold"
     assert refused == len(noisy) - admitted
-    assert after >= before - 0.02 - 1e-9, f"other tenants' attainment fell from {before:.1%} to {after:.1%}"
+    missed = [(o.status, None if o.ttft_s is None else round(o.ttft_s, 2), o.done, o.error) for o in loud
+              if not (o.done and o.ttft_s is not None and o.ttft_s <= PROBE_TTFT_S)]
+    assert after >= before - 0.02 - 1e-9, f"other tenants' attainment fell from {before:.1%} to {after:.1%}; missed (status, TTFT s, done, error): {missed}"
 
 
 def _vip_outcomes(pod: PodSpecRun) -> tuple[float, float]:
@@ -211,7 +213,10 @@ async def test_the_operator_writes_attainment_from_the_sidecars_counters(pod: Po
         status = (control_plane.get(API_VERSION, "tenantslas", None, "vip") or {}).get("status") or {}
         return status if status.get("attainment") == expected else None
 
-    status = await asyncio.to_thread(wait_for, vip_status, 30, f"status.attainment {expected}", 0.5)
+    try:
+        status = await asyncio.to_thread(wait_for, vip_status, 60, f"status.attainment {expected}", 0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: vip's status is {(control_plane.get(API_VERSION, 'tenantslas', None, 'vip') or {}).get('status')}") from None
     at_risk = next(c for c in status["conditions"] if c["type"] == "AtRisk")
     print(f"vip: {int(met - met0)} of {requests} met TTFT 50 ms / TPOT 50 ms here; status.attainment {expected}, AtRisk {at_risk['status']}")
     assert at_risk["status"] == ("True" if expected < 0.99 else "False") and f"of {requests} request(s)" in at_risk["message"]
