@@ -25,6 +25,10 @@ class Outcome:
     elapsed_s: float = 0.0
     ended_at: float = 0.0  # time.monotonic() when the response ended
 
+    def met(self, ttft_objective_s: float) -> bool:
+        """Completed, with its first token within the objective."""
+        return self.done and self.ttft_s is not None and self.ttft_s <= ttft_objective_s
+
     @property
     def terminated(self) -> bool:
         """Ended without completing: a refused request or a stream that was cut."""
@@ -78,5 +82,5 @@ def client(timeout_s: float = 120.0) -> httpx.AsyncClient:
 
 
 def attainment(outcomes: list[Outcome], ttft_objective_s: float) -> float:
-    met = sum(1 for o in outcomes if o.done and o.ttft_s is not None and o.ttft_s <= ttft_objective_s)
+    met = sum(1 for o in outcomes if o.met(ttft_objective_s))
     return met / len(outcomes)

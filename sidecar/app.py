@@ -221,9 +221,6 @@ class SidecarApp:
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
-        settled = entry.flight.settlement if entry.flight is not None else None
-        if settled is not None and settled.status < 400:  # it left after the whole answer, [DONE] included
-            entry.status, entry.reason = settled.status, None
 
     async def _serve(self, scope: Scope, send: Send, entry: AccessEntry, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
         started = time.perf_counter()
@@ -241,7 +238,8 @@ class SidecarApp:
             # The client went away; one that read the closing [DONE] first (and may well close before
             # the engine's stream has ended) got the whole answer: it counts as answered, with its outcome.
             if observer.answered:
-                status = HTTPStatus.OK
+                status = HTTPStatus.OK.value
+                entry.status, entry.reason = status, None
             raise
         finally:
             self.core.finish(

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from slaq.sse import sse_data
+from slaq.sse import DONE, sse_data
 
 LAZY_READ_S = 0.25
-DONE_EVENT = b"[DONE]"
+DONE_EVENT = b"[DONE]"  # looked for in the stream's last bytes after the first token
 
 
 @dataclass
@@ -76,17 +76,17 @@ class ChunkedDecoder:
         return b"".join(out)
 
 
-def _has_choice(event: bytes) -> bool:
-    """A server-sent event's `data:` payload is a completion chunk with at least one choice (a token;
-    its text may be empty: a partial UTF-8 sequence from the random-weight model)."""
+def _event_data(event: bytes) -> Any:
+    """A server-sent event's data (`slaq.sse.sse_data` of its `data:` line): DONE, a parsed chunk,
+    or None (no data line, or one that is not JSON)."""
     for line in event.split(b"\n"):
         try:
             data = sse_data(line)
         except ValueError:
-            return False
-        if isinstance(data, dict):
-            return bool(data.get("choices"))
-    return False
+            return None
+        if data is not None:
+            return data
+    return None
 
 
 class _StreamProtocol(asyncio.Protocol):
@@ -155,9 +155,12 @@ class _StreamProtocol(asyncio.Protocol):
                 if end < 0:
                     return
                 event, self._events = self._events[:end], self._events[end + 2:]
-                if DONE_EVENT in event:
+                data = _event_data(event)
+                if data is DONE:
                     self.result.done = True
-                elif _has_choice(event):
+                # A chunk with a choice is a token, even with an empty text (a partial UTF-8
+                # sequence from the random-weight model).
+                elif isinstance(data, dict) and data.get("choices"):
                     self.result.first_token_at = time.monotonic()
                     if self._on_first_token is not None:
                         self._on_first_token()
