@@ -19,6 +19,13 @@ from slaq.engine.errors import LaunchError
 SCHEDULER_CLS = "slaq.engine.scheduler.SLAScheduler"
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 CPU_KV_CACHE_GIB_DEFAULT = "1"
+# On CPU vLLM binds its OpenMP threads to every core but those it reserves for the engine's other
+# processes: one per worker, and one more per worker when a KV connector is configured (for
+# NIXL's transfer threads). slaq's connector runs in the worker's own thread and needs none: with
+# the extra reservation a 2-core machine has nothing left to reserve, vLLM binds both cores, and
+# the OpenMP threads' busy waiting takes the CPU the scheduler, the API server and the sidecar
+# need (measured: the worker at 1.4 cores; stock, without a connector, keeps one core free).
+CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0
 KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
@@ -117,6 +124,8 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
         environ[SCHEDULER_CONFIG_ENV] = options.scheduler_config
     if device == "cpu":
         environ.setdefault(CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB_DEFAULT)
+        if kv_security:
+            environ.setdefault(CPU_RESERVED_ENV, str(options.tensor_parallel_size or 1))
     return LaunchPlan(argv=argv, environ=environ)
 
 

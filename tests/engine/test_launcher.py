@@ -35,6 +35,17 @@ def test_tiny_model_defaults_cpu_dummy_weights_and_the_slaq_scheduler() -> None:
     assert plan.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
+def test_on_cpu_the_kv_connector_does_not_cost_the_engine_its_reserved_core() -> None:
+    """vLLM reserves one more core when a KV connector is set; on two cores that leaves none free."""
+    assert plan_launch(EngineOptions(), model_path="/m", environ={}).environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    chosen = plan_launch(EngineOptions(), model_path="/m", environ={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+    assert chosen.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # the operator's own choice stands
+    for options in (EngineOptions(scheduler="stock"), EngineOptions(kv_erase=False, kv_host_cache_gib=0)):
+        assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in plan_launch(options, model_path="/m", environ={}).environ  # no connector
+    gpu = plan_launch(EngineOptions(model="meta-llama/Llama-3.1-8B"), environ={})
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in gpu.environ
+
+
 def test_every_flag_reaches_vllm_and_extra_arguments_pass_through() -> None:
     options = EngineOptions(
         host="0.0.0.0", port=9000, model="meta-llama/Llama-3.1-8B", dtype="bfloat16", max_model_len=8192,
