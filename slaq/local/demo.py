@@ -48,7 +48,7 @@ from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
 from slaq.bench.metrics import percentile
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
+    TenantFigures, bucket_delta, buckets_by_label, client_late_ms, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
 )
 from slaq.local.errors import LocalError, ScenarioError, StartupError
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, run_in_subprocess, stream_one
@@ -398,7 +398,7 @@ def run_demo(options: DemoOptions) -> int:
                         _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
                                   STOCK_PRIORITY[_tier_of(BACKGROUND_TENANT)], scenario_seed(options.seed, 2))]
             timings["scenario_stock_s"] = time.monotonic() - t0
-            print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in its own process at nice 19")
+            print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in a process of its own")
             t0 = time.monotonic()
             stock_outcomes = _load_run(load_plan(stock.url, model, workload, keys, options.seed * 100_000), workdir, "stock vLLM", status)
             timings["load_stock_s"] = time.monotonic() - t0
@@ -451,6 +451,8 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
     print(load_table({"stock vLLM (FCFS)": load["stock"], "slaq": load["slaq"]}, {p.letter: p.label for p in SCENARIO}))
     if refusals := refusal_lines(load):
         print(refusals)
+    print("  the client's own CPU wait (requests sent late against the plan, p99 over all tenants): "
+          + ", ".join(f"{name} {client_late_ms(load[system]):.0f} ms" for system, name in (("stock", "stock vLLM"), ("slaq", "slaq"))))
     print("\n(TTFT in ms as the client saw it (p50, p99) and as slaq's sidecar measured it (sc p99, from its "
           "slaq_ttft_seconds histogram; stock has no sidecar); a gap between the two is the client waiting for CPU. "
           "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")

@@ -18,7 +18,7 @@ from slaq.local.demo import (
     SCENARIO, VIP_SAMPLES, Calibration, DemoOptions, Unloaded, demo_engine_args, load_plan, loaded_workload, mix_burst, scaled_tenant,
 )
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, demo_json, histogram_quantile, load_table, order_text, refusal_lines, scenario_block, write_png,
+    TenantFigures, bucket_delta, buckets_by_label, client_late_ms, demo_json, histogram_quantile, load_table, order_text, refusal_lines, scenario_block, write_png,
 )
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, request_body, stream_one
 from slaq.local.scenario45 import KV_BLOCKS, REQUESTS, KvPlan, ScenarioRun, Sized
@@ -188,16 +188,30 @@ def test_stream_one_times_the_first_chunk_and_sends_priority_only_when_asked() -
     assert not refused.finished and refused.status == 429 and refused.ttft_s is None and "priority" not in seen[0]
 
 
-def test_the_load_generator_lowers_its_own_cpu_priority_and_writes_its_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    niced: list[int] = []
-    monkeypatch.setattr(loadgen.os, "nice", niced.append)
+def test_the_load_generator_writes_its_results(tmp_path: Path) -> None:
     plan = Plan("http://127.0.0.1:9", "m", [PlannedRequest(0.0, "B", "k", 4, 2, 1)])  # nothing listens: a failed request
     (tmp_path / "plan.json").write_text(plan.to_json())
     assert Plan.from_json(plan.to_json()) == plan
     assert loadgen.main([str(tmp_path / "plan.json"), str(tmp_path / "out.json")]) == 0
-    assert niced == [19]
     [row] = json.loads((tmp_path / "out.json").read_text())
-    assert row["letter"] == "B" and row["finished"] is False and row["status"] is None
+    assert row["letter"] == "B" and row["finished"] is False and row["status"] is None and row["late_s"] >= 0.0
+
+
+def test_a_client_that_waits_for_the_cpu_shows_it_as_requests_sent_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests planned for the same moment; the first holds the client's event loop for 0.2 s
+    (as a client without CPU would be held): the second goes out late, and says so."""
+    async def hogging(url: str, model: str, request: PlannedRequest, origin: float, **_: object) -> Outcome:
+        outcome = Outcome(request.letter, sent_at=time.monotonic() - origin)
+        if request.letter == "A":
+            time.sleep(0.2)  # blocks the loop
+        return outcome
+
+    monkeypatch.setattr(loadgen, "stream_one", hogging)
+    plan = Plan("http://127.0.0.1:9", "m", [PlannedRequest(0.0, "A", "k", 4, 2, 1), PlannedRequest(0.0, "C", "k", 4, 2, 2)])
+    first, second = asyncio.run(loadgen.replay(plan))
+    assert first.late_s < 0.1 and second.late_s >= 0.2
+    rows = {"A": TenantFigures(None, [first]), "C": TenantFigures(None, [second])}
+    assert client_late_ms(rows, 100) >= 200.0 and rows["C"].as_json()["client_late_p99_ms"] >= 200.0
 
 
 def test_the_load_generator_runs_in_a_process_of_its_own(tmp_path: Path) -> None:
