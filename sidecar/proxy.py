@@ -129,6 +129,14 @@ def forward_response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]
     return [(k, v) for k, v in headers.raw if k.lower().decode("latin-1") not in _DROP_RESPONSE_HEADERS]
 
 
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (5 by default).
+# httpx also keeps idle connections 5 s by default, so a request could be written to a connection
+# the engine was closing at that moment and fail with ReadError (seen: 2 requests of a full test
+# run answered 503). Idle connections are dropped well before the engine would close them.
+ENGINE_KEEP_ALIVE_S = 5.0
+IDLE_CONNECTION_EXPIRY_S = 2.0
+
+
 class EngineClient:
     """Pooled HTTP/1.1 clients to the engine inside the pod.
 
@@ -138,7 +146,8 @@ class EngineClient:
     therefore spread round-robin over `shards` small pools.
     """
 
-    def __init__(self, base_url: str, *, shards: int = 16, connections_per_shard: int = 256, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, base_url: str, *, shards: int = 16, connections_per_shard: int = 256, connect_timeout_s: float = 5.0,
+                 idle_expiry_s: float = IDLE_CONNECTION_EXPIRY_S) -> None:
         self.base_url = base_url.rstrip("/")
         tls = ssl.create_default_context()  # loaded once: each client would load the CA bundle again (~60 ms)
         self.clients = [
@@ -146,7 +155,8 @@ class EngineClient:
                 base_url=self.base_url,
                 verify=tls,
                 timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=60.0, pool=None),
-                limits=httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard),
+                limits=httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard,
+                                    keepalive_expiry=idle_expiry_s),
             )
             for _ in range(max(1, shards))
         ]

@@ -205,3 +205,13 @@ def test_the_scheduler_applies_a_changed_tenant_table_without_a_restart(tmp_path
     _write_table(path, {"small": 1.0})
     scheduler.schedule()
     assert scheduler.block_manager.rule.tenant_cap_blocks == {}
+
+
+def test_the_sidecar_knows_the_pinned_vllm_servers_keep_alive_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sidecar drops idle engine connections before vLLM closes them; that needs vLLM's real default."""
+    import vllm.envs
+
+    from slaq.sidecar.proxy import ENGINE_KEEP_ALIVE_S, IDLE_CONNECTION_EXPIRY_S
+
+    monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
+    assert vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == ENGINE_KEEP_ALIVE_S > IDLE_CONNECTION_EXPIRY_S
