@@ -5,9 +5,12 @@ place, see `vllm_compat.adopt_block_manager`), plus a `BlockBudgetRule` consulte
 allocation:
 
 - Headroom: a request below the critical tier may not take blocks that would leave fewer than
-  `critical_kv_headroom` of all blocks free, whether it is being admitted or is growing; when a
-  running request's growth is refused, vLLM's running loop preempts as it does when the cache is
-  full, so lower tiers make room among themselves.
+  `critical_kv_headroom` of all blocks free when it is admitted or computes a prefill chunk (a
+  refused chunk makes vLLM's running loop preempt, as when the cache is full, so lower tiers make
+  room among themselves). A running request's decode may grow into the headroom (one block per
+  `block_size` tokens): refusing it would preempt a request, and recompute or swap everything it
+  holds, to keep one block free. A critical arrival that then finds the headroom short preempts
+  a lower tier for it (engine/preemption.py), or waits when blocks free up in time.
 - Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
@@ -186,8 +189,8 @@ class SLABlockManager(KVCacheManager):
             if growth <= 0 and num_new_tokens <= 1:
                 return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
             ledger = self._slaq_ledger
-            if growth > 0 and holding.tier_rank and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth):
-                return None
+            if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth):
+                return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
             result = _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
             if result is not None:
                 if growth > 0:

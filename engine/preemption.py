@@ -11,6 +11,11 @@ lower tier are preempted for them:
 - The victim order is the pod policy's (`slaq.policy.victims`, by default lowest tier, then
   cheapest to recompute, then latest arrival); `VictimChooser` only hands it the running requests.
 - `UrgentPreemption.plan` bounds preemptions per step (`max_preemptions_per_step`).
+- A preemption costs the victim everything it computed (recomputed, or swapped out and back), so
+  an urgent request that would still meet its TTFT objective by waiting does not preempt: when the
+  running requests that finish soonest (at most their remaining `max_tokens` decode steps each, at
+  the recent mean step time) free a slot and enough blocks for it with two steps to spare before
+  its deadline, it waits for them (`frees_in_time`). Without a step time yet, it preempts.
 """
 
 from __future__ import annotations
@@ -76,6 +81,30 @@ class ResourceView:
     headroom_blocks: int
     block_size: int
     step_tokens: int
+    now: float = 0.0
+    step_s: float = 0.0  # recent mean model step time; 0: not known yet
+
+
+def frees_in_time(request: Request, info: RequestInfo, running: Sequence[Request], need_blocks: int,
+                  free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
+    """Whether running requests finishing on their own free a slot and `need_blocks` blocks for
+    `request` early enough that it still starts two steps before its deadline (an upper bound on
+    their remaining steps: a request may stop before `max_tokens`)."""
+    step_s = resources.step_s
+    if step_s <= 0.0 or info.ttft_s is None:
+        return False
+    budget_steps = (info.deadline - resources.now) / step_s - 2.0
+    if budget_steps < 1.0:
+        return False
+    finishing = sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // resources.block_size))
+                       for r in running)
+    for steps, blocks in finishing:
+        if steps > budget_steps:
+            return False
+        free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+        if free_slots >= 1 and free_blocks >= need_blocks:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -110,6 +139,8 @@ class UrgentPreemption:
             info = info_of(request)
             chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
+            if (slots < 1 or blocks < need_blocks) and frees_in_time(request, info, running, need_blocks, slots, blocks, resources):
+                continue  # it waits for requests finishing on their own: no one loses their work
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks
             for victim in victims:

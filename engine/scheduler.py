@@ -44,6 +44,8 @@ from slaq.policy import PodPolicy
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 MAX_HOLD_BACK_STEPS = 4
+STEP_TIME_ALPHA = 0.1  # weight of one step in the mean step time (about the last ten)
+STEPS_BEFORE_STEP_TIME = 32  # until this many steps were timed, urgent preemption does not wait on the mean
 
 
 class SLAScheduler(vc.RecomputesLoadFailures):
@@ -72,6 +74,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self.pace = PaceClock()
         self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
+        self._step_s = 0.0  # EWMA of model step durations (urgent preemption's time-to-free estimate)
+        self._steps_timed = 0
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
@@ -183,6 +187,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             headroom_blocks=self.block_manager.rule.headroom_blocks,
             block_size=vc.block_size(self),
             step_tokens=vc.step_token_limit(self),
+            now=now,
+            step_s=self._step_s if self._steps_timed >= STEPS_BEFORE_STEP_TIME else 0.0,
         )
         plan = self.preemption.plan(urgent, running, resources, self.info_of)
         for preemption in plan:
@@ -248,6 +254,9 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         if scheduled_at is not None:
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
             self.step_budget.observe(vc.total_scheduled_tokens(output), now - started, kv_tokens)
+            seconds = now - started
+            self._step_s = seconds if not self._steps_timed else self._step_s + STEP_TIME_ALPHA * (seconds - self._step_s)
+            self._steps_timed += 1
         self._last_step_done = now
 
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:

@@ -46,7 +46,11 @@ def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
         yield engine
 
 
-PREEMPTION_ATTEMPTS = 4
+# An attempt poses the question only when the critical request reaches the scheduler while both
+# batch requests still run (about 2.5 s); on two busy cores vLLM's API server has taken longer than
+# that to hand it over (traced: sent 1.57 s before the scheduler saw it, against 0.16 s in the next
+# attempt), so an attempt often ends without a preemption and is run again.
+PREEMPTION_ATTEMPTS = 8
 
 
 def _prompt(seed: int, tokens: int) -> list[int]:
@@ -161,11 +165,13 @@ def _joined(thread: threading.Thread, outcome: dict, what: str):
     return outcome["result"]
 
 
-BATCH_OUTPUT = 150  # 354 + 150 tokens: at most 4 blocks, inside the 512-token model length
+BATCH_PROMPT = 3 * BLOCK_TOKENS - 126  # 258 tokens: 3 blocks
+BATCH_OUTPUT = 250  # 258 + 250 tokens: at most 4 blocks, inside the 512-token model length; as long as it fits
+URGENT_TTFT_MS = 20.0  # below the ~245 decode steps the batch requests have left at any step time
 
 
 def _batch_prompts(seed: int) -> list[list[int]]:
-    return [_prompt(seed + i, 3 * BLOCK_TOKENS - 30) for i in range(2)]
+    return [_prompt(seed + i, BATCH_PROMPT) for i in range(2)]
 
 
 def _answers_alone(engine: EngineHandle, seed: int) -> list[str]:
@@ -189,7 +195,8 @@ def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTI
         batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
         # Their first tokens back, not a metrics poll: on a quiet machine a request could finish between two polls.
         assert all(event.wait(REQUEST_DEADLINE_S) for event in started), "the batch requests did not start"
-        critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16)
+        # An objective no wait could meet: it preempts rather than wait for a batch request to end (frees_in_time).
+        critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
         _joined(*critical, "the critical request")
         answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
         if (_counter(engine, "slaq_engine_preemptions_total", tier="batch") > preempted

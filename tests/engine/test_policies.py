@@ -271,6 +271,37 @@ def test_kv_shortage_preempts_until_the_chunk_fits_and_the_bound_holds() -> None
     assert UrgentPreemption(max_per_step=3).plan([critical], running, _resources(free_slots=3, free_blocks=0), scheduler.info_of) == []
 
 
+def test_an_urgent_request_waits_instead_of_preempting_when_requests_finishing_on_their_own_free_room_in_time() -> None:
+    """Four batch decodes with 99 steps left each fill the batch. A critical request with a 1 s
+    objective waits when those steps take 99 ms in all (nobody loses their work), and preempts
+    when they would take 5 s, when the step time is not known yet, or when its deadline is near."""
+    scheduler, _, running = _running_scheduler([Tier.BATCH] * 4)
+    critical = make_request(Tier.CRITICAL, ttft_ms=1000.0)
+    scheduler.add_request(critical)
+    now = scheduler.info_of(critical).arrival
+    planner = UrgentPreemption(max_per_step=4)
+    assert planner.plan([critical], running, _resources(now=now, step_s=0.001), scheduler.info_of) == []
+    for slow in (_resources(now=now, step_s=0.05), _resources(now=now, step_s=0.0), _resources(now=now + 0.95, step_s=0.001)):
+        assert [p.victim for p in planner.plan([critical], running, slow, scheduler.info_of)] == [running[-1]]
+
+
+def test_a_waiting_urgent_request_counts_only_the_blocks_freed_before_its_deadline() -> None:
+    """A free slot, no free block; the urgent request needs 4 blocks and the running ones hold 2
+    each. With two of them done in 99 steps it waits; with one (the others have 4999 steps left,
+    past its deadline) it preempts."""
+    for quick, expected_victims in ((2, 0), (1, 2)):  # preempting: two victims of 2 blocks for 4
+        scheduler = build_scheduler(max_num_seqs=5)
+        driver = Driver(scheduler)
+        running = [make_request(Tier.BATCH, max_tokens=100 if i < quick else 5000) for i in range(4)]
+        driver.add(*running)
+        driver.step()
+        urgent = make_request(Tier.CRITICAL, prompt_tokens=64, ttft_ms=1000.0)  # 4 blocks
+        scheduler.add_request(urgent)
+        room = _resources(free_slots=1, free_blocks=0, now=scheduler.info_of(urgent).arrival, step_s=0.001)
+        plan = UrgentPreemption(max_per_step=4).plan([urgent], running, room, scheduler.info_of)
+        assert len(plan) == expected_victims, (quick, plan)
+
+
 def test_thrash_guard_protects_until_progress() -> None:
     scheduler, driver, running = _running_scheduler([Tier.BATCH])
     guard = ThrashGuard(min_progress_tokens=3)

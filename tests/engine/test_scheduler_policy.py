@@ -115,7 +115,9 @@ def test_critical_headroom_holds_against_lower_tiers_and_critical_uses_it() -> N
     config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.25))
     scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=41)  # 40 usable, 10 kept for critical
     driver = Driver(scheduler)
-    driver.add(*(make_request(Tier.BATCH if i % 2 else Tier.STANDARD, prompt_tokens=48, max_tokens=24) for i in range(12)))
+    # 40 + 8 tokens fit in the 3 blocks each prompt takes: no decode grows (decodes may grow into
+    # the headroom, the next test), so what holds it here is admission alone.
+    driver.add(*(make_request(Tier.BATCH if i % 2 else Tier.STANDARD, prompt_tokens=40, max_tokens=8) for i in range(12)))
     for _ in range(10):
         driver.step()
         assert free_blocks(scheduler) >= 10
@@ -126,6 +128,26 @@ def test_critical_headroom_holds_against_lower_tiers_and_critical_uses_it() -> N
     assert critical.request_id in output.num_scheduled_tokens
     driver.run_until_idle()
     assert len(driver.finished) == 13
+
+
+def test_a_running_decode_grows_into_the_headroom_instead_of_being_preempted() -> None:
+    """Six standard requests are admitted down to the headroom (5 prompt blocks each, 10 blocks
+    left); each then needs a sixth block to decode. Refusing that growth would make vLLM preempt
+    (and recompute) requests to keep the headroom whole; they grow into it and all finish unpreempted."""
+    config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.25))
+    scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=41)  # 40 usable, 10 kept for critical
+    driver = Driver(scheduler)
+    requests = [make_request(Tier.STANDARD, prompt_tokens=80, max_tokens=12) for _ in range(7)]  # 80 + 12 tokens: 6 blocks
+    driver.add(*requests)
+    driver.step()
+    assert len(scheduler.running) == 6 and free_blocks(scheduler) == 10  # the seventh waits: admission keeps the headroom
+    lowest = free_blocks(scheduler)
+    while len(driver.finished) < 6:
+        driver.step()
+        lowest = min(lowest, free_blocks(scheduler))
+    assert lowest == 4 and not set().union(*driver.preempted)
+    driver.run_until_idle()
+    assert len(driver.finished) == 7
 
 
 def test_per_tenant_kv_cap_holds() -> None:
