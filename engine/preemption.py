@@ -85,11 +85,11 @@ class ResourceView:
     step_s: float = 0.0  # recent mean model step time; 0: not known yet
 
 
-def frees_in_time(request: Request, info: RequestInfo, running: Sequence[Request], need_blocks: int,
+def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: int,
                   free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
-    """Whether running requests finishing on their own free a slot and `need_blocks` blocks for
-    `request` early enough that it still starts two steps before its deadline (an upper bound on
-    their remaining steps: a request may stop before `max_tokens`)."""
+    """Whether running requests finishing on their own free a slot and `need_blocks` blocks for the
+    urgent request `info` describes early enough that it still starts two steps before its deadline
+    (an upper bound on their remaining steps: a request may stop before `max_tokens`)."""
     step_s = resources.step_s
     if step_s <= 0.0 or info.ttft_s is None:
         return False
@@ -139,7 +139,7 @@ class UrgentPreemption:
             info = info_of(request)
             chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
-            if (slots < 1 or blocks < need_blocks) and frees_in_time(request, info, running, need_blocks, slots, blocks, resources):
+            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources):
                 continue  # it waits for requests finishing on their own: no one loses their work
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks

@@ -253,8 +253,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
                 break
         if scheduled_at is not None:
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
-            self.step_budget.observe(vc.total_scheduled_tokens(output), now - started, kv_tokens)
             seconds = now - started
+            self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
             self._step_s = seconds if not self._steps_timed else self._step_s + STEP_TIME_ALPHA * (seconds - self._step_s)
             self._steps_timed += 1
         self._last_step_done = now

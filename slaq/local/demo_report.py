@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from slaq.bench.metrics import percentile
 from slaq.local.loadgen import Outcome
@@ -61,8 +61,7 @@ class TenantFigures:
         return None if self.sidecar_buckets is None else _ms(histogram_quantile(pct / 100.0, self.sidecar_buckets))
 
     def client_late_ms(self, pct: float) -> float | None:
-        """How late the client sent these requests against the plan: its own wait for the CPU."""
-        return _ms(percentile([o.late_s for o in self.outcomes], pct))
+        return late_ms(self.outcomes, pct)
 
     def as_json(self) -> dict[str, Any]:
         return {"attainment": self.attainment, "objective_ms": _ms(self.objective_s),
@@ -141,9 +140,14 @@ def load_table(runs: Mapping[str, Mapping[str, TenantFigures]], labels: Mapping[
     return "\n".join(lines)
 
 
+def late_ms(outcomes: Iterable[Outcome], pct: float) -> float | None:
+    """How late the client sent these requests against the plan (its own wait for the CPU), in ms."""
+    return _ms(percentile([o.late_s for o in outcomes], pct))
+
+
 def client_late_ms(rows: Mapping[str, TenantFigures], pct: float = 99) -> float:
-    """How late the client sent one system's requests against the plan (all tenants), in ms."""
-    return 1000.0 * (percentile([o.late_s for row in rows.values() for o in row.outcomes], pct) or 0.0)
+    """`late_ms` over one system's requests, all tenants."""
+    return late_ms((o for row in rows.values() for o in row.outcomes), pct) or 0.0
 
 
 def refusal_lines(runs: Mapping[str, Mapping[str, TenantFigures]]) -> str:

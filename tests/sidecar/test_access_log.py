@@ -70,32 +70,32 @@ def test_probes_are_not_logged_and_other_paths_are(sidecar) -> None:
     assert [(line["path"], line["status"], line["tenant"]) for line in lines(buffer)] == [("/metrics", 404, None), ("/v1/models", 200, "free")]
 
 
-async def test_a_client_that_leaves_is_logged_as_499(start_sidecar, fake_upstream) -> None:
+async def _line_of_a_client_that_leaves(start_sidecar, fake_upstream, max_tokens: int, fake: dict[str, str], leaves_at) -> dict:
+    """vip streams a chat completion from the fake engine (`fake`: its x-fake-* headers) and closes
+    at the first line `leaves_at` accepts; the one access line the sidecar writes for it."""
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
     buffer = capture(sidecar)
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
-        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 16},
-                                 headers={**bearer("vip"), "x-fake-delay-ms": "300"}) as response:
-            async for _ in response.aiter_lines():
-                break
+        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": max_tokens},
+                                 headers={**bearer("vip"), **fake}) as response:
+            async for line in response.aiter_lines():
+                if leaves_at(line):
+                    break
     wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
     [line] = lines(buffer)
+    return line
+
+
+async def test_a_client_that_leaves_is_logged_as_499(start_sidecar, fake_upstream) -> None:
+    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 16, {"x-fake-delay-ms": "300"}, lambda _: True)
     assert (line["tenant"], line["status"], line["reason"]) == ("vip", 499, "client_closed")
 
 
 async def test_a_client_that_leaves_after_the_done_event_was_answered_and_counts_for_its_slo(start_sidecar, fake_upstream) -> None:
     """OpenAI clients close at `data: [DONE]`, often before the engine's stream has ended: that request
     was answered (the e2e attainment test lost 4 of 25 of them to 499 this way)."""
-    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
-    buffer = capture(sidecar)
-    async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
-        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 3},
-                                 headers={**bearer("vip"), "x-fake-linger-ms": "2000"}) as response:
-            async for line in response.aiter_lines():
-                if line == "data: [DONE]":
-                    break
-    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
-    [line] = lines(buffer)
+    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 3, {"x-fake-linger-ms": "2000"},
+                                               lambda text: text == "data: [DONE]")
     assert (line["tenant"], line["status"], line["reason"], line["output_tokens"]) == ("vip", 200, None, 3)
     assert line["slo"] in ("met", "ttft_missed", "tpot_missed") and line["e2e_s"] < 2.0
 
