@@ -5,7 +5,7 @@ change, and the API calls that change cost.
 
 The emulator (tests/support/kube.py) runs in a child process, so it and the operator each have
 a core; the cluster (bench/scale_objects.py) is stored in it before the operator starts. The
-operator runs as it ships (OperatorThread: kopf, indexes, lightkube), with one difference: its
+operator runs as it ships (OperatorThread: kopf, the informer's view, lightkube), with one difference: its
 usage timer is set beyond the run (`--observe-interval`), so the calls counted are the change's
 own (a pool's usage tick costs a pod list, a Deployment read and, when something moved, writes).
 

@@ -26,6 +26,11 @@ CPU_KV_CACHE_GIB_DEFAULT = "1"
 # the OpenMP threads' busy waiting takes the CPU the scheduler, the API server and the sidecar
 # need (measured: the worker at 1.4 cores; stock, without a connector, keeps one core free).
 CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+# A sealed copy that fails its tag is recomputed (kv_load_failure_policy=recompute). On a GPU vLLM
+# 0.32 picks Model Runner V2, whose update_requests writes the recompute's smaller
+# num_computed_tokens only to its CPU copy (vLLM PR 49252, open), so a GPU engine that swaps runs
+# the V1 model runner, the one the tamper test proves on vllm-cpu (engine/README.md, KV security).
+MODEL_RUNNER_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0
 KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
@@ -126,6 +131,8 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
         environ.setdefault(CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB_DEFAULT)
         if kv_security:
             environ.setdefault(CPU_RESERVED_ENV, str(options.tensor_parallel_size or 1))
+    elif kv_security and options.kv_host_cache_gib > 0:
+        environ.setdefault(MODEL_RUNNER_V2_ENV, "0")
     return LaunchPlan(argv=argv, environ=environ)
 
 

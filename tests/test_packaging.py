@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -42,3 +45,32 @@ def test_no_folder_at_the_root_shadows_the_standard_library() -> None:
 def test_scripts_need_no_safe_path() -> None:
     for script in ("setup.sh", "test.sh"):
         assert "PYTHONSAFEPATH" not in (ROOT / "scripts" / script).read_text()
+
+
+def _imported_top_names(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for source in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_third_party_import_of_the_package_is_declared() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    declared = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+    mapping = {k: v for k, v in importlib.metadata.packages_distributions().items()}
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    imported = set().union(*(_imported_top_names(ROOT / folder) for folder in folders))
+    local = {"slaq", "__future__", *(p.name for p in ROOT.iterdir() if p.is_dir())}  # bench scripts use tests/support
+    third_party = imported - set(sys.stdlib_module_names) - local
+    undeclared = {}
+    for name in sorted(third_party):
+        distributions = {d.lower().replace("_", "-") for d in mapping.get(name, [])}
+        assert distributions, f"{name} is imported by the package but no installed distribution provides it"
+        if not distributions & declared:
+            undeclared[name] = sorted(distributions)
+    assert not undeclared, f"imported by the package, declared nowhere in pyproject.toml: {undeclared}"

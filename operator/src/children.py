@@ -12,6 +12,7 @@ from typing import Any
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import SIDECAR_PORT_NAME
 from slaq.api.table import TenantTable
+from slaq.operator.gateway import render_gateway_inference_pool
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
 from slaq.operator.tables import split_table, table_texts
 from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
@@ -125,9 +126,12 @@ def render_children(pool: InferencePool) -> list[dict[str, Any]]:
 
 def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[str, Any]]:
     """Everything the operator applies for a pool: the table first (in as many Secrets as it
-    takes), so pods mount it on their first start."""
+    takes), so pods mount it on their first start, and last the Gateway API InferencePool when
+    `spec.gateway.inferencePool` asks for one (gateway.py)."""
     parts = split_table(table.pool, table.tenants)
-    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool)]
+    gateway = render_gateway_inference_pool(pool)
+    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool),
+            *([gateway] if gateway is not None else [])]
 
 
 def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:

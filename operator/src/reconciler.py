@@ -4,8 +4,8 @@ Handlers (handlers.py) call one method each. Every method applies the desired st
 names, so running it twice, after a restart, or after a failed attempt converges to the same
 objects.
 
-Tenant tables are reconciled incrementally from the in-memory view (view.py, fed by kopf
-indexes) and the watched key Secrets (keys.py): no list call per event or per tick. An event
+Tenant tables are reconciled incrementally from the in-memory view (view.py, fed by the
+informer's list-then-watch, informer.py) and the watched key Secrets (keys.py): no list call per event or per tick. An event
 marks what it touches (a tenant, a pool, a key Secret's tenants) and `refresh` plans only those
 tenants again (each tenant's entries in the pools it binds come from one `plan_tenant` call, so
 its shares still sum within its quota) and writes only the tables whose entries changed. Marks

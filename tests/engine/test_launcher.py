@@ -46,6 +46,16 @@ def test_on_cpu_the_kv_connector_does_not_cost_the_engine_its_reserved_core() ->
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in gpu.environ
 
 
+def test_a_gpu_engine_that_swaps_runs_the_model_runner_whose_recompute_is_proven() -> None:
+    """A failed load of a sealed copy is recomputed; vLLM's Model Runner V2 loses that recompute."""
+    gpu = "meta-llama/Llama-3.1-8B"
+    assert plan_launch(EngineOptions(model=gpu), environ={}).environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    chosen = plan_launch(EngineOptions(model=gpu), environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert chosen.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # the operator's own choice stands
+    for options in (EngineOptions(model=gpu, kv_host_cache_gib=0), EngineOptions(model=gpu, scheduler="stock"), EngineOptions()):
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in plan_launch(options, model_path="/m", environ={}).environ  # no swap, or the CPU runner
+
+
 def test_every_flag_reaches_vllm_and_extra_arguments_pass_through() -> None:
     options = EngineOptions(
         host="0.0.0.0", port=9000, model="meta-llama/Llama-3.1-8B", dtype="bfloat16", max_model_len=8192,

@@ -1,5 +1,5 @@
 """Indexed reconciliation: one TenantSLA or key Secret change costs API calls for its own pools
-only (the operator's view comes from kopf indexes and Secret watches, never a list per event).
+only (the operator's view comes from its informer's watches and Secret watches, never a list per event).
 
 Each test counts the requests the API emulator served for one change; a full resync (listing
 pools, tenants or Secrets, or rewriting every pool's table) fails it.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,19 @@ def test_gpu_pod_spec_is_production_grade(gpu_pool: InferencePool) -> None:
     # ...and to the sidecar, the very same JSON: both containers host one policy with one config.
     sidecar_command = sidecar.get("args", []) + sidecar.get("command", [])
     assert sidecar_command[sidecar_command.index("--scheduler-config") + 1] == env[SCHEDULER_CONFIG_ENV]
+
+
+def test_the_engine_probe_imports_the_standard_library_whatever_its_working_directory_holds(gpu_pool: InferencePool, tmp_path: Path) -> None:
+    """The image's working directory is the repository (/opt/slaq): a folder there named like a
+    standard module must not be what the probe imports."""
+    command = render_pod_template(gpu_pool)["spec"]["containers"][1]["startupProbe"]["exec"]["command"]
+    assert command[0] == "python3"
+    (tmp_path / "http").mkdir()  # urllib.request imports http.client
+    (tmp_path / "http" / "__init__.py").write_text("raise SystemExit('SHADOWED')")
+    shadowed = subprocess.run([sys.executable, *[a for a in command[1:] if a != "-I"]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "SHADOWED" in shadowed.stderr  # the negative control: without isolation the folder wins
+    probed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "SHADOWED" not in probed.stderr and ("URLError" in probed.stderr or probed.returncode == 0), probed.stderr
 
 
 def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -> None:

@@ -14,9 +14,11 @@ import pytest
 import yaml
 from lightkube import codecs
 
+from slaq.api.pool import InferencePool
 from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.api.table import TenantTable, hash_api_key
 from slaq.cli import main
+from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
 from tests.support.kube import KubeEmulator
@@ -61,6 +63,21 @@ def test_the_cpu_example_renders_the_pools_objects_with_key_hashes_only(capsys: 
     assert {t.name: t.share.requests_per_minute for t in table.tenants} == {"vip": 300, "standard": 600, "free": 60}
     # Without --salt-key-file the salts are random, and the output says so where a reviewer looks.
     assert "random key" in err and out.startswith("---\n# slaq render: cache salts come from a random key")
+
+
+def test_a_pool_behind_a_gateway_renders_the_gateway_api_inference_pool_the_operator_applies(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    body = yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text())
+    body["spec"]["gateway"] = {"inferencePool": True}
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(yaml.safe_dump(body))
+    code, out, err = render(capsys, pool_file, "--tenants", EXAMPLES)
+    assert code == 0, err
+    rendered = objects(out)
+    assert [(o["apiVersion"], o["kind"]) for o in rendered][-2:] == [("apps/v1", "Deployment"), (GIE_API_VERSION, "InferencePool")]
+    assert rendered[-1] == render_gateway_inference_pool(InferencePool.model_validate(body))
+    code, out, _ = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", EXAMPLES)
+    assert code == 0 and GIE_API_VERSION not in out  # the gateway off (the example): no such object
 
 
 def test_every_object_round_trips_through_the_official_models(capsys: pytest.CaptureFixture[str], salt_key_file: Path) -> None:
