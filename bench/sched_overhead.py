@@ -19,7 +19,11 @@ Scenarios:
   tokens differ by a few percent of prefix-cache hits at 1,000 and more waiting) and the ratio is
   slaq's own bookkeeping.
 
-Each figure is the quietest of --repeats alternating measurements (other processes only add time).
+Both schedulers are built side by side and stepped in turn, one schedule() each (which one goes
+first alternates by repeat), so a noisy machine's pauses land on both alike: back-to-back runs of
+one scheduler and then the other gave ratios from 1.17 to 2.39 for the same code on this 2-core
+machine. Each figure is the quietest of --repeats such paired measurements (other processes only
+add time).
 "tok" is the mean tokens scheduled per step; "adm/pre/steps" the mean admissions (new and resumed
 requests) and preemptions per step and the share of steps that admit anything; "p50/token" the
 ratio of p50 step time per scheduled token.
@@ -57,50 +61,67 @@ class Run(NamedTuple):
     admitting: float  # share of steps that admit anything
 
 
-def _measure(scheduler_cls: type, waiting: int, steps: int, scenario: str, max_num_seqs: int = MAX_NUM_SEQS) -> Run:
-    """Per-step schedule() seconds, and the work those steps did."""
-    from slaq.engine.standalone import Driver, build_scheduler
+class Stepper:
+    """One scheduler fed one scenario, stepped (and timed) one schedule() at a time."""
 
-    scheduler = build_scheduler(
-        scheduler_cls, max_num_seqs=max_num_seqs, max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        num_blocks=200_000, max_model_len=2048,
-    )
-    driver = Driver(scheduler)
-    counter = 0
+    def __init__(self, scheduler_cls: type, waiting: int, scenario: str, max_num_seqs: int = MAX_NUM_SEQS) -> None:
+        from slaq.engine.standalone import Driver, build_scheduler
 
-    uniform = Tier.BATCH if scenario == "same" else None
+        self.scheduler = build_scheduler(
+            scheduler_cls, max_num_seqs=max_num_seqs, max_num_batched_tokens=MAX_BATCHED_TOKENS,
+            num_blocks=200_000, max_model_len=2048,
+        )
+        self.driver = Driver(self.scheduler)
+        self.waiting, self.scenario = waiting, scenario
+        self.uniform = Tier.BATCH if scenario == "same" else None
+        self.counter = 0
+        self.timings: list[float] = []
+        self.tokens = self.admissions = self.preemptions = self.admitting = 0
+        if scenario == "full":
+            self.arrive(max_num_seqs, Tier.CRITICAL, max_tokens=1000)
+            while len(self.scheduler.running) < max_num_seqs or any(r.is_prefill_chunk for r in self.scheduler.running):
+                self.driver.step()
+            self.arrive(waiting)
+        else:
+            self.arrive(waiting + max_num_seqs)
+            for _ in range(20):
+                self.driver.step()
 
-    def arrive(count: int, tier: Tier | None = None, max_tokens: int = 12) -> None:
-        nonlocal counter
+    def arrive(self, count: int, tier: Tier | None = None, max_tokens: int = 12) -> None:
         for _ in range(count):
-            driver.add(_request(counter, tier or uniform or TIERS[counter % len(TIERS)], max_tokens, tenants=1 if uniform else 7))
-            counter += 1
+            index = self.counter
+            self.driver.add(_request(index, tier or self.uniform or TIERS[index % len(TIERS)], max_tokens, tenants=1 if self.uniform else 7))
+            self.counter += 1
 
-    if scenario == "full":
-        arrive(max_num_seqs, Tier.CRITICAL, max_tokens=1000)
-        while len(scheduler.running) < max_num_seqs or any(r.is_prefill_chunk for r in scheduler.running):
-            driver.step()
-        arrive(waiting)
-    else:
-        arrive(waiting + max_num_seqs)
-        for _ in range(20):
-            driver.step()
-    timings: list[float] = []
-    tokens = admissions = preemptions = admitting = 0
+    def step(self) -> None:
+        started = time.perf_counter()
+        output = self.scheduler.schedule()
+        self.timings.append(time.perf_counter() - started)
+        self.tokens += output.total_num_scheduled_tokens
+        admitted = len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids)
+        self.admissions += admitted
+        self.admitting += admitted > 0
+        self.preemptions += len(output.preempted_req_ids or ())
+        self.driver.answer(output)
+        if self.scenario != "full":
+            self.arrive(max(0, self.waiting - len(self.scheduler.waiting)))
+
+    def run(self) -> Run:
+        steps = len(self.timings)
+        return Run(self.timings, self.tokens / steps, self.admissions / steps, self.preemptions / steps, self.admitting / steps)
+
+
+def _measure_pair(scheduler_classes: tuple[type, type], waiting: int, steps: int, scenario: str,
+                  max_num_seqs: int = MAX_NUM_SEQS) -> tuple[Run, Run]:
+    """Both schedulers stepped in turn, one schedule() each, so that whatever else the machine does
+    during the measurement lands on both alike (paired steps, not back-to-back runs)."""
+    steppers = [Stepper(cls, waiting, scenario, max_num_seqs) for cls in scheduler_classes]
     gc.collect()
     for _ in range(steps):
-        started = time.perf_counter()
-        output = scheduler.schedule()
-        timings.append(time.perf_counter() - started)
-        tokens += output.total_num_scheduled_tokens
-        admitted = len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids)
-        admissions += admitted
-        admitting += admitted > 0
-        preemptions += len(output.preempted_req_ids or ())
-        driver.answer(output)
-        if scenario != "full":
-            arrive(max(0, waiting - len(scheduler.waiting)))
-    return Run(timings, tokens / steps, admissions / steps, preemptions / steps, admitting / steps)
+        for stepper in steppers:
+            stepper.step()
+    first, second = (stepper.run() for stepper in steppers)
+    return first, second
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100,1000,10000")
     parser.add_argument("--scenarios", default="full,same,churn")
     parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
-    parser.add_argument("--repeats", type=int, default=2, help="measurements per scheduler, alternating; the quietest counts")
+    parser.add_argument("--repeats", type=int, default=2, help="paired measurements; the quietest counts")
     args = parser.parse_args(argv)
 
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -124,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(s) for s in args.sizes.split(",")):
             stock_runs: list[Run] = []
             slaq_runs: list[Run] = []
-            for _ in range(args.repeats):  # alternate, so load from other processes hits both alike
-                stock_runs.append(_measure(AsyncScheduler, size, args.steps, scenario, args.max_num_seqs))
-                slaq_runs.append(_measure(SLAScheduler, size, args.steps, scenario, args.max_num_seqs))
+            for repeat in range(args.repeats):  # paired steps; which one steps first alternates by repeat
+                classes = (AsyncScheduler, SLAScheduler) if repeat % 2 == 0 else (SLAScheduler, AsyncScheduler)
+                runs = dict(zip(classes, _measure_pair(classes, size, args.steps, scenario, args.max_num_seqs)))
+                stock_runs.append(runs[AsyncScheduler])
+                slaq_runs.append(runs[SLAScheduler])
             # the quietest repeat of each: noise only ever adds time
             s_mean, q_mean = (min(statistics.fmean(run.timings) for run in runs) * 1e6 for runs in (stock_runs, slaq_runs))
             s_p50, q_p50 = (min(statistics.median(run.timings) for run in runs) * 1e6 for runs in (stock_runs, slaq_runs))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from slaq.api.common import Tier
 from slaq.engine.sla import RequestInfo
@@ -45,6 +45,23 @@ TIERS = tuple(Tier)
 REFUSED_TENANT_CAP, REFUSED_HEADROOM, REFUSED_KV_FULL = "tenant_cap", "headroom", "kv_full"
 EVICT_FIRST_RANK = Tier.BATCH.rank
 _stock_allocate_slots = KVCacheManager.allocate_slots  # bound once: the running-request branch calls it every step
+
+
+def finishing(running: Sequence[Request], block_size: int) -> list[tuple[int, int]]:
+    """(steps left at most, blocks held) of each running request, soonest done first: the steps are
+    an upper bound (`max_tokens` left; a request may stop sooner)."""
+    return sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // block_size)) for r in running)
+
+
+def steps_until_free(running: Sequence[Request], block_size: int, free_blocks: int, need_blocks: int) -> float:
+    """Steps until running requests finishing on their own leave `need_blocks` free (inf: never)."""
+    if free_blocks >= need_blocks:
+        return 0
+    for steps, blocks in finishing(running, block_size):
+        free_blocks += blocks
+        if free_blocks >= need_blocks:
+            return steps
+    return math.inf
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,30 @@ class SLABlockManager(KVCacheManager):
             if not self._slaq_rule.leaves_headroom(info.tier_rank, free, new_blocks):
                 return REFUSED_HEADROOM
         return None
+
+    def blocks_to_admit(self, request: Request, scheduler: Any) -> int:
+        """Free blocks waiting `request` needs to be admitted now: what vLLM's `allocate_slots` wants
+        and, below the critical tier, its first chunk's blocks with the headroom left after them."""
+        wanted = vc.admission_blocks(scheduler, request)
+        if not self._slaq_info_of(request).tier_rank:
+            return wanted
+        chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
+        new_blocks = -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
+        return max(wanted, new_blocks + self._slaq_rule.headroom_blocks)
+
+    def held_for(self, request: Request, scheduler: Any, ahead: Sequence[Request]) -> bool:
+        """Whether admitting `request` would delay `ahead`: higher-tier requests passed over this step
+        for want of blocks, whose blocks come from running requests as they finish (EASY backfilling).
+        It may go when it fits beside what they need, or when it is done (its prefill and
+        `max_tokens` steps, an upper bound) before those finishing requests free their room."""
+        need = sum(self.blocks_to_admit(r, scheduler) for r in ahead)
+        mine = vc.admission_blocks(scheduler, request)
+        free = vc.free_blocks(self)
+        if free - mine >= need:
+            return False
+        prefill_steps = -(-(request.num_tokens - request.num_computed_tokens) // max(1, vc.step_token_limit(scheduler)))
+        done_in = prefill_steps + max(1, request.max_tokens - request.num_output_tokens)
+        return done_in > steps_until_free(scheduler.running, self._slaq_block_size, free, need)
 
     @property
     def rule(self) -> BlockBudgetRule:

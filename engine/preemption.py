@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
+from slaq.engine.blocks import finishing
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request
 from slaq.policy.victims import LowestTierCheapest, may_preempt_for
@@ -96,9 +97,7 @@ def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: in
     budget_steps = (info.deadline - resources.now) / step_s - 2.0
     if budget_steps < 1.0:
         return False
-    finishing = sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // resources.block_size))
-                       for r in running)
-    for steps, blocks in finishing:
+    for steps, blocks in finishing(running, resources.block_size):
         if steps > budget_steps:
             return False
         free_slots, free_blocks = free_slots + 1, free_blocks + blocks

@@ -20,7 +20,12 @@ queue asks it about its choice before offering it, and passes over for the rest 
   it, while it is in the first BACKFILL_SLACK of its horizon (TTFT objective, or aging bound):
   smaller requests behind it that fit go first; after that it blocks the loop again, as in vLLM,
   so the blocks that free up are its own and it starts before its deadline or aging bound (a
-  big request passed over for the headroom for good would lose every freed block to small ones).
+  big request passed over for the headroom for good would lose every freed block to small ones);
+- a request of a lower tier than one passed over for want of blocks, unless it fits beside what
+  that one needs or is done before running requests finishing free that room (EASY backfilling,
+  `SLABlockManager.held_for`): a stream of small batch requests would otherwise take every block
+  a standard request waits for, one at a time, until its backfill slack is spent. A request of
+  its own tier or a higher one is not held back.
 At most MAX_PASSED_OVER requests are passed over per step (the loop's extra work is bounded);
 they are back in their heaps when the step ends.
 """
@@ -51,6 +56,7 @@ MAX_PASSED_OVER = 16
 BACKFILL_SLACK = 0.5
 
 AdmissionCheck = Callable[[Request], "str | None"]  # why the request would be refused now, or None
+HeldCheck = Callable[[Request, list[Request]], bool]  # whether admitting it would delay those passed over
 
 
 class SLARequestQueue(RequestQueue):
@@ -67,6 +73,8 @@ class SLARequestQueue(RequestQueue):
         self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
         self._classes: dict[int, int] = {}  # entry seq -> rank class, this step
         self.admission: AdmissionCheck | None = None
+        self.held: HeldCheck | None = None
+        self._short_of_blocks: list[tuple[int, Request]] = []  # (tier rank, request) passed over for blocks this step
         self._checking = False
         self._passed: list[tuple[int, Entry]] = []  # (tier rank, entry) passed over this step
         self._passed_ids: set[str] = set()
@@ -94,6 +102,7 @@ class SLARequestQueue(RequestQueue):
                 heapq.heappush(self._heaps[tier_rank], entry)
         self._passed.clear()
         self._passed_ids.clear()
+        self._short_of_blocks.clear()
         self._choice = None
 
     @property
@@ -174,8 +183,18 @@ class SLARequestQueue(RequestQueue):
                 self._choice = None
 
     def __bool__(self) -> bool:
-        """Whether the waiting loop has a request to try: passed-over ones do not count."""
-        return len(self._live) > len(self._passed_ids)
+        """Whether the waiting loop has a request to try: passed-over ones do not count, and while a
+        step checks admissions the choice is made here (and kept for the peek that follows), so a
+        loop whose every remaining request is passed over ends. Only vLLM's waiting loop asks this
+        during a step; the scheduler's own checks use len()."""
+        if len(self._live) <= len(self._passed_ids):
+            return False
+        if self._checking:
+            try:
+                self._chosen()
+            except IndexError:
+                return False
+        return True
 
     def __len__(self) -> int:
         return len(self._live)
@@ -209,7 +228,9 @@ class SLARequestQueue(RequestQueue):
             return self._choice
         while True:
             choice = self._choose()
-            others_left = len(self._live) - len(self._passed_ids) > 1  # something to backfill with
+            # Passing over the last request ends the loop as its refused allocation would, so it
+            # is checked only when it may be held for one passed over before it.
+            others_left = len(self._live) - len(self._passed_ids) > 1 or bool(self._short_of_blocks)
             if not (self._checking and others_left and len(self._passed) < MAX_PASSED_OVER and self._pass_over(choice[1][3])):
                 self._choice = choice
                 return choice
@@ -219,17 +240,22 @@ class SLARequestQueue(RequestQueue):
             self._passed_ids.add(entry[3].request_id)
 
     def _pass_over(self, request: Request) -> bool:
-        """Skip `request` for this step: refused by its tenant's KV cap, or refused for want of free
+        """Skip `request` for this step: refused by its tenant's KV cap, refused for want of free
         blocks (too big for the free KV cache, or for what the critical headroom leaves) while it
-        still has BACKFILL_SLACK of its horizon left (see the module doc)."""
+        still has BACKFILL_SLACK of its horizon left, or held for a higher-tier request passed over
+        for blocks (see the module doc)."""
         reason = self.admission(request)  # type: ignore[misc]
+        info = self._info_of(request)
         if reason is None:
-            return False
+            ahead = [r for rank, r in self._short_of_blocks if rank < info.tier_rank]
+            return bool(ahead) and self.held is not None and self.held(request, ahead)
         if reason == REFUSED_TENANT_CAP:
             return True
-        info = self._info_of(request)
         horizon = info.ttft_s if info.ttft_s is not None else self._order.spec.aging_bound_seconds
-        return self._now < info.arrival + BACKFILL_SLACK * horizon
+        if self._now < info.arrival + BACKFILL_SLACK * horizon:
+            self._short_of_blocks.append((info.tier_rank, request))
+            return True
+        return False
 
     def _choose(self) -> tuple[int, Entry, bool]:
         heads: list[tuple[int, int, Entry]] = []  # (rank class, tier rank, entry)

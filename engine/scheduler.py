@@ -68,6 +68,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             on_allocated=self._charge_fairness,
         )
         self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
+        self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
         self.step_budget: StepBudgetPolicy = self.policy.step_budget()
@@ -168,12 +169,12 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         if tightest_tpot_s is None:
             return BatchView(None, len(running), kv_tokens)
         in_flight = len(self._in_flight)
-        urgent = self.waiting_queue.urgent_heads(1) if self.waiting else []
+        urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting) else []  # len: the queue's truth is the waiting loop's (queue.py)
         return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
                          in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
-        if not self.waiting:
+        if not len(self.waiting):  # len: the queue's truth is the waiting loop's (queue.py)
             return set()
         holders = self.block_manager.ledger.requests_by_tier
         if not any(holders[1:]):
@@ -203,7 +204,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         step's budget cannot hold them and the urgent request's prompt, so it takes the budget instead
         of queueing behind their chunks. A request sits out at most MAX_HOLD_BACK_STEPS steps in a row
         (no starvation), and nothing sits out when the urgent request has no slot to take."""
-        if not self.waiting:
+        if not len(self.waiting):  # len: the queue's truth is the waiting loop's (queue.py)
             return []
         running = vc.running_requests(self)
         if vc.active_request_limit(self) - len(running) <= 0 or not vc.any_prefill_chunk(running):

@@ -141,3 +141,34 @@ def test_a_head_refused_by_the_critical_headroom_stops_the_backfill_at_half_its_
     assert max(admitted_behind) <= 2.0 + 0.1  # ...and only in the first half of the head's 4 s objective
     driver.run_until_idle(max_steps=5000)
     assert head.request_id in driver.finished
+
+
+def test_lower_tier_backfill_does_not_take_the_room_a_passed_over_head_waits_for(clock: list[float]) -> None:
+    """EASY backfilling: a standard head waits for running requests to finish one by one; batch
+    requests behind it that would still hold blocks when enough room is free are held back, so the
+    head starts then. Before, each freed piece went to the small ones behind it until the head's
+    backfill slack was spent."""
+    config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.0, aging_bound_seconds=10.0))
+    scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=101, max_model_len=2048, max_num_batched_tokens=2048)
+    driver = Driver(scheduler)
+    holders = [make_request(Tier.STANDARD, prompt_tokens=240, max_tokens=5 * (i + 1), arrival=clock[0]) for i in range(6)]
+    driver.add(*holders)  # 16 blocks each (96 of 100), one done every 5 steps
+    _step(driver, clock)
+    # 50 blocks; no TTFT objective, so it waits rather than preempt (as an urgent request that
+    # expects finishing requests to free its room in time does, engine/preemption.py)
+    head = make_request(Tier.STANDARD, prompt_tokens=800, max_tokens=4, arrival=clock[0])
+    driver.add(head)
+    added_at = driver.steps
+    quick = []  # done before the room frees up: these may still go
+    for step in range(60):
+        driver.add(make_request(Tier.BATCH, prompt_tokens=160, max_tokens=40, arrival=clock[0]))  # 10 blocks, 40 steps
+        if step < 2:
+            quick.append(make_request(Tier.BATCH, prompt_tokens=16, max_tokens=2, arrival=clock[0]))
+            driver.add(quick[-1])
+        _step(driver, clock)
+    first = driver.first_scheduled_step
+    assert all(q.request_id in first for q in quick)  # a request done before the room frees up is backfilled
+    # Four holders done (20 steps, and a few of async lag) leave its 50 blocks; before, it had not started in 60.
+    assert head.request_id in first and first[head.request_id] - added_at <= 26
+    driver.run_until_idle(max_steps=5000)
+    assert head.request_id in driver.finished
