@@ -163,12 +163,14 @@ class SLABlockManager(KVCacheManager):
         free = vc.free_blocks(self)
         if vc.admission_blocks(scheduler, request) > free:
             return REFUSED_KV_FULL
-        if info.tier_rank:
-            chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
-            new_blocks = -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
-            if not self._slaq_rule.leaves_headroom(info.tier_rank, free, new_blocks):
-                return REFUSED_HEADROOM
+        if info.tier_rank and not self._slaq_rule.leaves_headroom(info.tier_rank, free, self._first_chunk_blocks(request, scheduler)):
+            return REFUSED_HEADROOM
         return None
+
+    def _first_chunk_blocks(self, request: Request, scheduler: Any) -> int:
+        """New blocks the next prefill chunk of waiting `request` takes (prefix hits not counted)."""
+        chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
+        return -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
 
     def blocks_to_admit(self, request: Request, scheduler: Any) -> int:
         """Free blocks waiting `request` needs to be admitted now: what vLLM's `allocate_slots` wants
@@ -176,9 +178,7 @@ class SLABlockManager(KVCacheManager):
         wanted = vc.admission_blocks(scheduler, request)
         if not self._slaq_info_of(request).tier_rank:
             return wanted
-        chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
-        new_blocks = -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
-        return max(wanted, new_blocks + self._slaq_rule.headroom_blocks)
+        return max(wanted, self._first_chunk_blocks(request, scheduler) + self._slaq_rule.headroom_blocks)
 
     def held_for(self, request: Request, scheduler: Any, ahead: Sequence[Request]) -> bool:
         """Whether admitting `request` would delay `ahead`: higher-tier requests passed over this step
@@ -192,7 +192,7 @@ class SLABlockManager(KVCacheManager):
             return False
         prefill_steps = -(-(request.num_tokens - request.num_computed_tokens) // max(1, vc.step_token_limit(scheduler)))
         done_in = prefill_steps + max(1, request.max_tokens - request.num_output_tokens)
-        return done_in > steps_until_free(scheduler.running, self._slaq_block_size, free, need)
+        return done_in > steps_until_free(vc.running_requests(scheduler), self._slaq_block_size, free, need)
 
     @property
     def rule(self) -> BlockBudgetRule:
