@@ -120,8 +120,7 @@ def _measure_pair(scheduler_classes: tuple[type, type], waiting: int, steps: int
     for _ in range(steps):
         for stepper in steppers:
             stepper.step()
-    first, second = (stepper.run() for stepper in steppers)
-    return first, second
+    return steppers[0].run(), steppers[1].run()
 
 
 def main(argv: list[str] | None = None) -> int:

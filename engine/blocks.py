@@ -47,19 +47,17 @@ EVICT_FIRST_RANK = Tier.BATCH.rank
 _stock_allocate_slots = KVCacheManager.allocate_slots  # bound once: the running-request branch calls it every step
 
 
-def finishing(running: Sequence[Request], block_size: int) -> list[tuple[int, int]]:
-    """(steps left at most, blocks held) of each running request, soonest done first: the steps are
-    an upper bound (`max_tokens` left; a request may stop sooner)."""
-    return sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // block_size)) for r in running)
-
-
-def steps_until_free(running: Sequence[Request], block_size: int, free_blocks: int, need_blocks: int) -> float:
-    """Steps until running requests finishing on their own leave `need_blocks` free (inf: never)."""
-    if free_blocks >= need_blocks:
+def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: int, free_blocks: int,
+                     free_slots: int = 1) -> float:
+    """Steps until running requests finishing on their own, soonest first, leave a slot and
+    `need_blocks` blocks free (inf: never). Their steps are an upper bound (`max_tokens` left; a
+    request may stop sooner)."""
+    if free_slots >= 1 and free_blocks >= need_blocks:
         return 0
-    for steps, blocks in finishing(running, block_size):
-        free_blocks += blocks
-        if free_blocks >= need_blocks:
+    finishing = sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // block_size)) for r in running)
+    for steps, blocks in finishing:
+        free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+        if free_slots >= 1 and free_blocks >= need_blocks:
             return steps
     return math.inf
 
@@ -192,7 +190,7 @@ class SLABlockManager(KVCacheManager):
             return False
         prefill_steps = -(-(request.num_tokens - request.num_computed_tokens) // max(1, vc.step_token_limit(scheduler)))
         done_in = prefill_steps + max(1, request.max_tokens - request.num_output_tokens)
-        return done_in > steps_until_free(vc.running_requests(scheduler), self._slaq_block_size, free, need)
+        return done_in > steps_until_room(vc.running_requests(scheduler), self._slaq_block_size, need, free)
 
     @property
     def rule(self) -> BlockBudgetRule:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import finishing
+from slaq.engine.blocks import steps_until_room
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request
 from slaq.policy.victims import LowestTierCheapest, may_preempt_for
@@ -95,15 +95,7 @@ def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: in
     if step_s <= 0.0 or info.ttft_s is None:
         return False
     budget_steps = (info.deadline - resources.now) / step_s - 2.0
-    if budget_steps < 1.0:
-        return False
-    for steps, blocks in finishing(running, resources.block_size):
-        if steps > budget_steps:
-            return False
-        free_slots, free_blocks = free_slots + 1, free_blocks + blocks
-        if free_slots >= 1 and free_blocks >= need_blocks:
-            return True
-    return False
+    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots) <= budget_steps
 
 
 @dataclass(frozen=True)

@@ -201,9 +201,10 @@ def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTI
         # Their first tokens back, not a metrics poll: on a quiet machine a request could finish between two polls.
         assert all(event.wait(REQUEST_DEADLINE_S) for event in started), "the batch requests did not start"
         # An objective no wait could meet: it preempts rather than wait for a batch request to end (frees_in_time).
+        critical_sent = time.monotonic()
         critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
         _joined(*critical, "the critical request")
-        critical_s = time.monotonic() - sent
+        critical_s = time.monotonic() - critical_sent
         answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
         now_preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         now_sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
@@ -211,7 +212,8 @@ def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTI
             return answers
         seen.append(f"preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} of "
                     f"{_counter(engine, 'slaq_engine_kv_swap_blocks_total', direction='out') - swap_out:.0f} blocks out, "
-                    f"critical answered in {critical_s:.2f} s, batch done {time.monotonic() - sent:.2f} s after it was sent")
+                    f"the critical request sent {critical_sent - sent:.2f} s after the batch ones and answered "
+                    f"{critical_s:.2f} s after that, the batch ones done {time.monotonic() - sent:.2f} s after they were sent")
     raise AssertionError(f"no batch request was preempted and sealed to host memory in {attempts} attempts: {seen}")
 
 
