@@ -4,8 +4,11 @@
 place, see `vllm_compat.adopt_block_manager`), plus a `BlockBudgetRule` consulted before every
 allocation:
 
-- Headroom: a request below the critical tier may not take blocks that would leave fewer than
-  `critical_kv_headroom` of all blocks free when it is admitted or computes a prefill chunk (a
+- Headroom: `critical_kv_headroom` of all blocks is the critical tier's reserve. A request below
+  the critical tier may not take blocks that would leave free less of it than the critical tier
+  is not already using (`headroom_left`: the reserve less the blocks critical requests hold; a
+  free reserve on top of what critical requests hold would keep twice the reserve from the other
+  tiers) when it is admitted or computes a prefill chunk (a
   refused chunk makes vLLM's running loop preempt, as when the cache is full, so lower tiers make
   room among themselves). A running request's decode may grow into the headroom (one block per
   `block_size` tokens): refusing it would preempt a request, and recompute or swap everything it
@@ -73,8 +76,12 @@ class BlockBudgetRule:
         caps = {tenant: max(1, math.floor(share * usable_blocks)) for tenant, share in tenant_kv_share.items() if share < 1.0}
         return cls(usable_blocks, math.ceil(critical_headroom * usable_blocks), caps)
 
-    def leaves_headroom(self, tier_rank: int, free_blocks: int, new_blocks: int) -> bool:
-        return tier_rank == 0 or free_blocks - new_blocks >= self.headroom_blocks
+    def leaves_headroom(self, tier_rank: int, free_blocks: int, new_blocks: int, critical_blocks: int = 0) -> bool:
+        return tier_rank == 0 or free_blocks - new_blocks >= self.headroom_left(critical_blocks)
+
+    def headroom_left(self, critical_blocks: int) -> int:
+        """Blocks lower tiers must leave free while the critical tier holds `critical_blocks`."""
+        return max(0, self.headroom_blocks - critical_blocks)
 
     def within_tenant_cap(self, tenant: str, reserved: int, footprint: int) -> bool:
         cap = self.tenant_cap_blocks.get(tenant)
@@ -161,7 +168,7 @@ class SLABlockManager(KVCacheManager):
         free = vc.free_blocks(self)
         if vc.admission_blocks(scheduler, request) > free:
             return REFUSED_KV_FULL
-        if info.tier_rank and not self._slaq_rule.leaves_headroom(info.tier_rank, free, self._first_chunk_blocks(request, scheduler)):
+        if info.tier_rank and not self._slaq_rule.leaves_headroom(info.tier_rank, free, self._first_chunk_blocks(request, scheduler), self._slaq_ledger.blocks_by_tier[0]):
             return REFUSED_HEADROOM
         return None
 
@@ -176,7 +183,7 @@ class SLABlockManager(KVCacheManager):
         wanted = vc.admission_blocks(scheduler, request)
         if not self._slaq_info_of(request).tier_rank:
             return wanted
-        return max(wanted, self._first_chunk_blocks(request, scheduler) + self._slaq_rule.headroom_blocks)
+        return max(wanted, self._first_chunk_blocks(request, scheduler) + self._slaq_rule.headroom_left(self._slaq_ledger.blocks_by_tier[0]))
 
     def held_for(self, request: Request, scheduler: Any, ahead: Sequence[Request]) -> bool:
         """Whether admitting `request` would delay `ahead`: higher-tier requests passed over this step
@@ -228,7 +235,7 @@ class SLABlockManager(KVCacheManager):
             if growth <= 0 and num_new_tokens <= 1:
                 return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
             ledger = self._slaq_ledger
-            if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth):
+            if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth, ledger.blocks_by_tier[0]):
                 return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
             result = _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
             if result is not None:
@@ -243,7 +250,7 @@ class SLABlockManager(KVCacheManager):
         wanted = -(-(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
         if info.tier_rank:
             new_blocks = wanted - (holding.blocks if holding is not None else 0) - num_new_computed_tokens // size
-            if new_blocks > 0 and not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks):
+            if new_blocks > 0 and not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks, ledger.blocks_by_tier[0]):
                 return None
         footprint = 0
         if holding is None:

@@ -7,6 +7,15 @@ it keeps one heap per tier of `(band, key, seq, request)` entries whose keys are
 go back ahead of their tier; band 1 everything else. Removal is lazy (an entry is live while the
 `_live` map points at it), so aborts cost O(1).
 
+Missed requests leave the way of those that can still make it. A waiting request of a protected
+tier whose TTFT deadline has passed moves from its tier's heap to the tier's missed heap (when it
+reaches the head: `_settle_missed`). The cross-tier choice then sees up to two heads per tier:
+the earliest deadline that can still be met, ranked in its tier's class, and the oldest missed
+one, ranked in MISSED_CLASS (formula 1). With one heap per tier a missed head hid every
+attainable request of its tier behind it: under a burst of VIP arrivals the first one to miss
+made the whole critical tier rank as missed, below every attainable standard request, and the
+rest missed in turn. Preempted requests stay in their tier's heap (band 0), as before.
+
 It implements vLLM's `RequestQueue` interface, so `Scheduler.schedule()` uses it unchanged:
 `peek_request`/`pop_request` give the cross-tier choice of `WaitingOrder.rank` among the three
 tier heads at the time set by `begin_step`.
@@ -39,11 +48,13 @@ from typing import Callable, Iterable, Iterator
 
 from slaq.api.common import Tier
 from slaq.engine.blocks import REFUSED_TENANT_CAP
-from slaq.engine.ordering import REKEY_HEAD, WaitingOrder
+from slaq.engine.ordering import LOWEST_RANK, REKEY_HEAD, WaitingOrder
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
 
 Entry = tuple[int, float, int, Request]
+Head = tuple[int, int, Entry, list[Entry]]  # (rank class, tier rank, entry, the heap it heads)
+Choice = tuple[int, Entry, bool, list[Entry]]  # (tier rank, entry, starving, the heap it heads)
 BAND_PREEMPTED, BAND_WAITING = 0, 1
 TIERS = tuple(Tier)
 # Starving requests (waited past the aging bound) are guaranteed at least this share of the
@@ -64,11 +75,12 @@ class SLARequestQueue(RequestQueue):
         self._order = order
         self._info_of = info_of
         self._heaps: list[list[Entry]] = [[] for _ in TIERS]
+        self._missed: list[list[Entry]] = [[] for _ in TIERS]  # waiting requests past their TTFT deadline (protected tiers)
         self._live: dict[str, Entry] = {}
         self._depth = [0] * len(TIERS)
         self._seq = itertools.count()
         self._now = time.time()
-        self._choice: tuple[int, Entry, bool] | None = None  # tier rank, entry, starving
+        self._choice: Choice | None = None
         self._aged_share = 0.0  # running share of admissions that went to starving requests
         self._ranks: dict[int, tuple[int, float]] = {}  # entry seq -> cross-tier rank, this step
         self._classes: dict[int, int] = {}  # entry seq -> rank class, this step
@@ -76,7 +88,7 @@ class SLARequestQueue(RequestQueue):
         self.held: HeldCheck | None = None
         self._short_of_blocks: list[tuple[int, Request]] = []  # (tier rank, request) passed over for blocks this step
         self._checking = False
-        self._passed: list[tuple[int, Entry]] = []  # (tier rank, entry) passed over this step
+        self._passed: list[tuple[int, Entry]] = []  # (tier rank, entry) passed over this step (back to the tier's heap)
         self._passed_ids: set[str] = set()
 
     # -- the scheduler's per-step hook ------------------------------------------------------
@@ -88,7 +100,7 @@ class SLARequestQueue(RequestQueue):
         self._classes.clear()
         self._restore_passed()
         self._checking = self.admission is not None
-        for heap in self._heaps:
+        for heap in (*self._heaps, *self._missed):
             self._rekey_head(heap)
 
     def end_step(self) -> None:
@@ -123,7 +135,8 @@ class SLARequestQueue(RequestQueue):
         Costs O(limit log n): entries are popped and pushed back unchanged.
         """
         found: list[Request] = []
-        for heap in self._heaps[:-1]:
+        for tier_rank, heap in enumerate(self._heaps[:-1]):
+            self._settle_missed(tier_rank)  # a missed request is no one's reason to preempt
             taken: list[Entry] = []
             while heap and len(taken) < limit and len(found) < limit:
                 entry = heapq.heappop(heap)
@@ -152,9 +165,9 @@ class SLARequestQueue(RequestQueue):
         self._choice = None
 
     def pop_request(self) -> Request:
-        tier_rank, entry, starving = self._chosen()
+        tier_rank, entry, starving, heap = self._chosen()
         self._aged_share += AGED_SHARE_ALPHA * ((1.0 if starving else 0.0) - self._aged_share)
-        heapq.heappop(self._heaps[tier_rank])
+        heapq.heappop(heap)
         del self._live[entry[3].request_id]
         self._depth[tier_rank] -= 1
         self._choice = None
@@ -203,7 +216,7 @@ class SLARequestQueue(RequestQueue):
         """Live requests, tier by tier in heap order (a snapshot; O(n log n), not for the hot path)."""
         for tier_rank, heap in enumerate(self._heaps):
             passed = [entry for rank, entry in self._passed if rank == tier_rank]
-            for entry in sorted(heap + passed):
+            for entry in sorted(heap + passed) + sorted(self._missed[tier_rank]):
                 if self._live.get(entry[3].request_id) is entry:
                     yield entry[3]
 
@@ -216,7 +229,19 @@ class SLARequestQueue(RequestQueue):
             heapq.heappop(heap)  # stale: removed or re-added since it was pushed
         return None
 
-    def _chosen(self) -> tuple[int, Entry, bool]:
+    def _settle_missed(self, tier_rank: int) -> None:
+        """Move the tier's waiting heads whose TTFT deadline has passed to its missed heap (see the
+        module doc). The lowest tier has no attainable class, and a preempted head stops the move."""
+        if tier_rank >= LOWEST_RANK:
+            return
+        heap = self._heaps[tier_rank]
+        while (entry := self._head(heap)) is not None and entry[0] == BAND_WAITING:
+            info = self._info_of(entry[3])
+            if info.ttft_s is None or self._now < info.deadline:
+                return
+            heapq.heappush(self._missed[tier_rank], heapq.heappop(heap))
+
+    def _chosen(self) -> Choice:
         """The cross-tier choice: the best-ranked tier head, except that a starving head yields to
         the best non-starving head of a higher tier while starving requests already have at least
         AGED_SHARE of recent admissions (so they still get that share: no starvation).
@@ -234,8 +259,8 @@ class SLARequestQueue(RequestQueue):
             if not (self._checking and others_left and len(self._passed) < MAX_PASSED_OVER and self._pass_over(choice[1][3])):
                 self._choice = choice
                 return choice
-            tier_rank, entry, _ = choice
-            heapq.heappop(self._heaps[tier_rank])  # the head of its heap (`_head` made sure)
+            tier_rank, entry, _, heap = choice
+            heapq.heappop(heap)  # the head of its heap (`_head` made sure)
             self._passed.append((tier_rank, entry))
             self._passed_ids.add(entry[3].request_id)
 
@@ -257,16 +282,18 @@ class SLARequestQueue(RequestQueue):
             return True
         return False
 
-    def _choose(self) -> tuple[int, Entry, bool]:
-        heads: list[tuple[int, int, Entry]] = []  # (rank class, tier rank, entry)
-        for tier_rank, heap in enumerate(self._heaps):
-            entry = self._head(heap)
-            if entry is None:
-                continue
-            rank_class = self._classes.get(entry[2])
-            if rank_class is None:
-                rank_class = self._classes[entry[2]] = self._order.rank_class(self._info_of(entry[3]), self._now)
-            heads.append((rank_class, tier_rank, entry))
+    def _choose(self) -> Choice:
+        heads: list[Head] = []
+        for tier_rank in range(len(TIERS)):
+            self._settle_missed(tier_rank)
+            for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
+                entry = self._head(heap)
+                if entry is None:
+                    continue
+                rank_class = self._classes.get(entry[2])
+                if rank_class is None:
+                    rank_class = self._classes[entry[2]] = self._order.rank_class(self._info_of(entry[3]), self._now)
+                heads.append((rank_class, tier_rank, entry, heap))
         best = self._best(heads)
         if best is None:
             raise IndexError("peek from an empty queue")
@@ -275,9 +302,9 @@ class SLARequestQueue(RequestQueue):
             fresh = self._best([head for head in heads if head[0]])  # the best non-starving head
             if fresh is not None and fresh[1] < best[1]:
                 best, starving = fresh, False
-        return (best[1], best[2], starving)
+        return (best[1], best[2], starving, best[3])
 
-    def _best(self, heads: list[tuple[int, int, Entry]]) -> tuple[int, int, Entry] | None:
+    def _best(self, heads: list[Head]) -> Head | None:
         """The head with the smallest rank (the first in tier order among equals), or None."""
         if not heads:
             return None
@@ -287,7 +314,7 @@ class SLARequestQueue(RequestQueue):
             return tied[0]
         return min(tied, key=self._full_rank)
 
-    def _full_rank(self, head: tuple[int, int, Entry]) -> tuple[int, float]:
+    def _full_rank(self, head: Head) -> tuple[int, float]:
         entry = head[2]
         rank = self._ranks.get(entry[2])
         if rank is None:

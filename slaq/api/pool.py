@@ -128,7 +128,7 @@ class SchedulerSpec(ApiModel):
 
     weights: ScoreWeights = Field(default_factory=ScoreWeights)
     aging_bound_seconds: Annotated[float, Field(gt=0.0, le=86_400.0, description="After this long waiting, a batch request outranks fresh higher-tier arrivals.")] = 60.0
-    critical_kv_headroom: Annotated[float, Field(ge=0.0, le=0.5, description="Fraction of KV blocks kept free for the critical tier.")] = 0.1
+    critical_kv_headroom: Annotated[float, Field(ge=0.0, le=0.5, description="Fraction of KV blocks reserved for the critical tier: lower tiers may not take the part of it critical requests are not holding.")] = 0.1
     max_preemptions_per_step: Annotated[int, Field(ge=0, le=256)] = 4
     tpot_budget_shaping: Annotated[bool, Field(description="Shape each step's token budget to the tightest running TPOT objective.")] = True
 

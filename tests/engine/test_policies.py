@@ -105,6 +105,34 @@ def test_missed_higher_tier_requests_compete_with_the_lower_tier_by_formula_1() 
     assert queue.peek_request() is missed  # urgency saturated + tier term outscore a fresh batch request
 
 
+def test_a_missed_head_does_not_hide_the_attainable_requests_of_its_tier() -> None:
+    # A burst of VIP arrivals: the oldest has missed its 130 ms objective, the next can still meet
+    # theirs. They go before an attainable standard request; the missed one competes as missed.
+    queue = _queue()
+    missed = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW - 0.2)
+    attainable = [make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW - 0.05 + i * 0.01) for i in range(3)]
+    standard = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.1)
+    for request in (missed, *attainable, standard):
+        queue.add_request(request)
+    assert _drain(queue) == [r.request_id for r in attainable] + [standard.request_id, missed.request_id]
+
+
+def test_only_requests_that_can_still_meet_their_objective_are_urgent() -> None:
+    # Urgent heads are what the scheduler preempts lower tiers for: preempting for a request whose
+    # TTFT deadline has passed would free a slot that an attainable lower-tier request then takes.
+    queue = _queue()
+    missed = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW - 0.2)
+    queue.add_request(missed)
+    queue.begin_step(NOW)
+    assert queue.urgent_heads(2) == []
+    standard = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.1)
+    fresh = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW)
+    queue.add_request(standard)
+    queue.add_request(fresh)
+    assert queue.urgent_heads(2) == [fresh, standard]
+    assert len(queue) == 3 and queue.peek_request() is fresh
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> None:
     # The queue computes formula 1 only for heads whose rank class ties; the reference ranks every
@@ -120,7 +148,9 @@ def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> 
                                        max_tokens=rng.randint(1, 400), tenant=f"t{rng.randint(0, 3)}"))
     order = queue.order
     while queue:
-        heads = [(tier_rank, queue._head(heap)) for tier_rank, heap in enumerate(queue._heaps)]
+        for tier_rank in range(len(queue._heaps)):
+            queue._settle_missed(tier_rank)  # each tier offers its earliest attainable request and its oldest missed one
+        heads = [(tier_rank, queue._head(heap)) for tier_rank in range(len(queue._heaps)) for heap in (queue._heaps[tier_rank], queue._missed[tier_rank])]
         ranked = [(order.rank(vc.attached_info(entry[3]), NOW), tier_rank, entry[3]) for tier_rank, entry in heads if entry is not None]
         best = min(ranked, key=lambda r: r[0])
         fresh = [r for r in ranked if r[0][0]]
@@ -319,6 +349,8 @@ def test_block_budget_rule() -> None:
     assert rule.leaves_headroom(0, free_blocks=5, new_blocks=5)  # the critical tier may use the headroom
     assert rule.leaves_headroom(2, free_blocks=15, new_blocks=5)
     assert not rule.leaves_headroom(1, free_blocks=15, new_blocks=6)
+    assert rule.leaves_headroom(1, free_blocks=15, new_blocks=6, critical_blocks=1)  # what critical holds is reserve in use
+    assert rule.headroom_left(4) == 6 and rule.headroom_left(12) == 0
     assert rule.within_tenant_cap("small", reserved=15, footprint=5)
     assert not rule.within_tenant_cap("small", reserved=15, footprint=6)
     assert rule.within_tenant_cap("small", reserved=0, footprint=50)  # alone, an oversized request still runs

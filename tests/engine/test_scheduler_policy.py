@@ -130,6 +130,34 @@ def test_critical_headroom_holds_against_lower_tiers_and_critical_uses_it() -> N
     assert len(driver.finished) == 13
 
 
+def test_blocks_the_critical_tier_holds_count_against_its_headroom() -> None:
+    """The headroom is the critical tier's reserve: while critical requests hold blocks, only what
+    they do not use of it stays free. 40 usable blocks, 10 reserved; a critical request holds 4.
+    A standard request needing 24 blocks leaves 40 - 4 - 24 = 12 free: above the 6 of the reserve
+    still unused, so it is admitted (kept for the whole 10, it would wait for the critical one)."""
+    config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.25))
+    scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=41)
+    driver = Driver(scheduler)
+    critical = make_request(Tier.CRITICAL, prompt_tokens=60, max_tokens=40)  # 4 blocks, 6 once done
+    driver.add(critical)
+    driver.step()
+    assert scheduler.block_manager.ledger.blocks_by_tier[Tier.CRITICAL.rank] == 4
+    standard = make_request(Tier.STANDARD, prompt_tokens=24 * 16 - 8, max_tokens=4)  # 24 blocks, decodes included
+    driver.add(standard)
+    output = driver.step()
+    assert standard.request_id in output.num_scheduled_tokens and critical.request_id in output.num_scheduled_tokens
+    batch = make_request(Tier.BATCH, prompt_tokens=6 * 16 - 4, max_tokens=4)  # 6 blocks leave 6 free: the reserve's unused part, not less
+    driver.add(batch)
+    driver.step()
+    assert batch.request_id in driver.first_scheduled_step
+    late = make_request(Tier.BATCH, prompt_tokens=16, max_tokens=4)
+    driver.add(late)
+    driver.step()
+    assert late.request_id not in driver.first_scheduled_step  # one more block would dip into the unused reserve
+    driver.run_until_idle()
+    assert driver.finished == {critical.request_id, standard.request_id, batch.request_id, late.request_id}
+
+
 def test_a_running_decode_grows_into_the_headroom_instead_of_being_preempted() -> None:
     """Six standard requests are admitted down to the headroom (5 prompt blocks each, 10 blocks
     left); each then needs a sixth block to decode. Refusing that growth would make vLLM preempt
