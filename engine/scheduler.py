@@ -69,6 +69,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         )
         self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
         self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
+        self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
         self.step_budget: StepBudgetPolicy = self.policy.step_budget()
@@ -120,6 +121,13 @@ class SLAScheduler(vc.RecomputesLoadFailures):
     def info_of(request: Request) -> RequestInfo:
         """The SLA facts attached when the request arrived (`add_request`)."""
         return vc.attached_info(request)  # type: ignore[return-value]
+
+    def _first_token_lead(self, info: RequestInfo) -> float:
+        """Seconds from a waiting request's admission to its first token: the step in flight and its
+        prefill steps, at the mean step time (0 until STEPS_BEFORE_STEP_TIME steps were timed)."""
+        if self._steps_timed < STEPS_BEFORE_STEP_TIME:
+            return 0.0
+        return self._step_s * (1 + -(-info.prompt_tokens // max(1, vc.step_token_limit(self))))
 
     def _charge_fairness(self, tier_rank: int, tenant: str, tokens: int) -> None:
         self.fairness.charge(TIER_NAMES[tier_rank], tenant, tokens)

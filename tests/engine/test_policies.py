@@ -133,6 +133,22 @@ def test_only_requests_that_can_still_meet_their_objective_are_urgent() -> None:
     assert len(queue) == 3 and queue.peek_request() is fresh
 
 
+def test_a_request_nearer_its_deadline_than_its_first_token_takes_counts_as_missed_below_the_critical_tier() -> None:
+    # With 50 ms from admission to a first token, a standard request 30 ms from its deadline cannot
+    # make it: it goes after the one that can (and is nobody's reason to preempt). A critical request
+    # as near stays attainable: its prompt goes into the next step (urgent prefill planning).
+    queue = _queue()
+    queue.lead = lambda info: 0.05
+    near = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.47)
+    far = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.3)
+    critical = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW - 0.11)
+    for request in (near, far, critical):
+        queue.add_request(request)
+    queue.begin_step(NOW)
+    assert queue.urgent_heads(3) == [critical, far]
+    assert _drain(queue) == [critical.request_id, far.request_id, near.request_id]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> None:
     # The queue computes formula 1 only for heads whose rank class ties; the reference ranks every
