@@ -130,6 +130,7 @@ class UrgentPreemption:
             info = info_of(request)
             chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
+            missed = resources.now >= info.deadline
             if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources):
                 continue  # it waits for requests finishing on their own: no one loses their work
             chosen: list[Preemption] = []
@@ -137,7 +138,7 @@ class UrgentPreemption:
             for victim in victims:
                 if free_slots >= 1 and free_blocks >= need_blocks:
                     break
-                if victim.request_id in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank):
+                if victim.request_id in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank, missed):
                     continue
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1

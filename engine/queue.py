@@ -139,13 +139,16 @@ class SLARequestQueue(RequestQueue):
 
     def urgent_heads(self, limit: int) -> list[Request]:
         """Up to `limit` waiting requests with a TTFT objective, from the first `limit` of each tier
-        that has a lower tier to preempt, best first within each tier, tiers in order.
+        that has a lower tier to preempt, best first within each tier: those that can still make
+        their deadline, tiers in order, then missed ones (the planner preempts only the lowest
+        tier for those, `may_preempt_for`).
 
         Costs O(limit log n): entries are popped and pushed back unchanged.
         """
         found: list[Request] = []
-        for tier_rank, heap in enumerate(self._heaps[:-1]):
-            self._settle_missed(tier_rank)  # a missed request is no one's reason to preempt
+        for tier_rank in range(LOWEST_RANK):
+            self._settle_missed(tier_rank)
+        for heap in (*self._heaps[:LOWEST_RANK], *self._missed[:LOWEST_RANK]):
             taken: list[Entry] = []
             while heap and len(taken) < limit and len(found) < limit:
                 entry = heapq.heappop(heap)

@@ -2,13 +2,18 @@
 
 `lowest-tier-cheapest`: lowest tier first, then the least computed tokens (cheapest to
 recompute), then the latest arrival. Hosts only ever preempt victims of a strictly lower tier
-than the request they make room for (`may_preempt_for`), so two requests never preempt each other.
+than the request they make room for (`may_preempt_for`), so two requests never preempt each other;
+for a request that has missed its TTFT objective, only victims of the lowest tier, which it
+outranks in any class (an attainable request of a protected tier, preempted for it, would be
+admitted again ahead of it: the preemption would buy nothing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, TypeVar
+
+from slaq.policy.ranking import LOWEST_RANK
 
 
 class VictimFacts(Protocol):
@@ -31,9 +36,9 @@ class LowestTierCheapest:
         return sorted(candidates, key=lambda c: (-c.tier_rank, c.computed_tokens, -c.arrival))
 
 
-def may_preempt_for(victim_tier_rank: int, for_tier_rank: int) -> bool:
-    """Only a strictly lower tier may be preempted for a request."""
-    return victim_tier_rank > for_tier_rank
+def may_preempt_for(victim_tier_rank: int, for_tier_rank: int, missed: bool = False) -> bool:
+    """Only a strictly lower tier may be preempted for a request; only the lowest for a missed one."""
+    return victim_tier_rank > for_tier_rank and (not missed or victim_tier_rank >= LOWEST_RANK)
 
 
 VICTIMS: Mapping[str, type[LowestTierCheapest]] = {

@@ -117,26 +117,38 @@ def test_a_missed_head_does_not_hide_the_attainable_requests_of_its_tier() -> No
     assert _drain(queue) == [r.request_id for r in attainable] + [standard.request_id, missed.request_id]
 
 
-def test_only_requests_that_can_still_meet_their_objective_are_urgent() -> None:
-    # Urgent heads are what the scheduler preempts lower tiers for: preempting for a request whose
-    # TTFT deadline has passed would free a slot that an attainable lower-tier request then takes.
+def test_missed_requests_are_urgent_after_attainable_ones_and_preempt_only_the_lowest_tier() -> None:
+    # Preempting an attainable standard request for a VIP request that has missed its objective
+    # buys nothing: the queue admits the standard one again ahead of it (traced on the demo: a
+    # standard request preempted and re-admitted every step). A batch victim it outranks in any class.
     queue = _queue()
     missed = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW - 0.2)
     queue.add_request(missed)
     queue.begin_step(NOW)
-    assert queue.urgent_heads(2) == []
+    assert queue.urgent_heads(2) == [missed]
     standard = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.1)
     fresh = make_request(Tier.CRITICAL, ttft_ms=130, arrival=NOW)
     queue.add_request(standard)
     queue.add_request(fresh)
-    assert queue.urgent_heads(2) == [fresh, standard]
+    assert queue.urgent_heads(3) == [fresh, standard, missed]
     assert len(queue) == 3 and queue.peek_request() is fresh
+
+    scheduler, _, running = _running_scheduler([Tier.STANDARD, Tier.BATCH])
+    late = make_request(Tier.CRITICAL, ttft_ms=130)
+    scheduler.add_request(late)
+    past = scheduler.info_of(late).deadline + 0.01
+    plan = UrgentPreemption(max_per_step=4).plan([late], running[:1], _resources(now=past), scheduler.info_of)
+    assert plan == []  # only the standard request runs: not preempted for a missed request
+    plan = UrgentPreemption(max_per_step=4).plan([late], running, _resources(now=past), scheduler.info_of)
+    assert [p.victim.request_id for p in plan] == [running[1].request_id]
+    in_time = UrgentPreemption(max_per_step=4).plan([late], running[:1], _resources(now=past - 0.1), scheduler.info_of)
+    assert [p.victim.request_id for p in in_time] == [running[0].request_id]  # attainable: a standard victim is fair game
 
 
 def test_a_request_nearer_its_deadline_than_its_first_token_takes_counts_as_missed_below_the_critical_tier() -> None:
     # With 50 ms from admission to a first token, a standard request 30 ms from its deadline cannot
-    # make it: it goes after the one that can (and is nobody's reason to preempt). A critical request
-    # as near stays attainable: its prompt goes into the next step (urgent prefill planning).
+    # make it: it goes after the one that can, and is urgent after it. A critical request as near
+    # stays attainable: its prompt goes into the next step (urgent prefill planning).
     queue = _queue()
     queue.lead = lambda info: 0.05
     near = make_request(Tier.STANDARD, ttft_ms=500, arrival=NOW - 0.47)
@@ -145,7 +157,7 @@ def test_a_request_nearer_its_deadline_than_its_first_token_takes_counts_as_miss
     for request in (near, far, critical):
         queue.add_request(request)
     queue.begin_step(NOW)
-    assert queue.urgent_heads(3) == [critical, far]
+    assert queue.urgent_heads(3) == [critical, far, near]
     assert _drain(queue) == [critical.request_id, far.request_id, near.request_id]
 
 
