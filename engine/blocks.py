@@ -183,7 +183,11 @@ class SLABlockManager(KVCacheManager):
         wanted = vc.admission_blocks(scheduler, request)
         if not self._slaq_info_of(request).tier_rank:
             return wanted
-        return max(wanted, self._first_chunk_blocks(request, scheduler) + self._slaq_rule.headroom_left(self._slaq_ledger.blocks_by_tier[0]))
+        return max(wanted, self._first_chunk_blocks(request, scheduler) + self.headroom_left())
+
+    def headroom_left(self) -> int:
+        """Blocks lower tiers must leave free now: the critical reserve less what critical requests hold."""
+        return self._slaq_rule.headroom_left(self._slaq_ledger.blocks_by_tier[0])
 
     def held_for(self, request: Request, scheduler: Any, ahead: Sequence[Request]) -> bool:
         """Whether admitting `request` would delay `ahead`: higher-tier requests passed over this step

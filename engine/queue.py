@@ -16,16 +16,16 @@ miss anyway and take the step from one that need not: under a sustained overload
 -first serves exactly the requests about to expire (first 1,500 of the conversation trace at load
 3.0: standard 0.587 with the deadline alone, 0.658 with the lead). The critical tier is exempt: its
 prompt goes into the next step by urgent prefill planning, and one demoted early waited behind
-attainable standard requests (a 15 s wait in the simulator). The cross-tier choice then sees up to two heads per tier:
-the earliest deadline that can still be met, ranked in its tier's class, and the oldest missed
-one, ranked in MISSED_CLASS (formula 1). With one heap per tier a missed head hid every
+attainable standard requests (a 15 s wait in the simulator). The cross-tier choice then sees up
+to two heads per tier: the earliest deadline that can still be met, ranked in its tier's class,
+and the oldest missed one, ranked in MISSED_CLASS (formula 1). With one heap per tier a missed head hid every
 attainable request of its tier behind it: under a burst of VIP arrivals the first one to miss
 made the whole critical tier rank as missed, below every attainable standard request, and the
 rest missed in turn. Preempted requests stay in their tier's heap (band 0), as before.
 
 It implements vLLM's `RequestQueue` interface, so `Scheduler.schedule()` uses it unchanged:
-`peek_request`/`pop_request` give the cross-tier choice of `WaitingOrder.rank` among the three
-tier heads at the time set by `begin_step`.
+`peek_request`/`pop_request` give the cross-tier choice of `WaitingOrder.rank` among the tier
+heads at the time set by `begin_step`.
 
 Backfill (the report's formula 2: batch utility under memory). vLLM's waiting loop stops at the
 first request whose allocation fails, so one refused head would hold every admission behind it
@@ -83,7 +83,7 @@ class SLARequestQueue(RequestQueue):
         self._order = order
         self._info_of = info_of
         self._heaps: list[list[Entry]] = [[] for _ in TIERS]
-        self._missed: list[list[Entry]] = [[] for _ in TIERS]  # waiting requests past their TTFT deadline (protected tiers)
+        self._missed: list[list[Entry]] = [[] for _ in TIERS]  # waiting requests that can no longer make their deadline (protected tiers)
         self._live: dict[str, Entry] = {}
         self._depth = [0] * len(TIERS)
         self._seq = itertools.count()
@@ -242,8 +242,9 @@ class SLARequestQueue(RequestQueue):
         return None
 
     def _settle_missed(self, tier_rank: int) -> None:
-        """Move the tier's waiting heads whose TTFT deadline has passed to its missed heap (see the
-        module doc). The lowest tier has no attainable class, and a preempted head stops the move."""
+        """Move the tier's waiting heads that can no longer make their TTFT deadline (passed, or nearer
+        than `lead` below the critical tier) to its missed heap (see the module doc). The lowest tier
+        has no attainable class, and a preempted head stops the move."""
         if tier_rank >= LOWEST_RANK:
             return
         heap = self._heaps[tier_rank]

@@ -193,7 +193,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         resources = ResourceView(
             free_slots=limit - len(running),
             free_blocks=self.block_manager.free_block_count(),
-            headroom_blocks=self.block_manager.rule.headroom_left(self.block_manager.ledger.blocks_by_tier[0]),
+            headroom_blocks=self.block_manager.headroom_left(),
             block_size=vc.block_size(self),
             step_tokens=vc.step_token_limit(self),
             now=now,
