@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the pool's spec.scheduler (wire JSON, or a file holding it), handed to the engine and the sidecar alike")
     parser.add_argument("--demo", action="store_true", help="run the A/B/C scenario, stock vLLM vs slaq, print the table, exit")
     parser.add_argument("--quick", action="store_true",
-                        help="with --demo: fewer samples (48 VIP requests in the loaded run instead of 100) at 200 %% of capacity, for CI")
+                        help="with --demo: fewer samples (48 VIP requests in the loaded run instead of 100), for CI")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", dest="json_path",
                         help="with --demo: also write every figure of the demo to FILE as JSON")
     parser.add_argument("engine_args", nargs=argparse.REMAINDER, help="-- then further `slaq engine` flags")

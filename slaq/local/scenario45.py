@@ -34,7 +34,7 @@ class NotTogether(ScenarioError):
 
 
 BLOCK_SIZE = 32  # the CPU backend's preferred multiple
-KV_BLOCKS = 40
+KV_BLOCKS = 64
 ARRIVAL_ORDER = ("B", "A", "C")
 ARRIVAL_GAP_S = 0.005
 TOGETHER_S = 0.03
@@ -59,7 +59,7 @@ class Sized:
 
 
 REQUESTS: dict[str, Sized] = {"A": Sized(100, 8), "B": Sized(500, 16), "C": Sized(10, 16)}
-BACKGROUND = (Sized(416, 96), Sized(416, 96))  # running when A, B and C arrive
+BACKGROUND = (Sized(544, 64),) * 3  # running when A, B and C arrive
 BACKGROUND_TENANT = "B"  # whose key (and stock priority) the background is sent with: B's tier, see the module doc
 
 

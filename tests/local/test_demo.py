@@ -47,7 +47,7 @@ def test_quick_and_json_are_demo_options(capsys: pytest.CaptureFixture[str]) -> 
 def test_the_users_engine_flags_come_after_the_demos_and_vllms_after_the_separator() -> None:
     assert demo_engine_args(["--max-num-seqs", "4", "--", "--seed", "1"]) == (
         "--max-num-seqs", "8", "--max-model-len", "768", "--max-num-seqs", "4",
-        "--", "--block-size", "32", "--num-gpu-blocks-override", str(KV_BLOCKS), "--seed", "1")
+        "--", "--block-size", "32", "--num-gpu-blocks-override", str(KV_BLOCKS), "--stream-interval", "8", "--seed", "1")
 
 
 def test_the_loaded_run_has_exactly_the_vip_samples_asked_for_at_the_rate() -> None:
@@ -279,17 +279,19 @@ def test_the_json_has_the_keys_the_issue_names_and_the_png_is_written(tmp_path: 
 
 
 def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: dict[int, float]) -> ScenarioRun:
-    """Scenario 4.5 against an upstream keyed by prompt length: background (416 tokens) decodes for
+    """Scenario 4.5 against an upstream keyed by prompt length: background (BACKGROUND's prompt length) decodes for
     0.3 s; a request of length n answers its first token after first_token_after_s[n]; stall_s[n]
     holds the (shared) event loop up, the client's sends included, when that request is read."""
-    from slaq.local.scenario45 import run_scenario
+    from slaq.local.scenario45 import BACKGROUND, run_scenario
+
+    background = BACKGROUND[0].prompt_tokens
 
     async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
         n = len(body["prompt"])
         time.sleep(stall_s.get(n, 0.0))  # a synchronous hold-up of the event loop
-        await asyncio.sleep(0.0 if n == 416 else first_token_after_s[n])
+        await asyncio.sleep(0.0 if n == background else first_token_after_s[n])
         await stream_sse(writer, [chunk(sse_event("x"))])
-        await asyncio.sleep(0.3 if n == 416 else 0.0)
+        await asyncio.sleep(0.3 if n == background else 0.0)
         writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
     async def go() -> ScenarioRun:
