@@ -18,7 +18,11 @@ import httpx
 
 from slaq.sidecar.errors import EngineUnavailable
 
-_TOKEN_EVENT = re.compile(rb'"(?:text|content)":\s?"(?!")')
+# A completion chunk is a token even with an empty text: vLLM streams a token that detokenizes to
+# nothing yet (part of a UTF-8 character) with its token id and text "", and its own benchmark counts
+# that chunk as the first token. A chat chunk with empty content is the role chunk vLLM sends before
+# any token.
+_TOKEN_EVENT = re.compile(rb'"text":\s?"|"content":\s?"(?!")')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s?(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s?(\d+)')
 _DONE_EVENT = b"data: [DONE]"

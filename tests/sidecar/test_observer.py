@@ -26,6 +26,16 @@ def test_role_chunk_alone_is_not_a_first_token() -> None:
     assert not observer.feed(sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
 
 
+def test_a_completion_chunk_with_an_empty_text_is_a_token() -> None:
+    """vLLM streams a token that detokenizes to nothing yet (part of a UTF-8 character) as a chunk
+    with text ""; it is the first token all the same (with --stream-interval 8 the next chunk comes
+    eight tokens later), as vLLM's benchmark and the demo's client count it."""
+    observer = ResponseObserver(streaming=True)
+    assert observer.feed(b'data: {"choices": [{"index": 0, "text": "", "logprobs": null}]}\n\n') is True
+    assert observer.feed(sse({"choices": [{"index": 0, "text": "ab", "logprobs": {"text_offset": [3]}}]})) is False
+    assert observer.output_tokens() == 2
+
+
 def test_usage_in_the_tail_wins_over_event_count() -> None:
     observer = ResponseObserver(streaming=True)
     observer.feed(sse({"choices": [{"text": "a"}]}, {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}))
