@@ -343,6 +343,23 @@ def test_an_urgent_request_waits_instead_of_preempting_when_requests_finishing_o
         assert [p.victim for p in planner.plan([critical], running, slow, scheduler.info_of)] == [running[-1]]
 
 
+def test_an_urgent_request_waits_for_room_only_within_a_share_of_its_objective() -> None:
+    """The rest of the objective is its prefill and the way back to the client, which the engine
+    does not see: with room free in 99 steps of 6 ms (594 ms) a critical request with a 1 s
+    objective preempts, though it could still start two steps before its deadline; with 4 ms steps
+    (396 ms, within WAIT_SHARE of it) it waits."""
+    from slaq.engine.preemption import WAIT_SHARE
+
+    assert WAIT_SHARE == 0.5
+    scheduler, _, running = _running_scheduler([Tier.BATCH] * 4)
+    critical = make_request(Tier.CRITICAL, ttft_ms=1000.0)
+    scheduler.add_request(critical)
+    now = scheduler.info_of(critical).arrival
+    planner = UrgentPreemption(max_per_step=4)
+    assert [p.victim for p in planner.plan([critical], running, _resources(now=now, step_s=0.006), scheduler.info_of)] == [running[-1]]
+    assert planner.plan([critical], running, _resources(now=now, step_s=0.004), scheduler.info_of) == []
+
+
 def test_a_waiting_urgent_request_counts_only_the_blocks_freed_before_its_deadline() -> None:
     """A free slot, no free block; the urgent request needs 4 blocks and the running ones hold 2
     each. With two of them done in 99 steps it waits; with one (the others have 4999 steps left,
