@@ -17,8 +17,9 @@ Steps:
    90th percentile); objectives: scale = 3 × A's unloaded p90 (the larger of the two systems') /
    50 ms; each tenant's objective is its report objective × scale, raised to 3 × its own
    unloaded p90 where that is larger, so both systems meet every objective unloaded with margin;
-   the slaq tenant table gets them. Then stock's capacity for the tenant mix (the steady rate of
-   a closed loop that keeps the batch full and as many queued);
+   the slaq tenant table gets them. Stock's capacity for the tenant mix (the steady rate of a
+   closed loop that keeps the batch full and as many queued) is measured right after its unloaded
+   TTFT, before slaq's;
 2. scenario 4.5 (`scenario45`) under stock FCFS and stock priority; then one Poisson workload at
    `LOAD` × the measured capacity (the mix's free traffic takes the engine past it), long
    enough for `VIP_SAMPLES` VIP requests, replayed by a load generator in its own process
