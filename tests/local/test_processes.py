@@ -73,3 +73,24 @@ def test_a_child_that_never_gets_ready_times_out_and_is_named(tmp_path: Path) ->
     finally:
         child.stop(timeout_s=5)
     assert not child.running()
+
+
+def test_a_child_killed_alone_still_takes_its_grandchild_down_when_stopped(tmp_path: Path) -> None:
+    """The engine's server killed by a fault leaves vLLM's EngineCore behind in its group: stop() ends it."""
+    import signal
+
+    pid_file = tmp_path / "grandchild.pid"
+    child = start_child("forker", [sys.executable, "-c", FORKING, str(pid_file)], tmp_path / "f.log", "http://127.0.0.1:1/")
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    os.kill(child.pid, signal.SIGKILL)  # the server process alone, as a fault would
+    child.process.wait(timeout=10)
+    assert _alive(grandchild)
+    child.stop(timeout_s=5)
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
