@@ -53,7 +53,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
-        if self._awaiting_head and not self.transport.is_closing():
+        # A request being answered (a pipelined head already parsed) is never cut.
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self._awaiting_head and not answering and not self.transport.is_closing():
             self.transport.close()
 
     def on_headers_complete(self) -> None:

@@ -54,7 +54,7 @@ def parse_payload(raw: bytes, kind: Kind, served_model_name: str | None, limits:
     if model is not None and served_model_name is not None and model != served_model_name:
         raise UnknownModel(f"model {model!r} is not served here (this pool serves {served_model_name!r})")
     if kind == "chat":
-        if "messages" not in body:
+        if body.get("messages") is None:
             raise InvalidField("messages", "is required")
         check_messages(body["messages"], cache_salt)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))

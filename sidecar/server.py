@@ -153,6 +153,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def connection_settings(limits: ConnectionLimits) -> dict[str, Any]:
+    """uvicorn.Config arguments that bound connections: the head timeout's protocol and the connection limit."""
+    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections}
+
+
 def serve(options: SidecarOptions) -> None:
     if options.metrics_port == options.port:
         raise ConfigError(f"--metrics-port must differ from --port (both {options.port}): metrics stay off the tenant port")
@@ -168,8 +173,7 @@ def serve(options: SidecarOptions) -> None:
         timeout_graceful_shutdown=int(max(1, round(options.drain_timeout_s))),
         access_log=False,
         log_level="info",
-        http=HeadTimeoutProtocol.with_timeout(options.connection_limits.header_s),
-        limit_concurrency=options.connection_limits.max_connections,
+        **connection_settings(options.connection_limits),
     )
     # uvicorn re-raises the captured signal under the handler that was installed before it ran;
     # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.
