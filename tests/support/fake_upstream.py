@@ -195,12 +195,13 @@ class FakeEngine:
 
 
 class RecordingPassthrough:
-    """Forwards every request to `target` and records the JSON bodies it forwarded (a wiretap
-    between the sidecar and a real engine)."""
+    """Forwards every request to `target` and records the JSON bodies and headers it forwarded (a
+    wiretap between the sidecar and a real engine)."""
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.received: list[dict[str, Any]] = []
+        self.received_headers: list[dict[str, str]] = []
         self.client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -223,6 +224,8 @@ class RecordingPassthrough:
             except ValueError:
                 pass
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"host", b"content-length")]
+        if raw:
+            self.received_headers.append({k.decode().lower(): v.decode() for k, v in headers})
         assert self.client is not None
         request = self.client.build_request(scope["method"], scope["path"], content=raw or None, headers=headers)
         response = await self.client.send(request, stream=True)
