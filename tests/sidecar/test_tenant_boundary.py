@@ -290,3 +290,29 @@ def test_a_client_that_never_reads_is_cut_off_and_frees_its_slot(start_sidecar, 
     finally:
         sock.close()
     assert sidecar.client.post("/v1/completions", json=COMPLETION, headers=bearer("vip")).status_code == 200
+
+
+async def test_two_big_pathological_bodies_do_not_stall_a_vip_request(start_sidecar, fake_upstream) -> None:
+    """4 MiB of one-element lists each (half a second of json.loads apiece on this machine, on the event
+    loop, under the old 16 MiB cap): with the pool's cap they are cut off at 64 KiB, unparsed.
+    Timing-sensitive by nature: the bound is loose (VIP alone takes ~20 ms here)."""
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", max_model_len=1024)
+    pathological = b'{"model":"fake-model","max_tokens":5,"prompt":[' + b",".join([b"[1]"] * 1_000_000) + b"]}"
+    async with httpx.AsyncClient(base_url=sidecar.url, timeout=60) as client:
+        async def big() -> int:
+            try:
+                return (await client.post("/v1/completions", content=pathological, headers={**bearer("free"), "content-type": "application/json"})).status_code
+            except httpx.HTTPError:  # the sidecar answered 413 and closed while the body was still going out
+                return 413
+
+        async def vip() -> float:
+            started = time.perf_counter()
+            assert (await client.post("/v1/completions", json=COMPLETION, headers=bearer("vip"))).status_code == 200
+            return time.perf_counter() - started
+
+        await vip()  # a warm connection
+        bigs = [asyncio.create_task(big()) for _ in range(2)]
+        times = [await vip() for _ in range(8)]
+        statuses = await asyncio.gather(*bigs)
+    assert statuses == [413, 413]
+    assert max(times) < 0.5, f"VIP took {max(times) * 1000:.0f} ms beside the big bodies"
