@@ -231,6 +231,10 @@ def _context(limits: BodyLimits) -> int:
     return limits.max_model_len
 
 
+def _flags(*names: str) -> tuple[FieldRule, ...]:
+    return tuple(FieldRule(name, "boolean", _boolean) for name in names)
+
+
 def _rules(*rules: FieldRule) -> dict[str, FieldRule]:
     return {rule.name: rule for rule in rules}
 
@@ -259,19 +263,13 @@ _SHARED = (
     FieldRule("min_p", "number in [0, 1]", _number_in(0, 1)),
     FieldRule("user", "string of at most 1024 characters", _short_string),
     FieldRule("use_beam_search", "boolean; true only where the pool's allowBeamSearch is", _beam_search),
-    FieldRule("include_stop_str_in_output", "boolean", _boolean),
-    FieldRule("ignore_eos", "boolean", _boolean),
-    FieldRule("skip_special_tokens", "boolean", _boolean),
-    FieldRule("spaces_between_special_tokens", "boolean", _boolean),
-    FieldRule("add_special_tokens", "boolean", _boolean),
-    FieldRule("echo", "boolean", _boolean),
     FieldRule("truncate_prompt_tokens", "integer in [-1, maxModelLen]", _int_in(-1, _context)),
     FieldRule("truncation_side", "left or right", _one_of("left", "right")),
     FieldRule("prompt_logprobs", "integer in [0, maxLogprobs]", _logprobs_int),
     FieldRule("response_format", "object with type text, json_object, json_schema or structural_tag", _response_format),
-    FieldRule("return_tokens_as_token_ids", "boolean", _boolean),
-    FieldRule("return_token_ids", "boolean", _boolean),
     FieldRule("thinking_token_budget", "integer in [0, maxModelLen]", _int_in(0, _context)),
+    *_flags("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens",
+            "echo", "return_tokens_as_token_ids", "return_token_ids"),
 )
 
 COMPLETIONS_FIELDS = _rules(
@@ -288,12 +286,9 @@ CHAT_FIELDS = _rules(
     FieldRule("top_logprobs", "integer in [0, maxLogprobs]", _logprobs_int),
     FieldRule("tools", "list of at most maxTools function tools", _tools),
     FieldRule("tool_choice", "none, auto, required, or an object naming a function", _object),
-    FieldRule("parallel_tool_calls", "boolean", _boolean),
     FieldRule("reasoning_effort", "none, minimal, low, medium, high or xhigh", _one_of("none", "minimal", "low", "medium", "high", "xhigh")),
-    FieldRule("include_reasoning", "boolean", _boolean),
-    FieldRule("add_generation_prompt", "boolean", _boolean),
-    FieldRule("continue_final_message", "boolean", _boolean),
     FieldRule("documents", "list of at most maxMessages objects of strings", _documents),
+    *_flags("parallel_tool_calls", "include_reasoning", "add_generation_prompt", "continue_final_message"),
     *_SHARED,
 )
 
