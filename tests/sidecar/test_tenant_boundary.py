@@ -316,3 +316,33 @@ async def test_two_big_pathological_bodies_do_not_stall_a_vip_request(start_side
         statuses = await asyncio.gather(*bigs)
     assert statuses == [413, 413]
     assert max(times) < 0.5, f"VIP took {max(times) * 1000:.0f} ms beside the big bodies"
+
+
+def test_the_connection_limit_answers_503_beyond_it(start_sidecar, fake_upstream) -> None:
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model",
+                            connection_limits=ConnectionLimits(header_s=5.0, max_connections=4))
+    held = [socket.create_connection(("127.0.0.1", sidecar.server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.2)
+        with httpx.Client(base_url=sidecar.url, timeout=10) as fresh:
+            assert fresh.post("/v1/completions", json=COMPLETION, headers=bearer("vip")).status_code == 503
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: httpx.post(sidecar.url + "/v1/completions", json=COMPLETION, headers=bearer("vip"), timeout=10).status_code == 200,
+             10.0, "served again once the held connections closed")
+
+
+def test_the_request_id_is_returned_and_logged(sidecar, fake_upstream) -> None:
+    import io
+    import logging
+
+    buffer = io.StringIO()
+    sidecar.app.access.attach(buffer)
+    response = sidecar.client.post("/v1/completions", json=COMPLETION, headers={**bearer("vip"), "x-request-id": "client-chosen"})
+    refused = sidecar.client.post("/v1/completions", json={**COMPLETION, "request_id": "mine"}, headers=bearer("vip"))
+    wait_for(lambda: len(buffer.getvalue().splitlines()) == 2, 10.0, "two access lines")
+    logged = [json.loads(line)["request_id"] for line in buffer.getvalue().splitlines()]
+    assert sorted(logged) == sorted([response.headers["x-request-id"], refused.headers["x-request-id"]]) and "client-chosen" not in logged
+    assert fake_upstream[0].received_headers[-1]["x-request-id"] == response.headers["x-request-id"]
+    logging.getLogger("slaq.access").handlers = []
