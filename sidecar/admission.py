@@ -150,6 +150,13 @@ class QuotaGate:
         state.in_flight += slots
         return Ticket(tenant=tenant, reserved_tokens=tokens, slots=slots)
 
+    def charge_refused_body(self, tenant: Tenant, now: float) -> None:
+        """A body read and refused (malformed, a field outside the allowlist) costs one request of the
+        tenant's rate, so a tenant cannot make the pod parse refused bodies for free."""
+        state = self._state(tenant, now)
+        if state.requests is not None:
+            state.requests.take(1, now)
+
     def settle(self, ticket: Ticket, used_tokens: int | None, now: float) -> None:
         """End of a request: release its concurrency slot and true up its token charge.
 

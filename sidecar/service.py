@@ -20,7 +20,7 @@ from slaq.api.pool import SchedulerSpec
 from slaq.policy import PodPolicy
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import Draining, InvalidField, QuotaExceeded, SidecarError
+from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -207,6 +207,8 @@ class SidecarCore:
             reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
         except SidecarError as error:
+            if isinstance(error, BadRequest):
+                self.quotas.charge_refused_body(identity.tenant, now)  # a body refused after reading it still costs a request
             self.refused(error, identity)
             raise
         self.usage.admitted(tenant.name, now)

@@ -47,6 +47,7 @@ def test_refusals_are_logged_with_their_reason(start_sidecar, fake_upstream) -> 
     buffer = capture(sidecar)
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-" + "x" * 20})
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
+    wait_for(lambda: len(lines(buffer)) == 2, what="the answered request's line")  # written after its response went out
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
     sidecar.client.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers=bearer("vip"))
     sidecar.client.post("/v1/chat/completions", json={**CHAT, "user": fake_user(status=400)}, headers=bearer("vip"))

@@ -232,6 +232,14 @@ def test_a_tenant_at_its_limit_is_refused_before_its_body_is_read(start_sidecar,
     assert answer.startswith(b"HTTP/1.1 429") and b"request_rate" in answer
 
 
+def test_refused_bodies_cost_the_sender_its_request_rate(start_sidecar, fake_upstream) -> None:
+    sidecar = start_sidecar(fake_upstream[1], abc_table(free={"requests_per_minute": 2.0}), served_model_name="fake-model")
+    for bad in ({**COMPLETION, "kv_transfer_params": {}}, {**COMPLETION, "n": 0}):
+        assert sidecar.client.post("/v1/completions", json=bad, headers=bearer("free")).status_code == 400
+    refused = sidecar.client.post("/v1/completions", json=COMPLETION, headers=bearer("free"))
+    assert refused.status_code == 429 and refused.json()["reason"] == "request_rate"
+
+
 def test_the_body_cap_follows_the_pools_context(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", max_model_len=512)  # 512 x 16 B < 64 KiB floor
     assert sidecar.app.max_body_bytes == 64 * 1024
