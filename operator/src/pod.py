@@ -67,7 +67,11 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         "--drain-timeout", str(drain_seconds(pool)),
         # The same scheduler spec the engine reads from its environment: both containers host one policy.
         "--scheduler-config", json.dumps(spec.scheduler.to_wire(), sort_keys=True),
+        # The tenant boundary's bounds: what one request may ask of the engine.
+        "--request-limits", json.dumps(spec.sidecar.request_limits.to_wire(), sort_keys=True),
     ]
+    if spec.model.max_model_len is not None:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
     if spec.sidecar.trust_gateway_headers:
         args.append("--trust-gateway-headers")
     return [*args, "--served-model-name", served_model_name(pool)]

@@ -65,6 +65,23 @@ class EngineSpec(ApiModel):
     enable_prefix_caching: bool = True
 
 
+class RequestLimitsSpec(ApiModel):
+    """What one tenant request may ask of the engine; the sidecar refuses more with 400 naming the field.
+
+    `max_tokens` is bounded by the model's context (`model.maxModelLen`); the rest is here."""
+
+    max_n: Annotated[int, Field(ge=1, le=128, description="Most choices (`n`) one request may ask for; each counts against the tenant's concurrency.")] = 4
+    max_prompt_batch: Annotated[int, Field(ge=1, le=1024, description="Most prompts in one /v1/completions request; each counts against the tenant's concurrency.")] = 8
+    allow_beam_search: Annotated[bool, Field(description="Accept `use_beam_search` (beam search runs `n` beams for every request).")] = False
+    max_stop: Annotated[int, Field(ge=0, le=64, description="Most entries in `stop`, `stop_token_ids` and `bad_words` each.")] = 8
+    max_logit_bias: Annotated[int, Field(ge=0, le=4096, description="Most entries in `logit_bias`.")] = 64
+    max_logprobs: Annotated[int, Field(ge=0, le=20, description="Largest `logprobs`, `top_logprobs` and `prompt_logprobs`.")] = 5
+    max_messages: Annotated[int, Field(ge=1, le=10_000, description="Most chat messages in one request.")] = 256
+    max_tools: Annotated[int, Field(ge=0, le=1024, description="Most tools in one chat request.")] = 64
+    bytes_per_token: Annotated[int, Field(ge=1, le=1024, description="Request body bytes allowed per token of the model's context: the body cap is maxModelLen times this, at most maxBodyBytes.")] = 16
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024, description="Largest request body in bytes, whatever the context length.")] = 4 * 1024 * 1024
+
+
 class SidecarSpec(ApiModel):
     """The priority-scheduling sidecar: the only container a pool pod exposes, on two ports."""
 
@@ -72,6 +89,7 @@ class SidecarSpec(ApiModel):
     metrics_port: Annotated[int, Field(ge=1024, le=65535, description="The metrics port: /metrics (sidecar and engine series) and /slaq/usage, for Prometheus, a gateway's endpoint picker and the operator; never on the Service.")] = 9090
     trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False
     max_queue_depth: Annotated[int, Field(ge=1, le=1_000_000, description="Most requests queued in the sidecar before it refuses more.")] = 1024
+    request_limits: RequestLimitsSpec = Field(default_factory=RequestLimitsSpec)
 
 
 class ResourcesSpec(ApiModel):

@@ -14,6 +14,7 @@ from tests.sidecar.conftest import write_table
 from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
 from slaq.local.processes import free_port
+from slaq.testing.fake_engine import fake_user
 
 
 def test_bad_scheduler_config_names_the_field(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> N
 
         wait_for(ready, 60.0, "sidecar process ready")
         body = {"model": "fake-model", "prompt": "x", "max_tokens": 16, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, headers={**bearer("std"), "x-fake-delay-ms": "150"}, timeout=30) as response:
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "user": fake_user(delay_ms=150)}, headers=bearer("std"), timeout=30) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
             process.send_signal(signal.SIGTERM)

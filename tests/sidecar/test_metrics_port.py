@@ -17,6 +17,7 @@ from slaq.sidecar.server import ConfigError, SidecarOptions, serve
 from tests.sidecar.conftest import write_table
 from tests.sidecar.tables import abc_table, bearer
 from slaq.local.processes import free_port
+from slaq.testing.fake_engine import fake_user
 from tests.support.polling import wait_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -86,8 +87,8 @@ def test_usage_reports_slo_outcomes_per_tenant(start_sidecar, fake_upstream) -> 
     sidecar = start_sidecar(fake_upstream[1], abc_table(std={"ttft_ms": 100.0, "tpot_ms": 1000.0}), served_model_name="fake-model")
     for _ in range(2):
         assert sidecar.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer("std")).status_code == 200
-    slow = {**bearer("std"), "x-fake-delay-ms": "400"}  # the first token after 400 ms misses the 100 ms TTFT
-    assert sidecar.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=slow).status_code == 200
+    slow = {**CHAT, "stream": True, "user": fake_user(delay_ms=400)}  # the first token after 400 ms misses the 100 ms TTFT
+    assert sidecar.client.post("/v1/chat/completions", json=slow, headers=bearer("std")).status_code == 200
     std = sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]
     assert (std["sloMetPerMinute"], std["sloMissedPerMinute"]) == (2, 1)
     text = sidecar.metrics.get("/metrics").text
