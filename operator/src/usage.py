@@ -41,6 +41,14 @@ class UsageSource(Protocol):
         ...
 
 
+def bound_only(observation: PodObservation, tenants: set[str]) -> PodObservation:
+    """What a pod reports of the tenants its pool serves: demand or SLO outcomes it reports for any
+    other tenant name are dropped (a pod cannot steer another pool's tenants' quotas or attainment)."""
+    usage = observation.usage.model_copy(update={"tenants": {t: u for t, u in observation.usage.tenants.items() if t in tenants}})
+    outcomes = {series: counter for series, counter in observation.outcomes.items() if series[0] in tenants}
+    return PodObservation(observation.pod, usage, observation.sla_risk, outcomes)
+
+
 def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
     """A pool's usage per tenant: the sum over its pods."""
     totals: dict[str, TenantUsage] = {}
