@@ -35,7 +35,7 @@ async def operator(kube: KubeEmulator, usage: StaticUsageSource | None = None, i
     is never blocked: it only polls and awaits. Key Secrets may live in its namespace and in the
     scale objects' KEY_NAMESPACE; `settings`: further OperatorOptions."""
     options = OperatorOptions(namespace="slaq-system", observe_interval_s=interval, retry_delay_s=0.2,
-                              key_secret_namespaces=(KEY_NAMESPACE,), **settings,
+                              **{"key_secret_namespaces": (KEY_NAMESPACE,), **settings},
                               tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,
                                     # One discovery at start: fewer watch restarts in a short test.
                                     "scanning.disabled": True})
