@@ -115,9 +115,9 @@ class KeyWatch:
             self._informers[namespace].start()
         return self._informers[namespace]
 
-    def synced(self, namespace: str) -> bool:
-        informer = self._informers.get(namespace)
-        return informer is not None and informer.synced.is_set()
+    def watching(self, namespace: str) -> bool:
+        """Whether `namespace` is watched (listed, or still trying to list)."""
+        return namespace in self._informers
 
     async def _changed(self, key: str, new: KeySet | None, old: KeySet | None) -> None:
         namespace, name = key.split("/", 1)

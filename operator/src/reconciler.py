@@ -286,7 +286,7 @@ class Reconciler:
             if found is None or found.model is None:
                 continue
             namespace = found.model.spec.api_key_secret_ref.namespace
-            if self._key_namespace_allowed(namespace) and not self.keys.synced(namespace):
+            if self._key_namespace_allowed(namespace) and not self.keys.watching(namespace):
                 first.append(self.keys.start(namespace).synced.wait())
         if first:
             await asyncio.wait([asyncio.ensure_future(w) for w in first], timeout=KEY_SYNC_TIMEOUT_S)
