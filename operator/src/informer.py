@@ -48,6 +48,7 @@ class Informer(Generic[Value]):
         self.relist_s = RELIST_S
         self.store: dict[str, Value] = {}
         self.synced = asyncio.Event()
+        self.tried = asyncio.Event()  # set once the first listing succeeded or failed: nothing waits longer
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -75,6 +76,7 @@ class Informer(Generic[Value]):
                 for key, body in listed.items():
                     await self._changed(key, self._transform(body))
                 self.last_error = None
+                self.tried.set()
                 if not self.synced.is_set():
                     self.synced.set()
                     if self._on_synced is not None:
@@ -88,6 +90,7 @@ class Informer(Generic[Value]):
                 continue  # time to list again (see RELIST_S)
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
                 self.last_error = str(exc)
+                self.tried.set()
                 log.warning("watching %s in %s: %s; listing again in %.0f s", self.plural, self.namespace or "all namespaces", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
 

@@ -54,7 +54,7 @@ STATUS_WRITERS = 8  # tenant status patches in flight at once
 WRITERS = 8  # pools whose tables are written at once
 RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
 START_SYNC_TIMEOUT_S = 60.0  # pools and tenants not listed by then: the startup handler fails and kopf retries it
-KEY_SYNC_TIMEOUT_S = 5.0  # a key namespace first named is waited for this long (never under the lock), then reported
+KEY_SYNC_TIMEOUT_S = 30.0  # a key namespace first named is waited for (never under the lock) until listed, refused, or this long
 
 
 def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
@@ -278,8 +278,9 @@ class Reconciler:
             self._kick()  # tenants whose key claims another tenant's plan just changed (duplicate keys)
 
     async def _list_key_namespaces(self, names: Iterable[str]) -> None:
-        """Start watching the key namespaces these tenants name, and wait a little (outside the
-        lock) for the ones first named: a namespace that never lists is reported, not awaited."""
+        """Start watching the key namespaces these tenants name, and wait (outside the lock) for the
+        first listing of the ones first named to succeed or fail: a namespace that cannot be
+        listed is reported on its tenants at once, never awaited again."""
         first = []
         for name in names:
             found = self.view.tenant(name)
@@ -287,7 +288,7 @@ class Reconciler:
                 continue
             namespace = found.model.spec.api_key_secret_ref.namespace
             if self._key_namespace_allowed(namespace) and not self.keys.watching(namespace):
-                first.append(self.keys.start(namespace).synced.wait())
+                first.append(self.keys.start(namespace).tried.wait())
         if first:
             await asyncio.wait([asyncio.ensure_future(w) for w in first], timeout=KEY_SYNC_TIMEOUT_S)
 
