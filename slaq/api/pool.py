@@ -83,13 +83,14 @@ def _prefixes(flag: str) -> str:
     return chars[0] + pattern
 
 
-# One regex over a whole argument, shared by the validator below and the CRD's CEL rule (RE2).
-ENGINE_OWNED_FLAG_PATTERN = "^--(?:" + "|".join(_prefixes(f) for f in ENGINE_OWNED_FLAGS) + ")(?:[=.].*)?$"
+# One regex over a whole argument (a value may hold newlines: (?s)), shared by the validator below
+# and the CRD's CEL rule (RE2 there).
+ENGINE_OWNED_FLAG_PATTERN = "(?s)^--(?:" + "|".join(_prefixes(f) for f in ENGINE_OWNED_FLAGS) + ")(?:[=.].*)?$"
 
 
 def owned_engine_flag(arg: str) -> str | None:
     """The owned flag `arg` sets or abbreviates (None: none); an ambiguous prefix names the first."""
-    if not re.fullmatch(ENGINE_OWNED_FLAG_PATTERN, arg, flags=re.DOTALL):
+    if not re.fullmatch(ENGINE_OWNED_FLAG_PATTERN, arg):
         return None
     name = re.split(r"[=.]", arg.removeprefix("--"), maxsplit=1)[0].replace("_", "-")
     return next(f for f in ENGINE_OWNED_FLAGS if f.removeprefix("--").startswith(name))
@@ -106,7 +107,8 @@ class ModelSpec(ApiModel):
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16, description="GPUs a replica shards the model over.")] = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use.")] = 0.9
     load_format: Annotated[LoadFormat, Field(description="How weights are loaded; dummy means random weights (tests, demos).")] = LoadFormat.AUTO
-    extra_engine_args: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64, description="Further vLLM engine arguments, passed to vLLM after `--` as they are; flags that slaq sets itself or that would weaken the pod (ENGINE_OWNED_FLAGS: --host, --port, --kv-transfer-config, --api-key, --config, their dotted, underscore and abbreviated forms) are refused.")] = Field(default_factory=list)
+    # Bounded (64 items of 2,048 characters) so the CEL rule below fits the API server's cost budget.
+    extra_engine_args: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=64, description="Further vLLM engine arguments, passed to vLLM after `--` as they are; flags that slaq sets itself or that would weaken the pod (ENGINE_OWNED_FLAGS: --host, --port, --kv-transfer-config, --api-key, --config, their dotted, underscore and abbreviated forms) are refused.")] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _extra_engine_args_leave_owned_flags_alone(self) -> "ModelSpec":
