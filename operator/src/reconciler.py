@@ -685,7 +685,7 @@ class Reconciler:
         tables = [name for name in self._foreign.get(pool_key(pool), []) if name.startswith("Secret ")]  # found by _write_table
         self._foreign[pool_key(pool)] = foreign + tables
         if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
-            await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+            await self._delete_owned("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace, body)
         await self.apply_gateway_pool(pool, body)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment)
@@ -713,6 +713,17 @@ class Reconciler:
             self._owned.add(known)
         await self.api.apply(desired)
         return True
+
+    async def _delete_owned(self, plural: str, name: str, namespace: str, owner: dict[str, Any]) -> None:
+        """Delete a child the pool no longer wants, only if it is the pool's (absent: nothing to do)."""
+        known = (plural, namespace, name, owner["metadata"]["uid"])
+        try:
+            if known not in self._owned and not await self.api.owned_by(plural, name, namespace, owner["metadata"]["uid"]):
+                return  # someone else's object of that name: never deleted
+        except NotFound:
+            return
+        await self.api.delete(plural, name, namespace)
+        self._owned.discard(known)
 
     async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
         """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve

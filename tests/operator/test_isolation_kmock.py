@@ -177,6 +177,14 @@ async def test_a_foreign_object_of_a_childs_name_is_reported_not_taken_over(kube
         service = kube.read("v1/services", "default", "tiny-cpu")
         assert "ownerReferences" not in service["metadata"] and service["spec"]["ports"] == [{"port": 80}]
         assert kube.read("apps/v1/deployments", "default", "tiny-cpu") is not None  # the rest of the pool is applied
+        # The CPU pool has no autoscaling: an HPA of its name that it does not own is not deleted either.
+        hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "tiny-cpu", "namespace": "default"},
+               "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 3}}
+        kube.preload("autoscaling/v2/horizontalpodautoscalers", hpa)
+        await merge_patch(kube, "/apis/slaq.dev/v1alpha1/namespaces/default/inferencepools/tiny-cpu", {"spec": {"replicas": {"max": 2}}})
+        await eventually(lambda: kube.read("apps/v1/deployments", "default", "tiny-cpu")["metadata"]["generation"] > 1
+                         or kube.read(POOLS, *CPU)["status"].get("observedGeneration") == 2, what="the pool reconciled again")
+        assert kube.read("autoscaling/v2/horizontalpodautoscalers", "default", "tiny-cpu") is not None
 
 
 async def test_a_table_of_an_earlier_operator_is_rewritten_with_keyed_hashes(kube: KubeEmulator) -> None:
