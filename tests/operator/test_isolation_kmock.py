@@ -20,7 +20,7 @@ from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.operator import reconciler, tables
 from slaq.operator.names import SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import POOLS, TENANTS, create, docs, entries, merge_patch, operator, table
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 GPU, CPU = ("inference", "llama3-8b"), ("default", "tiny-cpu")
