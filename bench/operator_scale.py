@@ -205,7 +205,7 @@ def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, dea
     op = None
     try:
         url = parent.recv()
-        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s)
+        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s, key_secret_namespaces=(KEY_NAMESPACE,))
         op = OperatorThread(Connection(server=url), options)
         started = time.monotonic()
         op.start()

@@ -78,7 +78,8 @@ def sidecar_args(pool: InferencePool) -> list[str]:
 
 
 def engine_args(pool: InferencePool) -> list[str]:
-    """Arguments of `slaq engine` (after the subcommand); extra engine args go last, as given."""
+    """Arguments of `slaq engine` (after the subcommand): slaq's flags, then `--` and the vLLM flags
+    (extra engine args as given; ModelSpec refuses the ones slaq owns)."""
     model, engine = pool.spec.model, pool.spec.engine
     args = [
         "--host", ENGINE_HOST,
@@ -100,10 +101,10 @@ def engine_args(pool: InferencePool) -> list[str]:
         args += ["--served-model-name", model.served_model_name]
     if model.revision:
         args += ["--revision", model.revision]
-    args += list(model.extra_engine_args)
+    vllm = list(model.extra_engine_args)
     if not engine.enable_prefix_caching:
-        args.append("--no-enable-prefix-caching")  # a vLLM engine argument, passed through like extra args
-    return args
+        vllm.append("--no-enable-prefix-caching")  # a vLLM engine argument: it goes after `--` with the extra ones
+    return [*args, "--", *vllm] if vllm else args
 
 
 def _container_security() -> dict[str, Any]:

@@ -91,6 +91,7 @@ class Fault:
     times: int
     name: str | None
     subresource: str | None
+    namespace: str | None = None
 
     def matches(self, request: rendering.Request) -> bool:
         return (
@@ -98,6 +99,7 @@ class Fault:
             and (self.method == "*" or request.method.value == self.method)
             and request.resource == self.resource
             and (self.name is None or request.name == self.name)
+            and (self.namespace is None or request.namespace == self.namespace)
             and request.subresource == self.subresource
         )
 
@@ -212,9 +214,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ---------------------------------------------------------------- test-facing helpers
 
     def fail(self, method: str, resource: str, status: int, *, times: int = 1, name: str | None = None,
-             subresource: str | None = None) -> Fault:
-        """Answer the next `times` matching requests with `status`, changing nothing."""
-        fault = Fault(method.upper(), kmock.resource(resource), status, times, name, subresource)
+             subresource: str | None = None, namespace: str | None = None) -> Fault:
+        """Answer the next `times` matching requests (in `namespace`, or any) with `status`, changing nothing."""
+        fault = Fault(method.upper(), kmock.resource(resource), status, times, name, subresource, namespace)
         self._faults.append(fault)
         return fault
 

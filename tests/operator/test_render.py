@@ -127,13 +127,13 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
     assert "nvidia.com/gpu" not in engine["resources"]["limits"]
 
 
-def test_optional_flags_and_extra_engine_args_go_last(gpu_pool: InferencePool) -> None:
+def test_optional_flags_then_the_separator_and_vllm_flags_go_last(gpu_pool: InferencePool) -> None:
     pool = gpu_pool.model_copy(deep=True)
     pool.spec.model.revision = "abc123"
     pool.spec.model.extra_engine_args = ["--enforce-eager"]
     pool.spec.engine.enable_prefix_caching = False
     pool.spec.sidecar.trust_gateway_headers = True
-    assert engine_args(pool)[-4:] == ["--revision", "abc123", "--enforce-eager", "--no-enable-prefix-caching"]
+    assert engine_args(pool)[-5:] == ["--revision", "abc123", "--", "--enforce-eager", "--no-enable-prefix-caching"]
     assert "--trust-gateway-headers" in sidecar_args(pool)
 
 
