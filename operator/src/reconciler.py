@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from slaq.api.common import Tier
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable
@@ -35,7 +36,10 @@ from slaq.operator.client import KubeClient
 from slaq.operator.conditions import condition, merge_conditions, now
 from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import NORMAL, WARNING, render_event
-from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
+from slaq.operator.gateway import (
+    GIE_API_VERSION, GIE_PLURAL, OBJECTIVE_API_VERSION, OBJECTIVE_HEADER, OBJECTIVE_PLURAL, endpoint_picker_name,
+    objective_name, render_gateway_inference_pool, render_inference_objectives,
+)
 from slaq.operator.keys import KeyWatch
 from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
@@ -65,7 +69,8 @@ def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GatewayOutcome:
-    """What became of a pool's GIE InferencePool: the `GatewayInferencePool` condition's content."""
+    """What became of a pool's GIE InferencePool, or of its llm-d InferenceObjectives: the
+    `GatewayInferencePool` / `GatewayInferenceObjectives` condition's content."""
 
     ok: bool
     reason: str
@@ -112,6 +117,7 @@ class Reconciler:
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
         self._gateway: dict[str, GatewayOutcome] = {}
+        self._objectives: dict[str, GatewayOutcome] = {}
         self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
         self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
         self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
@@ -554,14 +560,10 @@ class Reconciler:
         desired = render_gateway_inference_pool(pool)
         if desired is None:
             self._gateway.pop(key, None)
-            try:
-                await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
-                # RBAC without the Inference Extension's kind (a hand-made role): a pool that does
-                # not use the gateway must not fail for it.
-                log.debug("not allowed to delete %s %s/%s: %s", GIE_PLURAL, namespace, name, exc)
+            self._objectives.pop(key, None)
+            await self._delete_gateway_object(GIE_PLURAL, name, namespace)
+            for tier in Tier:
+                await self._delete_gateway_object(OBJECTIVE_PLURAL, objective_name(name, tier), namespace)
             return
         try:
             existing = await self.api.get(GIE_PLURAL, name, namespace)
@@ -584,7 +586,38 @@ class Reconciler:
         picker = pool.spec.gateway.endpoint_picker
         self._gateway[key] = GatewayOutcome(True, "Applied", f"{GIE_API_VERSION} InferencePool {name} selects this pool's pods on port "
                                             f"{pool.spec.sidecar.port}; endpoint picker Service {endpoint_picker_name(pool)}:{picker.port} "
-                                            f"({picker.failure_mode.value})")
+                                            f"({picker.failure_mode.value}). Tenant quotas are shared evenly over the pool's replicas, "
+                                            "so routing a tenant unevenly gets 429s from its busy replica first (docs/gateway.md)")
+        self._objectives[key] = await self._apply_objectives(pool, body)
+
+    async def _apply_objectives(self, pool: InferencePool, body: dict[str, Any]) -> GatewayOutcome:
+        """The pool's llm-d InferenceObjectives (one per tier). Optional beside the InferencePool: a
+        cluster without llm-d's CRDs is reported in the condition, not as Degraded."""
+        objectives = render_inference_objectives(pool)
+        try:
+            for objective in objectives:
+                await self.api.apply(owned_by(objective, body))
+        except NotFound:
+            return GatewayOutcome(False, "ApiNotServed", f"the cluster does not serve {OBJECTIVE_API_VERSION} InferenceObjective: install the "
+                                  "llm-d router's CRDs to order requests by tier at the gateway (docs/gateway.md); retried on every usage tick")
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            return GatewayOutcome(False, "Forbidden", f"the operator may not write {OBJECTIVE_PLURAL}: grant it create, patch and delete "
+                                  "(the chart's RBAC does); retried on every usage tick")
+        priorities = ", ".join(f"{o['metadata']['name']} ({o['spec']['priority']})" for o in objectives)
+        return GatewayOutcome(True, "Applied", f"{OBJECTIVE_API_VERSION} InferenceObjectives {priorities}; a request names one in "
+                              f"the {OBJECTIVE_HEADER} header")
+
+    async def _delete_gateway_object(self, plural: str, name: str, namespace: str) -> None:
+        try:
+            await self.api.delete(plural, name, namespace)  # a 404 (none, or the API not served) is fine
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # RBAC without the gateway's kinds (a hand-made role): a pool that does not use the
+            # gateway must not fail for it.
+            log.debug("not allowed to delete %s %s/%s: %s", plural, namespace, name, exc)
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
         """Read usage from the pool's pods, re-split quotas, and refresh the pool's status."""
@@ -597,7 +630,7 @@ class Reconciler:
         judged = {series[0] for o in observations for series in o.outcomes}
         self._risk[key] = mean_sla_risk(observations)
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
-        if key in self._gateway and not self._gateway[key].ok:
+        if any(key in book and not book[key].ok for book in (self._gateway, self._objectives)):
             await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
@@ -608,7 +641,7 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway, self._objectives):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
@@ -635,6 +668,9 @@ class Reconciler:
         ]
         if gateway is not None:
             conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))
+        objectives = self._objectives.get(key) if pool.spec.gateway.inference_pool else None
+        if objectives is not None:
+            conditions.append(condition("GatewayInferenceObjectives", objectives.ok, objectives.reason, objectives.message, generation))
         old = body.get("status") or {}
         status: dict[str, Any] = {
             "observedGeneration": generation,

@@ -53,6 +53,11 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
+# ... and one llm-d router InferenceObjective per tier over it: server-side applied, deleted when
+# switched off.
+- apiGroups: ["llm-d.ai"]
+  resources: ["inferenceobjectives"]
+  verbs: ["create", "patch", "delete"]
 # An Event on a TenantSLA each time its AtRisk condition turns True or stops being True.
 - apiGroups: [""]
   resources: ["events"]
