@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slaq.api.common import Tier
+from slaq.api.common import GROUP, Tier
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable
@@ -118,6 +118,7 @@ class Reconciler:
         self._observed_replicas: dict[str, int] = {}
         self._gateway: dict[str, GatewayOutcome] = {}
         self._objectives: dict[str, GatewayOutcome] = {}
+        self._rivals: dict[str, str | None] = {}  # by pool key: another autoscaler of the pool, described
         self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
         self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
         self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
@@ -543,14 +544,36 @@ class Reconciler:
             await self.report_invalid("inferencepools", body, exc)
             raise
         await self.refresh(pools=[pool_key(pool)])
+        await self._apply_children(pool, body)
+        await self.apply_gateway_pool(pool, body)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
+        await self._write_pool_status(pool, body, deployment)
+
+    async def _apply_children(self, pool: InferencePool, body: dict[str, Any]) -> None:
+        """The pool's children; its HPA only while no other autoscaler scales the pool (one owner of
+        the replicas: two HPAs on one scale subresource undo each other's decisions)."""
+        key = pool_key(pool)
         children = render_children(pool)
+        self._rivals[key] = await self._rival_autoscaler(pool, body) if pool.spec.autoscaling.enabled else None
+        if self._rivals[key] is not None:
+            children = [child for child in children if child["kind"] != "HorizontalPodAutoscaler"]
         for child in children:
             await self.api.apply(owned_by(child, body))
         if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
             await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
-        await self.apply_gateway_pool(pool, body)
-        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
-        await self._write_pool_status(pool, body, deployment)
+
+    async def _rival_autoscaler(self, pool: InferencePool, body: dict[str, Any]) -> str | None:
+        """Another HPA on the pool's scale subresource (KEDA's ScaledObject drives one named
+        keda-hpa-<scaledobject>), described for the pool's status; None when there is none."""
+        for hpa in await self.api.list("horizontalpodautoscalers", pool.metadata.namespace):
+            target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            meta = hpa.get("metadata") or {}
+            owners = meta.get("ownerReferences") or []
+            if (target.get("kind") == "InferencePool" and str(target.get("apiVersion", "")).startswith(f"{GROUP}/")
+                    and target.get("name") == pool.metadata.name and body["metadata"]["uid"] not in {o.get("uid") for o in owners}):
+                made_by = next((f" (made by {o.get('kind')} {o.get('name')})" for o in owners if o.get("controller")), "")
+                return f"HorizontalPodAutoscaler {pool.metadata.namespace}/{meta.get('name')}{made_by}"
+        return None
 
     async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
         """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve
@@ -632,6 +655,8 @@ class Reconciler:
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
         if any(key in book and not book[key].ok for book in (self._gateway, self._objectives)):
             await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
+        if pool.spec.autoscaling.enabled and await self._rival_autoscaler(pool, body) != self._rivals.get(key):
+            await self._apply_children(pool, body)  # another autoscaler came or went
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
@@ -641,7 +666,7 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway, self._objectives):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway, self._objectives, self._rivals):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
@@ -658,6 +683,12 @@ class Reconciler:
         elif observed_pods is not None and observed_pods < ready:
             degraded_reason = "UsageUnavailable"
             degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"
+        rival = self._rivals.get(key) if pool.spec.autoscaling.enabled else None
+        if degraded_reason == "AsExpected" and rival is not None:
+            degraded_reason = "ScaledByAnother"
+            degraded_message = (f"{rival} also scales this pool, so the operator leaves its own HPA out: one autoscaler owns the "
+                                "replicas. Set spec.autoscaling.enabled false, or remove the pool from that autoscaler "
+                                "(the chart's autoscaling.keda.pools)")
         gateway = self._gateway.get(key) if pool.spec.gateway.inference_pool else None
         if degraded_reason == "AsExpected" and gateway is not None and not gateway.ok:
             degraded_reason, degraded_message = f"Gateway{gateway.reason}", gateway.message
