@@ -99,15 +99,20 @@ def conditions(kube: KubeEmulator) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in status.get("conditions") or []}
 
 
+async def create_gateway_pool(kube: KubeEmulator) -> dict[str, Any]:
+    """The example tenants and the example GPU pool with `gateway.inferencePool` on; the pool as created."""
+    for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
+        await create(kube, doc)
+    pool = docs("pool-gpu.yaml")[0]
+    pool["spec"]["gateway"] = {"inferencePool": True}
+    return await create(kube, pool)
+
+
 async def test_operator_reports_a_missing_gie_api_then_applies_and_deletes_the_object(kube: KubeEmulator) -> None:
     # A cluster without the Inference Extension answers 404 for its resource URLs.
     not_served = kube.fail("*", GIE, 404, times=10**6)
-    pool = docs("pool-gpu.yaml")[0]
-    pool["spec"]["gateway"] = {"inferencePool": True}
     async with operator(kube, interval=0.2):
-        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
-            await create(kube, doc)
-        created = await create(kube, pool)
+        created = await create_gateway_pool(kube)
         gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
         assert (gateway["status"], gateway["reason"]) == ("False", "ApiNotServed")
         assert "install the Gateway API Inference Extension CRDs" in gateway["message"]
@@ -168,12 +173,8 @@ async def test_rbac_without_the_gie_kind_fails_no_pool_and_is_reported_when_used
 async def test_operator_applies_the_objectives_and_reports_a_cluster_without_them(kube: KubeEmulator) -> None:
     kube.install_crds([GIE_CRD])
     not_served = kube.fail("*", OBJECTIVES, 404, times=10**6)  # llm-d's CRDs not installed
-    pool = docs("pool-gpu.yaml")[0]
-    pool["spec"]["gateway"] = {"inferencePool": True}
     async with operator(kube, interval=0.2):
-        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
-            await create(kube, doc)
-        created = await create(kube, pool)
+        created = await create_gateway_pool(kube)
         objectives = await eventually(lambda: conditions(kube).get("GatewayInferenceObjectives"), what="a GatewayInferenceObjectives condition")
         assert (objectives["status"], objectives["reason"]) == ("False", "ApiNotServed") and "llm-d router's CRDs" in objectives["message"]
         await eventually(lambda: conditions(kube).get("GatewayInferencePool", {}).get("status") == "True", what="the GIE pool applied")
