@@ -1,6 +1,6 @@
 """Added time-to-first-token of the sidecar vs going straight to the engine (prints figures).
 
-A fast fake engine (tests/support/fake_upstream.py: vLLM's SSE format, `--tokens` tokens, the
+A fast fake engine (slaq/testing/fake_engine.py: vLLM's SSE format, `--tokens` tokens, the
 first after `--token-delay-ms`) runs in its own process; `slaq sidecar` runs in another, in front
 of it. A load generator (this process) keeps C streams busy, each sending streaming completions
 back to back, first straight to the engine and then through the sidecar, and measures TTFT as the
@@ -25,15 +25,12 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key  # noqa: E402
-from tests.support.fake_upstream import _free_port  # noqa: E402
+from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key
+from slaq.local.processes import free_port
 
 KEY = "sk-bench-0123456789"
 UPSTREAM = (
-    "import sys; sys.path.append({root!r}); import uvicorn; from tests.support.fake_upstream import FakeEngine; "
+    "import uvicorn; from slaq.testing.fake_engine import FakeEngine; "
     "uvicorn.run(FakeEngine(), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
 )
 
@@ -122,13 +119,14 @@ def main() -> None:
     table.write_text(TenantTable(pool="bench/pool", revision="1", tenants=[
         TenantEntry(name="bench", tier="standard", ttft_ms=2000.0, key_hashes=[hash_api_key(KEY)], cache_salt=derive_cache_salt(b"b", "bench")),
     ]).model_dump_json(by_alias=True))
-    upstream_port, sidecar_port = _free_port(), _free_port()
+    upstream_port, sidecar_port = free_port(), free_port()
     sidecar_log = open(workdir / "sidecar.log", "wb")
     print(f"sidecar log: {workdir / 'sidecar.log'}")
-    # No PYTHONPATH=ROOT: the repository's top-level folders (operator/, …) would shadow stdlib modules.
+    # The children import slaq as installed: the repository root on PYTHONPATH would let its top-level
+    # folders (operator/, …) shadow stdlib modules.
     env = dict(os.environ)
     processes = [
-        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(root=str(ROOT), port=upstream_port)], cwd=workdir, env=env),
+        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=upstream_port)], cwd=workdir, env=env),
         subprocess.Popen([sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(sidecar_port),
                           "--engine-url", f"http://127.0.0.1:{upstream_port}", "--tenant-table", str(table),
                           "--max-queue-depth", "100000"], cwd=workdir, env=env, stdout=sidecar_log, stderr=subprocess.STDOUT),

@@ -50,7 +50,7 @@ def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
 # batch requests still run (about 2.5 s); on two busy cores vLLM's API server has taken longer than
 # that to hand it over (traced: sent 1.57 s before the scheduler saw it, against 0.16 s in the next
 # attempt), so an attempt often ends without a preemption and is run again. One full run of the
-# suite in seven (session 4) and one in two (session 5) ended all 8 attempts so; the failure
+# suite in seven, and later one in two, ended all 8 attempts so; the failure
 # message now says, per attempt, what the engine did instead.
 PREEMPTION_ATTEMPTS = 12
 

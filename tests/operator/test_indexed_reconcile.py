@@ -13,7 +13,7 @@ import base64
 from slaq.api.table import hash_api_key
 from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from tests.operator.test_operator_kmock import create, entries, merge_patch, operator
-from tests.support.kube import Call, KubeEmulator
+from slaq.testing.kube import Call, KubeEmulator
 from tests.support.polling import eventually
 
 POOLS, MODELS, TENANTS = 3, 3, 9  # tenant j is served by pool j % 3 only

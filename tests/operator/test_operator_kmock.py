@@ -1,4 +1,4 @@
-"""The kopf operator, run in-process against the Kubernetes API emulator (tests/support/kube.py)."""
+"""The kopf operator, run in-process against the Kubernetes API emulator (slaq/testing/kube.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from slaq.operator.client import Connection
 from slaq.operator.names import SALT_SECRET_NAME
 from slaq.operator.runner import OperatorOptions, OperatorThread
 from slaq.operator.usage import PodObservation, StaticUsageSource
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"

@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.operator.test_gateway import conditions
 from tests.operator.test_operator_kmock import create, docs, operator
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 HPAS = "autoscaling/v2/horizontalpodautoscalers"

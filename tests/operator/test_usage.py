@@ -12,7 +12,7 @@ from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
 from slaq.operator.attainment import OutcomeCounter
 from slaq.operator.client import Connection, KubeClient
 from slaq.operator.usage import HttpUsageSource, PodObservation, mean_sla_risk, parse_sla_risk, sum_usage
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 METRICS = ("# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\nslaq_sla_risk 0.75\n"

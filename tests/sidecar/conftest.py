@@ -14,7 +14,7 @@ from slaq.api.table import TenantTable
 from slaq.sidecar.app import SidecarApp
 from slaq.sidecar.server import PortRouter, SidecarOptions, bind, build_app
 from tests.sidecar.tables import abc_table
-from tests.support.fake_upstream import FakeEngine, ServerThread
+from slaq.testing.fake_engine import FakeEngine, ServerThread
 from tests.support.polling import wait_for
 
 

@@ -17,7 +17,7 @@ from slaq.sidecar.server import SidecarOptions, build_app
 from tests.sidecar.conftest import RunningSidecar, write_table
 from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
-from tests.support.fake_upstream import RecordingPassthrough, ServerThread
+from slaq.testing.fake_engine import RecordingPassthrough, ServerThread
 
 pytestmark = pytest.mark.engine
 

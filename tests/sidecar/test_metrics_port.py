@@ -17,8 +17,8 @@ from slaq.sidecar.metrics_port import engine_families, with_sidecar_waiting
 from slaq.sidecar.server import ConfigError, SidecarOptions, serve
 from tests.sidecar.conftest import write_table
 from tests.sidecar.tables import abc_table, bearer
+from slaq.local.processes import free_port
 from tests.support.engine import metric_sum
-from tests.support.fake_upstream import _free_port
 from tests.support.polling import wait_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -106,7 +106,7 @@ def test_the_process_keeps_metrics_off_the_tenant_port_and_logs_each_request(tmp
     """`slaq sidecar` as a pod runs it: two ports, and JSON access lines on standard output."""
     table = tmp_path / "tenants.json"
     write_table(table, abc_table())
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     out = open(tmp_path / "stdout", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
@@ -145,7 +145,7 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path, fake_upstream) ->
         taken.listen()
         busy = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(_free_port()),
+            [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(free_port()),
              "--metrics-port", str(busy), "--engine-url", fake_upstream[1], "--tenant-table", str(table)],
             capture_output=True, text=True, timeout=60,
         )

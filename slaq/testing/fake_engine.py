@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
-from tests.support.asgi import answer_lifespan, read_body
+from slaq.local.processes import free_port
+from slaq.testing.asgi import answer_lifespan, read_body
 
 
 class ServerThread:
@@ -36,7 +35,7 @@ class ServerThread:
 
     def __init__(self, app: Any, *, port: int = 0, **config: Any) -> None:
         self.app = app
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False, **config)
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -64,12 +63,6 @@ class ServerThread:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _json_response(status: int, payload: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -220,18 +213,3 @@ class RecordingPassthrough:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await response.aclose()
-
-
-@pytest.fixture(scope="session")
-def _fake_upstream_server() -> Iterator[tuple[FakeEngine, ServerThread]]:
-    engine = FakeEngine()
-    with ServerThread(engine) as server:
-        yield engine, server
-
-
-@pytest.fixture
-def fake_upstream(_fake_upstream_server: tuple[FakeEngine, ServerThread]) -> tuple[FakeEngine, str]:
-    """(the fake engine, its base URL); its records are cleared for each test."""
-    engine, server = _fake_upstream_server
-    engine.reset()
-    return engine, server.url
