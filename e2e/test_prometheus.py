@@ -11,6 +11,7 @@ The pod is scraped as a cluster would, by two Prometheus servers in turn: first 
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import threading
 from typing import Callable, Iterator
@@ -145,6 +146,10 @@ def _scaling_signal_follows_the_load(chart: dict, url: str, prometheus: Promethe
     assert per_pod["metric"] == {"pod": POD} and value(per_pod) == value(risen[0])
     load.join(timeout=240.0)
     assert not load.is_alive() and len(outcomes) == 16 and all(o.done for o in outcomes), outcomes
+    # A second round once Prometheus holds the SLO counters, so that their rate() sees them grow
+    # (a counter's first sample is no increase: a burst within one scrape would read 0/0).
+    wait_for(lambda: prometheus.query('slaq_slo_outcomes_total{tenant="vip"}'), QUERY_TIMEOUT_S, "vip's SLO outcomes scraped", poll_s=0.5)
+    assert all(o.done for o in _drive(url, requests=8, concurrency=8))
     # The gateway's series comes through the same port (vLLM writes its gauges from its first step on).
     assert wait_for(lambda: prometheus.query(f'vllm:num_requests_waiting{{namespace="{NAMESPACE}",pod="{POD}"}}'), QUERY_TIMEOUT_S,
                     "the engine's vllm:num_requests_waiting through the metrics port", poll_s=0.5)
@@ -153,8 +158,8 @@ def _scaling_signal_follows_the_load(chart: dict, url: str, prometheus: Promethe
 def _recording_and_alert_rules_evaluate(chart: dict, prometheus: PrometheusServer) -> None:
     # The recording rules: vip's error ratio is 1 (every request missed); std, which never missed,
     # has no miss series, hence no ratio (nothing to alert on); budgets are 1 - target for both.
-    ratios = wait_for(lambda: prometheus.query(f'slaq:slo_error_ratio:rate5m{{namespace="{NAMESPACE}"}}'), QUERY_TIMEOUT_S,
-                      "the SLO error ratio", poll_s=0.5)
+    ratios = wait_for(lambda: [s for s in prometheus.query(f'slaq:slo_error_ratio:rate5m{{namespace="{NAMESPACE}"}}') if not math.isnan(value(s))],
+                      QUERY_TIMEOUT_S, "the SLO error ratio over the second round", poll_s=0.5)
     assert {s["metric"]["tenant"]: value(s) for s in ratios} == {"vip": 1.0}
     misses = prometheus.query(f'slaq_slo_outcomes_total{{namespace="{NAMESPACE}",tenant="std"}}')
     assert {s["metric"]["outcome"] for s in misses} == {"met"}
