@@ -565,7 +565,15 @@ class Reconciler:
     async def _rival_autoscaler(self, pool: InferencePool, body: dict[str, Any]) -> str | None:
         """Another HPA on the pool's scale subresource (KEDA's ScaledObject drives one named
         keda-hpa-<scaledobject>), described for the pool's status; None when there is none."""
-        for hpa in await self.api.list("horizontalpodautoscalers", pool.metadata.namespace):
+        try:
+            hpas = await self.api.list("horizontalpodautoscalers", pool.metadata.namespace)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # A hand-made role without `list` on HPAs: the pool keeps its HPA, unchecked.
+            log.debug("not allowed to list horizontalpodautoscalers in %s: %s", pool.metadata.namespace, exc)
+            return None
+        for hpa in hpas:
             target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
             meta = hpa.get("metadata") or {}
             owners = meta.get("ownerReferences") or []

@@ -48,3 +48,14 @@ async def test_the_operator_yields_the_pool_to_another_autoscaler_and_says_so(ku
         assert (await kube.delete(f"{HPA_URL}/keda-hpa-llama3-8b-sla-risk")).status in (200, 202)
         await eventually(lambda: kube.read(HPAS, "inference", "llama3-8b"), what="the operator's HPA back")
         await eventually(lambda: conditions(kube)["Degraded"]["status"] == "False", what="not Degraded any more")
+
+
+async def test_a_role_that_may_not_list_hpas_keeps_the_pools_own(kube: KubeEmulator) -> None:
+    forbidden = kube.fail("GET", HPAS, 403, times=10**6)  # a hand-made role without `list`
+    async with operator(kube, interval=0.2):
+        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
+            await create(kube, doc)
+        await create(kube, docs("pool-gpu.yaml")[0])
+        await eventually(lambda: kube.read(HPAS, "inference", "llama3-8b"), what="the operator's HPA")
+        await eventually(lambda: "Ready" in conditions(kube), what="the pool's status written")
+        assert forbidden.times < 10**6 and conditions(kube)["Degraded"]["status"] == "False"
