@@ -2,6 +2,9 @@
 
 Histograms are per tenant and tier (tenants are bounded by the tenant table); gauges that
 describe the pod right now (queue depth per tier, SLA risk, in-flight) are read at scrape time.
+`slaq_sla_risk` names its pool itself (`pool`, from the tenant table), so the pool's scaling query
+finds it whether Prometheus scrapes by PodMonitor (which adds a `pool` target label of the same
+value) or by the pod's `prometheus.io/*` annotations (which add none).
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ Targets = Callable[[], Iterable[tuple[str, str, float]]]
 
 
 class _PodGauges(Collector):
-    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets) -> None:
-        self._depth, self._risk, self._in_flight, self._targets = depth, risk, in_flight, targets
+    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets,
+                 pool: Callable[[], str]) -> None:
+        self._depth, self._risk, self._in_flight, self._targets, self._pool = depth, risk, in_flight, targets, pool
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         depth = GaugeMetricFamily("slaq_queue_depth", "Requests waiting in the sidecar queue, per tier.", labels=["tier"])
         for tier, count in self._depth().items():
             depth.add_metric([tier.value], count)
         yield depth
-        yield GaugeMetricFamily("slaq_sla_risk", "Per-pod SLA risk: 1.0 at the SLO boundary (see docs/sidecar.md).", value=self._risk())
+        risk = GaugeMetricFamily("slaq_sla_risk", "Per-pod SLA risk: 1.0 at the SLO boundary (see docs/sidecar.md).", labels=["pool"])
+        risk.add_metric([self._pool()], self._risk())
+        yield risk
         yield GaugeMetricFamily("slaq_in_flight_requests", "Requests released to the engine and not finished.", value=self._in_flight())
         targets = GaugeMetricFamily("slaq_attainment_target", "Each tenant's TenantSLA attainmentTarget: the SLO alerts' error budget is 1 minus it.", labels=["tenant", "tier"])
         for tenant, tier, target in self._targets():
@@ -43,7 +49,8 @@ class _PodGauges(Collector):
 
 
 class SidecarMetrics:
-    def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: ()) -> None:
+    def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: (),
+                 pool: Callable[[], str] = lambda: "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram("slaq_ttft_seconds", "Time to first token, arrival at the sidecar to first byte back.", ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
@@ -57,7 +64,7 @@ class SidecarMetrics:
         self.requests = Counter("slaq_requests", "Requests answered after admission, by upstream status class.", ["tenant", "tier", "code"], registry=r)
         self.quota_refusals = Counter("slaq_quota_refusals", "Requests refused because the tenant was over a quota (request_rate, token_rate, concurrency).", ["tenant", "tier", "quota"], registry=r)
         self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
-        r.register(_PodGauges(depth, risk, in_flight, targets))
+        r.register(_PodGauges(depth, risk, in_flight, targets, pool))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,14 @@
 
 It serves `/metrics` (the sidecar's own series followed by the engine's `vllm:*` and
 `slaq_engine_*` families, fetched from the engine on every scrape so a scrape never shows a stale
-copy) and `/slaq/usage` (per-tenant demand and SLO outcomes). None of it is on the tenant port:
+copy) and `/slaq/usage` (per-tenant demand and SLO outcomes).
+
+`vllm:num_requests_waiting` here is the pod's whole queue: the engine's waiting requests plus the
+requests the sidecar still holds. A gateway's endpoint picker (llm-d / Gateway API Inference
+Extension) routes on that series by default, and the sidecar's release gate keeps the engine's own
+count near its target however long the sidecar's queue grows, so the engine's figure alone would
+make a pod with a thousand queued requests look like one with sixteen. The engine's own count stays
+readable per tier as `slaq_engine_queue_depth`, the sidecar's as `slaq_queue_depth`. None of it is on the tenant port:
 tenants must not read each other's names, rates and latencies. The NetworkPolicy lets only the
 monitoring and operator namespaces reach this port.
 """
@@ -23,6 +30,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_FAMILY_PREFIXES = ("vllm:", "slaq_engine_")
 ENGINE_SCRAPE_TIMEOUT_S = 2.0
+# The gauge a gateway's endpoint picker reads as a pod's queue length (llm-d router's default
+# `--total-queued-requests-metric`).
+POD_WAITING_FAMILY = "vllm:num_requests_waiting"
 
 
 def _family_of(line: str) -> str:
@@ -39,6 +49,20 @@ def engine_families(text: str) -> str:
     Python runtime series are left out, they describe the engine process, not the pod's serving."""
     kept = [line for line in text.splitlines() if _family_of(line).startswith(ENGINE_FAMILY_PREFIXES)]
     return "\n".join(kept) + "\n" if kept else ""
+
+
+def with_sidecar_waiting(text: str, held: int) -> str:
+    """`text` with the `held` requests queued in the sidecar added to the engine's waiting count.
+
+    Added to the first sample of the family only (an engine with several data-parallel ranks reports
+    one sample each), so any sum over the pod's samples counts each held request once."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("#") and _family_of(line) == POD_WAITING_FAMILY:
+            series, _, value = line.rpartition(" ")
+            lines[i] = f"{series} {float(value) + held}"
+            break
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 class MetricsApp:
@@ -67,6 +91,8 @@ class MetricsApp:
     async def scrape(self) -> bytes:
         engine_text = await self._engine_text()
         self.core.metrics.engine_up.set(1.0 if engine_text is not None else 0.0)
+        if engine_text is not None:
+            engine_text = with_sidecar_waiting(engine_text, len(self.core.queue))
         return self.core.metrics.render() + (engine_text or "").encode()
 
     async def _engine_text(self) -> str | None:

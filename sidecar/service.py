@@ -115,7 +115,7 @@ class SidecarCore:
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
-                                      targets=self.attainment_targets)
+                                      targets=self.attainment_targets, pool=self.pool_name)
 
     # pod state -----------------------------------------------------------------------------
 
@@ -127,6 +127,10 @@ class SidecarCore:
 
     def pool_view(self) -> PoolView:
         return PoolView(load=self.load(), max_length_tokens=self.config.max_length_tokens, aging_bound_s=self.config.scheduler.aging_bound_seconds)
+
+    def pool_name(self) -> str:
+        """The InferencePool's name (the table names it namespace/name), as the pod's pool label has it."""
+        return self.directory.index.pool.rpartition("/")[2]
 
     def sla_risk(self) -> float:
         """The `slaq_sla_risk` gauge: max(observed, projected), see risk.py."""

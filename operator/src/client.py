@@ -34,13 +34,15 @@ from lightkube.types import PatchType
 
 from slaq.api.common import GROUP, VERSION
 from slaq.operator.errors import ApiError, NotFound, RetryableApiError, api_error
-from slaq.operator.gateway import GIE_GROUP, GIE_PLURAL, GIE_VERSION
+from slaq.operator.gateway import GIE_GROUP, GIE_PLURAL, GIE_VERSION, OBJECTIVE_GROUP, OBJECTIVE_PLURAL, OBJECTIVE_VERSION
 from slaq.operator.names import MANAGER
 
 InferencePoolResource = create_namespaced_resource(GROUP, VERSION, "InferencePool", "inferencepools")
 TenantSLAResource = create_global_resource(GROUP, VERSION, "TenantSLA", "tenantslas")
 # The Gateway API Inference Extension's kind of the same name (gateway.py); may not be served.
 GatewayInferencePoolResource = create_namespaced_resource(GIE_GROUP, GIE_VERSION, "InferencePool", "inferencepools")
+# llm-d router's per-tier objectives over it (gateway.py); may not be served either.
+InferenceObjectiveResource = create_namespaced_resource(OBJECTIVE_GROUP, OBJECTIVE_VERSION, "InferenceObjective", "inferenceobjectives")
 
 # Every kind the operator reads or writes, by plural (what the reconciler names).
 RESOURCES: dict[str, type[Resource]] = {
@@ -55,6 +57,7 @@ RESOURCES: dict[str, type[Resource]] = {
     "inferencepools": InferencePoolResource,
     "tenantslas": TenantSLAResource,
     GIE_PLURAL: GatewayInferencePoolResource,
+    OBJECTIVE_PLURAL: InferenceObjectiveResource,
 }
 
 

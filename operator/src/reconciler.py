@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from slaq.api.common import GROUP, Tier
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable, derive_key_hash_key, hash_api_key
@@ -35,7 +36,10 @@ from slaq.operator.client import KubeClient, plural_of
 from slaq.operator.conditions import condition, merge_conditions, now
 from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import NORMAL, WARNING, render_event
-from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
+from slaq.operator.gateway import (
+    GIE_API_VERSION, GIE_PLURAL, OBJECTIVE_API_VERSION, OBJECTIVE_HEADER, OBJECTIVE_PLURAL, endpoint_picker_name,
+    objective_name, render_gateway_inference_pool, render_inference_objectives,
+)
 from slaq.operator.keys import TENANT_LABEL, KeySet, KeyWatch
 from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
@@ -68,7 +72,8 @@ def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GatewayOutcome:
-    """What became of a pool's GIE InferencePool: the `GatewayInferencePool` condition's content."""
+    """What became of a pool's GIE InferencePool, or of its llm-d InferenceObjectives: the
+    `GatewayInferencePool` / `GatewayInferenceObjectives` condition's content."""
 
     ok: bool
     reason: str
@@ -121,6 +126,8 @@ class Reconciler:
         self._risk: dict[str, float | None] = {}
         self._observed_replicas: dict[str, int] = {}
         self._gateway: dict[str, GatewayOutcome] = {}
+        self._objectives: dict[str, GatewayOutcome] = {}
+        self._rivals: dict[str, str | None] = {}  # by pool key: another autoscaler of the pool, described
         self._written: dict[str, dict[int, TenantTable]] = {}  # by pool key, then part: the table parts last applied
         self._parts: dict[str, int] = {}  # by pool key: how many Secrets its table is split over
         self._touched: dict[str, set[str] | None] = {}  # by pool key: tenants whose entries changed since written (None: all)
@@ -677,7 +684,19 @@ class Reconciler:
             await self.report_invalid("inferencepools", body, exc)
             raise
         await self.refresh(pools=[pool_key(pool)])
+        await self._apply_children(pool, body)
+        await self.apply_gateway_pool(pool, body)
+        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
+        await self._write_pool_status(pool, body, deployment)
+
+    async def _apply_children(self, pool: InferencePool, body: dict[str, Any]) -> None:
+        """The pool's children; its HPA only while no other autoscaler scales the pool (one owner of
+        the replicas: two HPAs on one scale subresource undo each other's decisions)."""
+        key = pool_key(pool)
         children = render_children(pool)
+        self._rivals[key] = await self._rival_autoscaler(pool, body) if pool.spec.autoscaling.enabled else None
+        if self._rivals[key] is not None:
+            children = [child for child in children if child["kind"] != "HorizontalPodAutoscaler"]
         foreign = []
         for child in children:
             if not await self._apply_owned(child, body):
@@ -686,9 +705,27 @@ class Reconciler:
         self._foreign[pool_key(pool)] = foreign + tables
         if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
             await self._delete_owned("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace, body)
-        await self.apply_gateway_pool(pool, body)
-        deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
-        await self._write_pool_status(pool, body, deployment)
+
+    async def _rival_autoscaler(self, pool: InferencePool, body: dict[str, Any]) -> str | None:
+        """Another HPA on the pool's scale subresource (KEDA's ScaledObject drives one named
+        keda-hpa-<scaledobject>), described for the pool's status; None when there is none."""
+        try:
+            hpas = await self.api.list("horizontalpodautoscalers", pool.metadata.namespace)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # A hand-made role without `list` on HPAs: the pool keeps its HPA, unchecked.
+            log.debug("not allowed to list horizontalpodautoscalers in %s: %s", pool.metadata.namespace, exc)
+            return None
+        for hpa in hpas:
+            target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            meta = hpa.get("metadata") or {}
+            owners = meta.get("ownerReferences") or []
+            if (target.get("kind") == "InferencePool" and str(target.get("apiVersion", "")).startswith(f"{GROUP}/")
+                    and target.get("name") == pool.metadata.name and body["metadata"]["uid"] not in {o.get("uid") for o in owners}):
+                made_by = next((f" (made by {o.get('kind')} {o.get('name')})" for o in owners if o.get("controller")), "")
+                return f"HorizontalPodAutoscaler {pool.metadata.namespace}/{meta.get('name')}{made_by}"
+        return None
 
     async def _apply_owned(self, child: dict[str, Any], owner: dict[str, Any]) -> bool:
         """Apply a child only if it is absent or already the owner's; False (nothing written) for a
@@ -733,14 +770,10 @@ class Reconciler:
         desired = render_gateway_inference_pool(pool)
         if desired is None:
             self._gateway.pop(key, None)
-            try:
-                await self.api.delete(GIE_PLURAL, name, namespace)  # a 404 (none, or the API not served) is fine
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
-                # RBAC without the Inference Extension's kind (a hand-made role): a pool that does
-                # not use the gateway must not fail for it.
-                log.debug("not allowed to delete %s %s/%s: %s", GIE_PLURAL, namespace, name, exc)
+            self._objectives.pop(key, None)
+            await self._delete_gateway_object(GIE_PLURAL, name, namespace)
+            for tier in Tier:
+                await self._delete_gateway_object(OBJECTIVE_PLURAL, objective_name(name, tier), namespace, body)
             return
         try:
             existing = await self.api.get(GIE_PLURAL, name, namespace)
@@ -763,7 +796,48 @@ class Reconciler:
         picker = pool.spec.gateway.endpoint_picker
         self._gateway[key] = GatewayOutcome(True, "Applied", f"{GIE_API_VERSION} InferencePool {name} selects this pool's pods on port "
                                             f"{pool.spec.sidecar.port}; endpoint picker Service {endpoint_picker_name(pool)}:{picker.port} "
-                                            f"({picker.failure_mode.value})")
+                                            f"({picker.failure_mode.value}). Tenant quotas are shared evenly over the pool's replicas, "
+                                            "so routing a tenant unevenly gets 429s from its busy replica first (docs/gateway.md)")
+        self._objectives[key] = await self._apply_objectives(pool, body)
+
+    async def _apply_objectives(self, pool: InferencePool, body: dict[str, Any]) -> GatewayOutcome:
+        """The pool's llm-d InferenceObjectives (one per tier). Optional beside the InferencePool: a
+        cluster without llm-d's CRDs is reported in the condition, not as Degraded."""
+        objectives = render_inference_objectives(pool)
+        taken = []
+        try:
+            for objective in objectives:
+                if not await self._apply_owned(objective, body):
+                    taken.append(objective["metadata"]["name"])
+        except NotFound:
+            return GatewayOutcome(False, "ApiNotServed", f"the cluster does not serve {OBJECTIVE_API_VERSION} InferenceObjective: install the "
+                                  "llm-d router's CRDs to order requests by tier at the gateway (docs/gateway.md); retried on every usage tick")
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            return GatewayOutcome(False, "Forbidden", f"the operator may not write {OBJECTIVE_PLURAL}: grant it create, patch and delete "
+                                  "(the chart's RBAC does); retried on every usage tick")
+        if taken:
+            return GatewayOutcome(False, "NameTaken", f"{OBJECTIVE_API_VERSION} InferenceObjective {', '.join(taken)} in "
+                                  f"{pool.metadata.namespace} exist and are not owned by this pool; slaq leaves them alone "
+                                  "(delete them, or rename the pool)")
+        priorities = ", ".join(f"{o['metadata']['name']} ({o['spec']['priority']})" for o in objectives)
+        return GatewayOutcome(True, "Applied", f"{OBJECTIVE_API_VERSION} InferenceObjectives {priorities}; a request names one in "
+                              f"the {OBJECTIVE_HEADER} header")
+
+    async def _delete_gateway_object(self, plural: str, name: str, namespace: str, owner: dict[str, Any] | None = None) -> None:
+        """Delete a gateway object the pool no longer wants; with `owner`, only if it is the owner's."""
+        try:
+            if owner is not None:
+                await self._delete_owned(plural, name, namespace, owner)
+            else:
+                await self.api.delete(plural, name, namespace)  # a 404 (none, or the API not served) is fine
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # RBAC without the gateway's kinds (a hand-made role): a pool that does not use the
+            # gateway must not fail for it.
+            log.debug("not allowed to delete %s %s/%s: %s", plural, namespace, name, exc)
 
     async def observe_pool(self, body: dict[str, Any]) -> None:
         """Read usage from the pool's pods, re-split quotas, and refresh the pool's status."""
@@ -777,8 +851,10 @@ class Reconciler:
         judged = {series[0] for o in observations for series in o.outcomes}
         self._risk[key] = mean_sla_risk(observations)
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
-        if key in self._gateway and not self._gateway[key].ok:
+        if any(key in book and not book[key].ok for book in (self._gateway, self._objectives)):
             await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
+        if pool.spec.autoscaling.enabled and await self._rival_autoscaler(pool, body) != self._rivals.get(key):
+            await self._apply_children(pool, body)  # another autoscaler came or went
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
@@ -789,7 +865,7 @@ class Reconciler:
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
         for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway,
-                     self._table_problems, self._table_blocked, self._foreign):
+                     self._objectives, self._rivals, self._table_problems, self._table_blocked, self._foreign):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
@@ -812,6 +888,12 @@ class Reconciler:
         elif observed_pods is not None and observed_pods < ready:
             degraded_reason = "UsageUnavailable"
             degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"
+        rival = self._rivals.get(key) if pool.spec.autoscaling.enabled else None
+        if degraded_reason == "AsExpected" and rival is not None:
+            degraded_reason = "ScaledByAnother"
+            degraded_message = (f"{rival} also scales this pool, so the operator leaves its own HPA out: one autoscaler owns the "
+                                "replicas. Set spec.autoscaling.enabled false, or remove the pool from that autoscaler "
+                                "(the chart's autoscaling.keda.pools)")
         gateway = self._gateway.get(key) if pool.spec.gateway.inference_pool else None
         if degraded_reason == "AsExpected" and gateway is not None and not gateway.ok:
             degraded_reason, degraded_message = f"Gateway{gateway.reason}", gateway.message
@@ -822,6 +904,9 @@ class Reconciler:
         ]
         if gateway is not None:
             conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))
+        objectives = self._objectives.get(key) if pool.spec.gateway.inference_pool else None
+        if objectives is not None:
+            conditions.append(condition("GatewayInferenceObjectives", objectives.ok, objectives.reason, objectives.message, generation))
         old = body.get("status") or {}
         status: dict[str, Any] = {
             "observedGeneration": generation,

@@ -1,4 +1,6 @@
-"""The dashboard, the adapter rules, the KEDA query and the alerts ask for series the sidecar really exports."""
+"""The dashboard, the adapter rules, the KEDA query and the alerts ask for series the sidecar really
+exports, or the engine does (its `slaq_engine_*` series reach Prometheus through the sidecar's
+metrics port)."""
 
 from __future__ import annotations
 
@@ -38,10 +40,29 @@ def exported() -> dict[str, set[str]]:
     metrics.quota_refusals.labels(**labels, quota="request_rate").inc()
     metrics.engine_up.set(1)
     samples: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
+    for family in text_string_to_metric_families(metrics.render().decode() + _engine_text()):
         for sample in family.samples:
             samples.setdefault(sample.name, set()).update(sample.labels)
     return samples
+
+
+def _engine_text() -> str:
+    """The engine's slaq_engine_* series, from its real metrics with one observation of each kind
+    (they live in this process' default registry outside vLLM)."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    from slaq.engine.metrics import engine_metrics
+
+    engine = engine_metrics()
+    engine.observe_step(0.01, [0, 0, 0], [1, 2, 3])
+    engine.count_preemption(Tier.BATCH, "kv_full")
+    engine.count_prefix("critical", "vip", queried=10, hit=5)
+    engine.kv_erased_blocks.labels(reason="reuse").inc()
+    engine.kv_swap_blocks.labels(direction="out", outcome="ok").inc()
+    engine.table_reloads.labels(outcome="applied").inc()
+    engine.info.labels(scheduler="slaq", vllm="0.32.0").set(1)
+    text = generate_latest(REGISTRY).decode()
+    return "\n".join(line for line in text.splitlines() if "slaq_engine_" in line) + "\n"
 
 
 def _queries() -> list[tuple[str, str]]:
@@ -93,6 +114,18 @@ def test_every_dashboard_topic_reads_a_sidecar_metric(exported: dict[str, set[st
     used = {name for where, query in QUERIES if where.startswith("dashboard") for name in _METRIC.findall(query)}
     assert wanted <= used
     assert wanted <= set(exported)
+
+
+def test_the_dashboard_shows_the_engine(exported: dict[str, set[str]]) -> None:
+    """Preemptions by reason, KV blocks by tier, prefix reuse, erase and swap counters, step time."""
+    wanted = {"slaq_engine_preemptions_total": "reason", "slaq_engine_kv_blocks_in_use": "tier",
+              "slaq_engine_prefix_cache_hit_tokens_total": "tier", "slaq_engine_prefix_cache_query_tokens_total": "tier",
+              "slaq_engine_kv_erased_blocks_total": "reason", "slaq_engine_kv_swap_blocks_total": "direction",
+              "slaq_engine_schedule_step_seconds_bucket": "le"}
+    for name, grouping in wanted.items():
+        panels = [where for where, query in QUERIES if where.startswith("dashboard") and name in _METRIC.findall(query)
+                  and grouping in _labels_used(query, name)]
+        assert panels, f"no dashboard panel reads {name} by {grouping}"
 
 
 # The alerts ----------------------------------------------------------------------------------------

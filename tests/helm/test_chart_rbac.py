@@ -33,6 +33,8 @@ from tests.support import polling
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 GIE_CRD = Path(__file__).resolve().parents[1] / "operator" / "data" / "gie-inferencepool-v1-crd.yaml"
 GIE = "inference.networking.k8s.io/v1/inferencepools"
+OBJECTIVE_CRD = GIE_CRD.with_name("llm-d-inferenceobjective-v1alpha2-crd.yaml")
+OBJECTIVES = "llm-d.ai/v1alpha2/inferenceobjectives"
 SERVICE_ACCOUNT = f"{RELEASE}-operator"
 POOL = "llama3-8b"
 POOL_NAMESPACE = "inference"
@@ -159,7 +161,7 @@ async def recorded_calls(kube: Any, caplog: pytest.LogCaptureFixture) -> set[Api
 
 async def _record_life_cycle(kube: Any) -> set[ApiCall]:
     pools = f"/apis/slaq.dev/v1alpha1/namespaces/{POOL_NAMESPACE}/inferencepools/{POOL}"
-    kube.install_crds([GIE_CRD])
+    kube.install_crds([GIE_CRD, OBJECTIVE_CRD])
     async with running_operator(kube), missing_sidecar() as metrics_port:
         for doc in docs("tenant-keys.yaml") + docs("tenants.yaml") + docs("pool-gpu.yaml"):
             await _create(kube, doc)
@@ -175,8 +177,10 @@ async def _record_life_cycle(kube: Any) -> set[ApiCall]:
 
         await _send(kube, "PATCH", pools, {"spec": {"gateway": {"inferencePool": True}}}, "application/merge-patch+json")
         await eventually(lambda: kube.read(GIE, POOL_NAMESPACE, POOL), what="the Inference Extension InferencePool")
+        await eventually(lambda: kube.read(OBJECTIVES, POOL_NAMESPACE, f"{POOL}-batch"), what="the llm-d InferenceObjectives")
         await _send(kube, "PATCH", pools, {"spec": {"gateway": {"inferencePool": False}}}, "application/merge-patch+json")
         await eventually(lambda: kube.read(GIE, POOL_NAMESPACE, POOL) is None, what="the Inference Extension InferencePool deleted")
+        await eventually(lambda: kube.read(OBJECTIVES, POOL_NAMESPACE, f"{POOL}-batch") is None, what="the InferenceObjectives deleted")
 
         await _send(kube, "PATCH", "/apis/slaq.dev/v1alpha1/tenantslas/standard",
                     {"spec": {"quotas": {"requestsPerMinute": 60}}}, "application/merge-patch+json")

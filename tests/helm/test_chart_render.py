@@ -293,3 +293,13 @@ def test_chart_refuses_clusters_without_cel_validation() -> None:
     refused = run_helm("template", "slaq", str(CHART), "--kube-version", "1.24.0", check=False)
     assert refused.returncode != 0 and "requires kubeVersion" in refused.stderr
     assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.25.0").stdout.count("kind: CustomResourceDefinition") == 2
+
+
+def test_keda_refuses_a_pool_listed_twice() -> None:
+    from tests.helm.chart import render_failure
+
+    pool = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}
+    error = render_failure({"autoscaling": {"keda": {"enabled": True, "pools": [pool, {**pool, "targetSlaRisk": 0.5}]}}})
+    assert "team-a/llama is listed twice" in error
+    other = {**pool, "namespace": "team-b"}  # the same name in another namespace is another pool
+    assert len(of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": [pool, other]}}}), "ScaledObject")) == 2

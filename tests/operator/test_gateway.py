@@ -1,5 +1,6 @@
-"""The Gateway API Inference Extension InferencePool a slaq pool renders (pure), and the operator
-applying it, reporting a cluster without that API, and deleting it when switched off (kmock)."""
+"""The Gateway API Inference Extension InferencePool and the llm-d InferenceObjectives a slaq pool
+renders (pure, each checked against its upstream CRD's schema), and the operator applying them,
+reporting a cluster without those APIs, and deleting them when switched off (kmock)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 from slaq.api.pool import InferencePool
 from slaq.operator.children import render_deployment
-from slaq.operator.gateway import render_gateway_inference_pool
+from slaq.operator.gateway import render_gateway_inference_pool, render_inference_objectives
 from tests.operator.test_operator_kmock import POOLS, create, docs, merge_patch, operator
 from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
@@ -20,6 +21,8 @@ from tests.support.polling import eventually
 ROOT = Path(__file__).resolve().parents[2]
 GIE_CRD = Path(__file__).resolve().parent / "data" / "gie-inferencepool-v1-crd.yaml"
 GIE = "inference.networking.k8s.io/v1/inferencepools"
+OBJECTIVE_CRD = Path(__file__).resolve().parent / "data" / "llm-d-inferenceobjective-v1alpha2-crd.yaml"
+OBJECTIVES = "llm-d.ai/v1alpha2/inferenceobjectives"
 POOL_URL = "/apis/slaq.dev/v1alpha1/namespaces/inference/inferencepools/llama3-8b"
 
 
@@ -31,6 +34,11 @@ def example_pool(**gateway: Any) -> InferencePool:
 
 def gie_schema() -> dict[str, Any]:
     return yaml.safe_load(GIE_CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def objective_schema() -> dict[str, Any]:
+    (version,) = (v for v in yaml.safe_load(OBJECTIVE_CRD.read_text())["spec"]["versions"] if v["name"] == "v1alpha2")
+    return version["schema"]["openAPIV3Schema"]
 
 
 def test_renders_nothing_unless_asked() -> None:
@@ -52,6 +60,28 @@ def test_selects_the_deployments_pods_on_the_tenant_port_with_the_default_picker
                                                      "failureMode": "FailClose"}
 
 
+def test_one_objective_per_tier_over_the_gie_pool_with_the_tiers_order() -> None:
+    assert render_inference_objectives(example_pool()) == []
+    objectives = render_inference_objectives(example_pool(inferencePool=True))
+    for objective in objectives:
+        jsonschema.Draft4Validator(objective_schema()).validate(objective)
+    assert {o["apiVersion"] for o in objectives} == {"llm-d.ai/v1alpha2"}
+    assert [(o["metadata"]["name"], o["spec"]["priority"]) for o in objectives] == [
+        ("llama3-8b-critical", 10), ("llama3-8b-standard", 0), ("llama3-8b-batch", -10)]  # higher first; 0 for none
+    assert {(o["metadata"]["namespace"], o["spec"]["poolRef"]["group"], o["spec"]["poolRef"]["kind"], o["spec"]["poolRef"]["name"])
+            for o in objectives} == {("inference", "inference.networking.k8s.io", "InferencePool", "llama3-8b")}
+
+
+def test_the_objective_schema_check_can_fail() -> None:
+    (objective, *_) = render_inference_objectives(example_pool(inferencePool=True))
+    objective["spec"]["priority"] = "high"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(objective_schema()).validate(objective)
+    del objective["spec"]["poolRef"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(objective_schema()).validate({**objective, "spec": {"priority": 1}})
+
+
 def test_the_picker_can_be_named() -> None:
     pool = example_pool(inferencePool=True, endpointPicker={"name": "shared-epp", "port": 9102, "failureMode": "FailOpen"})
     ref = render_gateway_inference_pool(pool)["spec"]["endpointPickerRef"]  # type: ignore[index]
@@ -69,15 +99,20 @@ def conditions(kube: KubeEmulator) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in status.get("conditions") or []}
 
 
+async def create_gateway_pool(kube: KubeEmulator) -> dict[str, Any]:
+    """The example tenants and the example GPU pool with `gateway.inferencePool` on; the pool as created."""
+    for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
+        await create(kube, doc)
+    pool = docs("pool-gpu.yaml")[0]
+    pool["spec"]["gateway"] = {"inferencePool": True}
+    return await create(kube, pool)
+
+
 async def test_operator_reports_a_missing_gie_api_then_applies_and_deletes_the_object(kube: KubeEmulator) -> None:
     # A cluster without the Inference Extension answers 404 for its resource URLs.
     not_served = kube.fail("*", GIE, 404, times=10**6)
-    pool = docs("pool-gpu.yaml")[0]
-    pool["spec"]["gateway"] = {"inferencePool": True}
     async with operator(kube, interval=0.2):
-        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml"):
-            await create(kube, doc)
-        created = await create(kube, pool)
+        created = await create_gateway_pool(kube)
         gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
         assert (gateway["status"], gateway["reason"]) == ("False", "ApiNotServed")
         assert "install the Gateway API Inference Extension CRDs" in gateway["message"]
@@ -96,6 +131,7 @@ async def test_operator_reports_a_missing_gie_api_then_applies_and_deletes_the_o
         assert applied["spec"]["targetPorts"] == [{"number": 8000}]
         await eventually(lambda: conditions(kube).get("GatewayInferencePool", {}).get("status") == "True", what="Applied")
         assert conditions(kube)["Degraded"]["status"] == "False"
+        assert "shared evenly over the pool's replicas" in conditions(kube)["GatewayInferencePool"]["message"]  # why 429s under uneven routing
 
         # Switched off: the object goes, and so does the condition.
         await merge_patch(kube, POOL_URL, {"spec": {"gateway": {"inferencePool": False}}})
@@ -132,3 +168,29 @@ async def test_rbac_without_the_gie_kind_fails_no_pool_and_is_reported_when_used
         gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
         assert (gateway["status"], gateway["reason"]) == ("False", "Forbidden") and "get, create, patch and delete" in gateway["message"]
         assert kube.read("apps/v1/deployments", "inference", "llama3-8b") is not None
+
+
+async def test_operator_applies_the_objectives_and_reports_a_cluster_without_them(kube: KubeEmulator) -> None:
+    kube.install_crds([GIE_CRD])
+    not_served = kube.fail("*", OBJECTIVES, 404, times=10**6)  # llm-d's CRDs not installed
+    async with operator(kube, interval=0.2):
+        created = await create_gateway_pool(kube)
+        objectives = await eventually(lambda: conditions(kube).get("GatewayInferenceObjectives"), what="a GatewayInferenceObjectives condition")
+        assert (objectives["status"], objectives["reason"]) == ("False", "ApiNotServed") and "llm-d router's CRDs" in objectives["message"]
+        await eventually(lambda: conditions(kube).get("GatewayInferencePool", {}).get("status") == "True", what="the GIE pool applied")
+        assert conditions(kube)["Degraded"]["status"] == "False"  # optional beside the InferencePool
+
+        not_served.times = 0  # installed: the next usage tick applies them, owned by the slaq pool
+        kube.install_crds([OBJECTIVE_CRD])
+        for tier, priority in (("critical", 10), ("standard", 0), ("batch", -10)):
+            applied = await eventually(lambda: kube.read(OBJECTIVES, "inference", f"llama3-8b-{tier}"), what=f"the {tier} objective")
+            jsonschema.Draft4Validator(objective_schema()).validate(applied)
+            assert applied["spec"]["priority"] == priority
+            assert [r["uid"] for r in applied["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
+        await eventually(lambda: conditions(kube).get("GatewayInferenceObjectives", {}).get("status") == "True", what="Applied")
+        assert "x-llm-d-inference-objective" in conditions(kube)["GatewayInferenceObjectives"]["message"]
+
+        await merge_patch(kube, POOL_URL, {"spec": {"gateway": {"inferencePool": False}}})
+        for tier in ("critical", "standard", "batch"):
+            await eventually(lambda: kube.read(OBJECTIVES, "inference", f"llama3-8b-{tier}") is None, what=f"the {tier} objective deleted")
+        await eventually(lambda: "GatewayInferenceObjectives" not in conditions(kube), what="the condition gone")

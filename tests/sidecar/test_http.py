@@ -57,7 +57,7 @@ def test_streaming_chat_records_ttft_and_tokens(sidecar) -> None:
     assert 'slaq_ttft_seconds_count{tenant="std",tier="standard"} 1.0' in metrics
     assert 'slaq_queue_depth{tier="critical"} 0.0' in metrics
     assert "slaq_sidecar_added_seconds_count 1.0" in metrics
-    assert "slaq_sla_risk " in metrics
+    assert 'slaq_sla_risk{pool="' in metrics
 
 
 def test_models_requires_a_key_and_proxies(sidecar) -> None:

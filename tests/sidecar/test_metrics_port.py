@@ -6,18 +6,20 @@ import json
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
 from slaq.local.processes import answers
-from slaq.sidecar.metrics_port import engine_families
+from slaq.sidecar.metrics_port import engine_families, with_sidecar_waiting
 from slaq.sidecar.server import ConfigError, SidecarOptions, serve
 from tests.sidecar.conftest import write_table
 from tests.sidecar.tables import abc_table, bearer
 from slaq.local.processes import free_port
 from slaq.testing.fake_engine import fake_user
+from tests.support.engine import metric_sum
 from tests.support.polling import wait_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -160,3 +162,46 @@ def test_attainment_targets_and_quota_refusals_are_exported(start_sidecar, fake_
     assert 'slaq_attainment_target{tenant="vip",tier="critical"} 0.99' in text
     assert 'tenant="free"' not in text.split("# HELP slaq_attainment_target")[1].split("# HELP")[0]  # no objectives, no target
     assert 'slaq_quota_refusals_total{quota="request_rate",tenant="std",tier="standard"} 1.0' in text
+
+
+def test_the_pods_waiting_count_adds_the_requests_held_in_the_sidecar(start_sidecar, fake_upstream) -> None:
+    """A gateway's endpoint picker reads `vllm:num_requests_waiting` as the pod's queue. Once the
+    release gate's target (16) of released requests wait in the engine, the sidecar holds the rest,
+    and they count too."""
+    engine, url = fake_upstream
+    sidecar = start_sidecar(url, served_model_name="fake-model")
+    target = sidecar.app.core.gate.engine_queue_target
+    # No answer for 4 s (one token, 2 s before and after it): released, not started; batch has no objective to miss.
+    slow = bearer("free")
+    slow_chat = {**CHAT, "user": fake_user(delay_ms=2000, tokens=1)}  # the fake engine's controls ride in `user`
+
+    def waiting() -> tuple[float, float]:
+        text = sidecar.metrics.get("/metrics").text
+        return metric_sum(text, "vllm:num_requests_waiting"), metric_sum(text, "slaq_queue_depth")
+
+    engine.waiting_gauge = 0
+    assert waiting() == (0.0, 0.0)
+    with ThreadPoolExecutor(max_workers=target + 5) as pool:
+        answers = [pool.submit(sidecar.client.post, "/v1/chat/completions", json=slow_chat, headers=slow) for _ in range(target)]
+        wait_for(lambda: sidecar.app.core.gate.in_flight == target, 10.0, "the gate's target of requests released")
+        engine.waiting_gauge = target  # the engine reports them waiting
+        wait_for(lambda: sidecar.app.core.gate.engine_waiting == target, 10.0, "the gate to read the engine's queue")
+        answers += [pool.submit(sidecar.client.post, "/v1/chat/completions", json=slow_chat, headers=slow) for _ in range(5)]
+        wait_for(lambda: waiting() == (target + 5.0, 5.0), 10.0, "five requests held in the sidecar, counted in the pod's waiting")
+        engine.waiting_gauge = 0  # the engine drains: the gate releases the rest
+        assert [a.result(timeout=30).status_code for a in answers] == [200] * (target + 5)
+    assert waiting() == (0.0, 0.0)
+
+
+def test_sidecar_waiting_goes_to_the_first_sample_only() -> None:
+    text = ('# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 3.0\n'
+            'vllm:num_requests_waiting{engine="1"} 1.0\nvllm:num_requests_running{engine="0"} 2.0\n')
+    assert with_sidecar_waiting(text, 4).splitlines()[1:] == ['vllm:num_requests_waiting{engine="0"} 7.0',
+                                                              'vllm:num_requests_waiting{engine="1"} 1.0',
+                                                              'vllm:num_requests_running{engine="0"} 2.0']
+    assert with_sidecar_waiting(text, 0) == text
+
+
+def test_the_sla_risk_names_the_pool_itself(sidecar) -> None:
+    """Scraped by annotation, with no PodMonitor relabelling, the KEDA query still finds the pool."""
+    assert 'slaq_sla_risk{pool="pool"} ' in sidecar.metrics.get("/metrics").text

@@ -97,3 +97,19 @@ The pool pods' selector (the labels the operator puts on every InferencePool pod
 {{- define "slaq.poolPodSelector" -}}
 {{- toYaml .Values.pools.podLabels }}
 {{- end }}
+
+{{/*
+"true" when the chart renders the PodMonitor: asked for, and the cluster serves the kind.
+*/}}
+{{- define "slaq.podMonitor.rendered" -}}
+{{- if and .Values.monitoring.podMonitor.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor") }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the chart renders the PrometheusRule: alerts.enabled true, or "auto" (the default)
+and the PodMonitor is rendered, so that whatever scrapes the pools also alerts on them.
+*/}}
+{{- define "slaq.alerts.rendered" -}}
+{{- $enabled := .Values.alerts.enabled }}
+{{- if or (eq (toString $enabled) "true") (and (eq (toString $enabled) "auto") (include "slaq.podMonitor.rendered" .)) }}true{{ end }}
+{{- end }}

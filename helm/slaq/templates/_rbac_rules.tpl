@@ -27,11 +27,12 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
-# The HPA is deleted when a pool turns autoscaling off; the other children go with the pool
-# through their owner references (garbage collection), not through the operator.
+# The HPA is deleted when a pool turns autoscaling off, or when another HPA (KEDA's) scales the
+# pool, which the operator finds by listing the namespace's HPAs; the other children go with the
+# pool through their owner references (garbage collection), not through the operator.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["create", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # Tenant-table Secrets beside each pool (delete: the parts a shrunk table no longer needs), and
 # the cache-salt key Secret in the operator's namespace.
 - apiGroups: [""]
@@ -46,6 +47,11 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch", "delete"]
+# ... and one llm-d router InferenceObjective per tier over it: server-side applied, deleted when
+# switched off.
+- apiGroups: ["llm-d.ai"]
+  resources: ["inferenceobjectives"]
+  verbs: ["create", "patch", "delete"]
 # An Event on a TenantSLA each time its AtRisk condition turns True or stops being True.
 - apiGroups: [""]
   resources: ["events"]
