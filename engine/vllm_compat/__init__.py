@@ -3,6 +3,10 @@
 vLLM's scheduler internals are not a public API. Nothing else in `slaq.engine` reaches into a
 vLLM object's private state: it goes through the functions here, and tests/engine/test_vllm_compat.py
 has one test per touch point, so an upgrade shows exactly what broke.
+
+The package is the only place that imports vLLM (tests/engine/test_vllm_seam.py fails otherwise):
+`offline` builds a scheduler without a model runner (tests, benchmarks, the simulator), `llm`
+wraps vLLM's offline `LLM` for scripts.
 """
 
 from __future__ import annotations
