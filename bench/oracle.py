@@ -63,10 +63,10 @@ class OracleScheduler(vc.AsyncScheduler):
 
     def _key(self, request: Any, sla: RequestSLA) -> int:
         rank = TIER_RANK[sla.tier]
-        work = request.num_prompt_tokens + self._true_output.get(request.request_id, request.max_tokens)
+        work = vc.prompt_tokens(request) + self._true_output.get(request.request_id, vc.max_tokens(request))
         if sla.ttft_ms is None:
             return rank * _TIER_STRIDE + work
-        arrival = sla.arrival if sla.arrival is not None else request.arrival_time
+        arrival = sla.arrival if sla.arrival is not None else vc.arrival_time(request)
         # Deadline in milliseconds, then work: within a millisecond the shorter request first.
         deadline_ms = int(arrival * 1000.0 + sla.ttft_ms)
         return rank * _TIER_STRIDE + (deadline_ms - _DEADLINE_ORIGIN_MS) * _WORK_STRIDE + min(work, _WORK_STRIDE - 1)
@@ -75,12 +75,12 @@ class OracleScheduler(vc.AsyncScheduler):
         """The longest step every running request with a TPOT objective can afford (see module doc)."""
         now = time.time()
         target = None
-        for request in self.running:
+        for request in vc.running_requests(self):
             tpot_ms = self._sla.get(request.request_id, RequestSLA()).tpot_ms
             if tpot_ms is None:
                 continue
             tpot = tpot_ms / 1000.0
-            delivered = request.num_output_tokens
+            delivered = vc.output_tokens(request)
             total = self._true_output.get(request.request_id)
             affordable = tpot
             if delivered >= 1 and total is not None and total > delivered:
@@ -100,11 +100,11 @@ class OracleScheduler(vc.AsyncScheduler):
         if target is None:
             return None
         base, decodes, chunk_context = StepLoad(), 0, 0
-        for request in self.running:
-            if request.is_prefill_chunk:
-                chunk_context = max(chunk_context, request.num_computed_tokens)
+        for request in vc.running_requests(self):
+            if vc.is_prefilling(request):
+                chunk_context = max(chunk_context, vc.computed_tokens(request))
             else:
-                base.add(ScheduledWork(1, request.num_computed_tokens, True))
+                base.add(ScheduledWork(1, vc.computed_tokens(request), True))
                 decodes += 1
         room = self._cost.prefill_tokens_within(target * TPOT_SAFETY, base, chunk_context)
         return min(vc.step_token_limit(self), decodes + max(room, MIN_PREFILL_TOKENS))

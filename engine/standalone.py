@@ -112,4 +112,4 @@ class Driver:
 
 
 def free_blocks(scheduler: vc.AsyncScheduler) -> int:
-    return vc.free_blocks(offline.block_manager(scheduler))
+    return vc.free_blocks(vc.block_manager(scheduler))

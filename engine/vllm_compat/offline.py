@@ -137,11 +137,6 @@ def samples(scheduler: Any, request_id: str) -> bool:
     return not scheduler.requests[request_id].is_prefill_chunk
 
 
-def block_manager(scheduler: Any) -> Any:
-    """The scheduler's KVCacheManager."""
-    return scheduler.kv_cache_manager
-
-
 # -- what a driver reads of a step ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class StepShare:
