@@ -30,12 +30,12 @@ KV_LAYERS = "model.layers"  # the one KV cache group's layer name (nothing reads
 
 @dataclass(frozen=True)
 class EngineShape:
-    """The engine arguments a scheduler is built from (`vllm serve`'s flags of the same names)."""
+    """The engine arguments a scheduler is built from (mostly `vllm serve`'s flags of the same names)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    num_blocks: int
+    num_blocks: int  # `--num-gpu-blocks-override`
     block_size: int
     policy: str  # `--scheduling-policy`: fcfs or priority
     enable_chunked_prefill: bool = True
@@ -63,6 +63,7 @@ def model_config(model_dir: str, dtype: str, max_model_len: int) -> ModelConfig:
 
 
 def engine_setup(model: ModelConfig, shape: EngineShape) -> EngineSetup:
+    """The configs vLLM's engine core would hand a scheduler of this shape (one full-attention KV group)."""
     scheduler_config = SchedulerConfig(
         max_num_seqs=shape.max_num_seqs,
         max_num_batched_tokens=shape.max_num_batched_tokens,
