@@ -1,10 +1,10 @@
-"""Every touch point between the simulator and vLLM 0.32's internals, in one place.
+"""The simulator's engine: a vLLM scheduler shaped by a pool profile, its requests and model outputs.
 
-vLLM's scheduler classes are not a public API; the simulator builds them the way vLLM's own
-tests do (`tests/v1/core/utils.py`: a `VllmConfig`, a `KVCacheConfig` with one full-attention
-group, a `StructuredOutputManager`), feeds them `Request`s and answers each `SchedulerOutput`
-with a synthetic `ModelRunnerOutput`. `tests/bench/test_engine_harness.py` checks each touch point,
-so a vLLM upgrade shows exactly what broke.
+Everything that touches vLLM is in its seam, `slaq.engine.vllm_compat.offline` (the builder
+`slaq.engine.standalone` uses too); this module turns a `PoolProfile` into the engine arguments,
+writes the model's config.json, and speaks the simulator's terms (token counts, the filler and
+stop tokens). `tests/bench/test_engine_harness.py` checks each touch point, so a vLLM upgrade
+shows exactly what broke.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import functools
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from slaq.bench.pool_profile import PoolProfile
 
@@ -24,15 +23,6 @@ from slaq.bench.pool_profile import PoolProfile
 # the scheduler learns the length only when the request stops, as with a real model.
 FILLER_TOKEN = 1
 STOP_TOKEN = 2
-
-
-@dataclass(frozen=True)
-class EngineSetup:
-    """What building a scheduler needs, made once per profile and policy."""
-
-    vllm_config: Any
-    kv_cache_config: Any
-    block_size: int
 
 
 def _model_dir(profile: PoolProfile) -> str:
@@ -61,165 +51,81 @@ def _model_dir(profile: PoolProfile) -> str:
     return str(folder)
 
 
-@functools.lru_cache(maxsize=4)
-def _model_config(profile_json: str) -> Any:
-    from vllm.config import ModelConfig
-
-    profile = PoolProfile.model_validate_json(profile_json)
-    return ModelConfig(
-        model=_model_dir(profile),
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        max_model_len=profile.model.max_model_len,
-        seed=0,
-    )
-
-
-def engine_setup(profile: PoolProfile, scheduling_policy: str, *, kv_transfer_config: str | None = None) -> EngineSetup:
+def engine_setup(profile: PoolProfile, scheduling_policy: str, *, kv_transfer_config: str | None = None) -> Any:
     """vLLM configs for one engine of the profile, with `scheduling_policy` (`fcfs` or `priority`)
     and, given a `--kv-transfer-config` value, the KV connector it names on the scheduler side."""
-    import torch
-    from vllm.config import CacheConfig, KVTransferConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from slaq.engine.vllm_compat import offline
 
     engine, model = profile.engine, profile.model
-    scheduler_config = SchedulerConfig(
+    shape = offline.EngineShape(
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_model_len=model.max_model_len,
-        enable_chunked_prefill=engine.enable_chunked_prefill,
-        async_scheduling=True,
+        num_blocks=profile.num_gpu_blocks,
+        block_size=engine.block_size,
         policy=scheduling_policy,
-        is_encoder_decoder=False,
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        # Prefix caching is off: the simulated prompts are token-count placeholders, and
+        # identical placeholder ids would hit the cache as no real prompts would.
+        enable_prefix_caching=False,
+        num_kv_heads=model.num_kv_heads,
+        head_size=model.head_dim,
+        kv_dtype="bfloat16",
+        block_bytes=model.kv_bytes_per_token * engine.block_size,
+        kv_transfer_config=kv_transfer_config,
     )
-    # Prefix caching is off: the simulated prompts are token-count placeholders, and
-    # identical placeholder ids would hit the cache as no real prompts would.
-    cache_config = CacheConfig(block_size=engine.block_size, enable_prefix_caching=False)
-    vllm_config = VllmConfig(
-        scheduler_config=scheduler_config,
-        model_config=_model_config(profile.model_dump_json()),
-        cache_config=cache_config,
-        # As `--kv-transfer-config` does: vLLM then also turns off the hybrid KV cache manager.
-        kv_transfer_config=KVTransferConfig(**json.loads(kv_transfer_config)) if kv_transfer_config else None,
-    )
-    num_blocks = profile.num_gpu_blocks
-    block_bytes = model.kv_bytes_per_token * engine.block_size
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        # Nothing is allocated; the size is what a connector reads to know the bytes of a block.
-        kv_cache_tensors=[KVCacheTensor(size=num_blocks * block_bytes, layers=["model.layers"],
-                                        layer_stride=num_blocks * block_bytes, block_stride=block_bytes)],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["model.layers"],
-                FullAttentionSpec(block_size=engine.block_size, num_kv_heads=model.num_kv_heads, head_size=model.head_dim, dtype=torch.bfloat16),
-            )
-        ],
-    )
-    cache_config.num_gpu_blocks = num_blocks
-    return EngineSetup(vllm_config, kv_cache_config, engine.block_size)
+    return offline.engine_setup(_model_config(profile.model_dump_json()), shape)
 
 
-def build_scheduler(scheduler_cls: type, setup: EngineSetup, **extra: Any) -> Any:
+@functools.lru_cache(maxsize=4)
+def _model_config(profile_json: str) -> Any:
+    from slaq.engine.vllm_compat import offline
+
+    profile = PoolProfile.model_validate_json(profile_json)
+    return offline.model_config(_model_dir(profile), "bfloat16", profile.model.max_model_len)
+
+
+def build_scheduler(scheduler_cls: type, setup: Any, **extra: Any) -> Any:
     """An instance of `scheduler_cls` (an AsyncScheduler or subclass) as vLLM's engine core builds it."""
-    from vllm.v1.structured_output import StructuredOutputManager
+    from slaq.engine.vllm_compat import offline
 
-    return scheduler_cls(
-        vllm_config=setup.vllm_config,
-        kv_cache_config=setup.kv_cache_config,
-        structured_output_manager=StructuredOutputManager(setup.vllm_config),
-        block_size=setup.block_size,
-        log_stats=False,
-        **extra,
-    )
+    return offline.build_scheduler(scheduler_cls, setup, log_stats=False, **extra)
 
 
 def make_request(request_id: str, prompt_tokens: int, *, max_tokens: int, arrival_time: float,
                  priority: int, extra_args: dict[str, Any]) -> Any:
     """A vLLM Request as the OpenAI server hands it to the engine core, enrichment in extra_args."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
+    from slaq.engine.vllm_compat import offline
 
-    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN], extra_args=dict(extra_args))
-    return Request(
-        request_id=request_id,
-        prompt_token_ids=[FILLER_TOKEN] * prompt_tokens,
-        sampling_params=params,
-        pooling_params=None,
-        arrival_time=arrival_time,
-        priority=priority,
-    )
+    return offline.new_request(request_id, [FILLER_TOKEN] * prompt_tokens, max_tokens=max_tokens, arrival_time=arrival_time,
+                               priority=priority, extra_args=dict(extra_args), stop_token_ids=[STOP_TOKEN])
 
 
 def model_runner_output(req_ids: list[str], sampled: dict[str, int]) -> Any:
     """What the GPU worker returns for a step: one token for each request that samples, none for prefill chunks."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    from slaq.engine.vllm_compat import offline
 
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-        sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in req_ids],
-    )
+    return offline.model_runner_output(req_ids, [[sampled[rid]] if rid in sampled else [] for rid in req_ids])
 
 
-@dataclass(frozen=True, slots=True)
-class StepShare:
-    """One request's part of a scheduled step, read right after `schedule()` returned."""
 
-    request_id: str
-    new_tokens: int
-    context_tokens: int  # tokens in the KV cache before this step
-    output_index: int | None  # which output token the step samples (0 = first), None for a prompt chunk
+def _seam_readers() -> dict[str, Any]:
+    """What the simulator reads of vLLM's objects, from the seam (slaq.engine.vllm_compat)."""
+    from slaq.engine import vllm_compat as vc
+    from slaq.engine.vllm_compat import offline
 
-
-def step_shares(output: Any, requests: dict[str, Any]) -> Iterator[StepShare]:
-    """What a SchedulerOutput asks the GPU to do. With async scheduling `num_computed_tokens`
-    already counts this step's tokens, and `is_prefill_chunk` says whether the step samples."""
-    for request_id, new in output.num_scheduled_tokens.items():
-        request = requests[request_id]
-        computed = request.num_computed_tokens
-        index = None if request.is_prefill_chunk else computed - request.num_prompt_tokens
-        yield StepShare(request_id, new, computed - new, index)
+    return {
+        "StepShare": offline.StepShare, "step_shares": offline.step_shares, "scheduled_ids": offline.scheduled_ids,
+        "step_has_tokens": offline.step_has_tokens, "deliveries": offline.deliveries, "connector_plan": offline.connector_plan,
+        "preemptions": offline.preemptions, "engine_gauges": offline.engine_gauges,
+        "preempted_ids": vc.preempted_ids, "scheduler_connector": vc.kv_connector,
+    }
 
 
-def scheduled_ids(output: Any) -> list[str]:
-    return list(output.num_scheduled_tokens)
-
-
-def step_has_tokens(output: Any) -> bool:
-    return output.total_num_scheduled_tokens > 0
-
-
-def deliveries(engine_outputs: dict[int, Any]) -> Iterator[tuple[str, int, bool]]:
-    """(request id, tokens delivered, finished) for every output `update_from_output` returned."""
-    for outputs in engine_outputs.values():
-        for out in outputs.outputs:
-            yield out.request_id, len(out.new_token_ids), out.finish_reason is not None
-
-
-def preempted_ids(output: Any) -> set[str]:
-    """The requests `schedule()` preempted to produce `output`."""
-    return set(output.preempted_req_ids or ())
-
-
-def connector_plan(output: Any) -> Any | None:
-    """The plan slaq's KV connector put in the step's `kv_connector_metadata` (None without one)."""
-    metadata = getattr(output, "kv_connector_metadata", None)
-    return getattr(metadata, "plan", None)
-
-
-def scheduler_connector(scheduler: Any) -> Any | None:
-    """The scheduler-side KV connector vLLM built from the config (None without one)."""
-    return getattr(scheduler, "connector", None)
-
-
-def preemptions(request: Any) -> int:
-    return request.num_preemptions
-
-
-def engine_gauges(scheduler: Any) -> tuple[int, int, float]:
-    """(waiting, running, KV cache use 0..1) as the engine exports them on /metrics
-    (`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`): vLLM's
-    `make_stats` counts deferred requests apart from the waiting ones."""
-    running, waiting = scheduler.get_request_counts()
-    return waiting - len(scheduler.deferred_waiting), running, scheduler.get_kv_cache_usage()
+def __getattr__(name: str) -> Any:
+    # Resolved on first use, so importing the simulator's records (`slaq bench live` does) needs no vLLM.
+    readers = _seam_readers()
+    if name not in readers:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals().update(readers)  # from then on plain module attributes
+    return readers[name]

@@ -26,11 +26,10 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
 from slaq.api.common import TIER_RANK
 from slaq.api.contract import RequestSLA
 from slaq.bench.stepcost import ScheduledWork, StepCostModel, StepLoad
+from slaq.engine import vllm_compat as vc
 
 # vLLM's priority heap orders by (priority, arrival_time, request_id); the oracle's key is
 # packed into `priority` before the request is queued (never changed while it is queued).
@@ -43,7 +42,7 @@ LOST_FRACTION = 0.5  # a request that can only afford steps shorter than this x 
 MIN_PREFILL_TOKENS = 64
 
 
-class OracleScheduler(AsyncScheduler):
+class OracleScheduler(vc.AsyncScheduler):
     """AsyncScheduler with oracle ordering and objective-shaped step budgets (see module doc)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -57,17 +56,17 @@ class OracleScheduler(AsyncScheduler):
         self._cost, self._true_output = cost, true_output
 
     def add_request(self, request: Any) -> None:
-        sla = RequestSLA.from_extra_args(request.sampling_params.extra_args if request.sampling_params else None)
+        sla = RequestSLA.from_extra_args(vc.extra_args(request))
         self._sla[request.request_id] = sla
         request.priority = self._key(request, sla)
         super().add_request(request)
 
     def _key(self, request: Any, sla: RequestSLA) -> int:
         rank = TIER_RANK[sla.tier]
-        work = request.num_prompt_tokens + self._true_output.get(request.request_id, request.max_tokens)
+        work = vc.prompt_tokens(request) + self._true_output.get(request.request_id, vc.max_tokens(request))
         if sla.ttft_ms is None:
             return rank * _TIER_STRIDE + work
-        arrival = sla.arrival if sla.arrival is not None else request.arrival_time
+        arrival = sla.arrival if sla.arrival is not None else vc.arrival_time(request)
         # Deadline in milliseconds, then work: within a millisecond the shorter request first.
         deadline_ms = int(arrival * 1000.0 + sla.ttft_ms)
         return rank * _TIER_STRIDE + (deadline_ms - _DEADLINE_ORIGIN_MS) * _WORK_STRIDE + min(work, _WORK_STRIDE - 1)
@@ -76,12 +75,12 @@ class OracleScheduler(AsyncScheduler):
         """The longest step every running request with a TPOT objective can afford (see module doc)."""
         now = time.time()
         target = None
-        for request in self.running:
+        for request in vc.running_requests(self):
             tpot_ms = self._sla.get(request.request_id, RequestSLA()).tpot_ms
             if tpot_ms is None:
                 continue
             tpot = tpot_ms / 1000.0
-            delivered = request.num_output_tokens
+            delivered = vc.output_tokens(request)
             total = self._true_output.get(request.request_id)
             affordable = tpot
             if delivered >= 1 and total is not None and total > delivered:
@@ -101,18 +100,18 @@ class OracleScheduler(AsyncScheduler):
         if target is None:
             return None
         base, decodes, chunk_context = StepLoad(), 0, 0
-        for request in self.running:
-            if request.is_prefill_chunk:
-                chunk_context = max(chunk_context, request.num_computed_tokens)
+        for request in vc.running_requests(self):
+            if vc.is_prefilling(request):
+                chunk_context = max(chunk_context, vc.computed_tokens(request))
             else:
-                base.add(ScheduledWork(1, request.num_computed_tokens, True))
+                base.add(ScheduledWork(1, vc.computed_tokens(request), True))
                 decodes += 1
         room = self._cost.prefill_tokens_within(target * TPOT_SAFETY, base, chunk_context)
-        return min(self.max_num_scheduled_tokens, decodes + max(room, MIN_PREFILL_TOKENS))
+        return min(vc.step_token_limit(self), decodes + max(room, MIN_PREFILL_TOKENS))
 
     def _lower_tier_prefills(self) -> list[Any]:
         """Running prompt chunks of a lower tier than the most urgent waiting request."""
-        if not self.waiting or not self.running or len(self.running) >= self.max_num_active_reqs:
+        if not self.waiting or not self.running or len(self.running) >= vc.active_request_limit(self):
             return []  # nothing waits, or no slot to admit it into: holding chunks back gains nothing
         head_rank = self.waiting.peek_request().priority // _TIER_STRIDE
         return [r for r in self.running if r.is_prefill_chunk and r.priority // _TIER_STRIDE > head_rank]
@@ -121,20 +120,8 @@ class OracleScheduler(AsyncScheduler):
         # Decodes first (by tier), then running prefill chunks by key: the running loop hands
         # out the budget in list order, so this is what keeps decodes from starving.
         self.running.sort(key=lambda r: (r.is_prefill_chunk, r.priority, r.arrival_time))
-        held = self._lower_tier_prefills()
-        budget = self._shaped_budget()
-        full, active = self.max_num_scheduled_tokens, self.max_num_active_reqs
-        if held:
-            # Out of self.running for this one call, so the running loop skips them; their
-            # slots stay taken (admission limit lowered by as many) and they come back after.
-            held_ids = {id(r) for r in held}
-            self.running[:] = [r for r in self.running if id(r) not in held_ids]
-            self.max_num_active_reqs = active - len(held)
-        if budget is not None:
-            self.max_num_scheduled_tokens = budget
-        try:
+        held, budget = self._lower_tier_prefills(), self._shaped_budget()
+        # Held chunks are out of `running` for this one call, so the running loop skips them; their
+        # slots stay taken (admission limit lowered by as many) and they come back after.
+        with vc.hold_back(self, held), vc.step_token_budget(self, budget):
             return super().schedule(*args, **kwargs)
-        finally:
-            self.max_num_scheduled_tokens, self.max_num_active_reqs = full, active
-            if held:
-                self.running.extend(held)

@@ -41,6 +41,8 @@ import time
 from typing import NamedTuple
 
 from slaq.api.common import Tier
+from slaq.engine import vllm_compat as vc
+from slaq.engine.vllm_compat import offline
 
 MAX_NUM_SEQS = 256
 MAX_BATCHED_TOKENS = 8192
@@ -79,7 +81,7 @@ class Stepper:
         self.tokens = self.admissions = self.preemptions = self.admitting = 0
         if scenario == "full":
             self.arrive(max_num_seqs, Tier.CRITICAL, max_tokens=1000)
-            while len(self.scheduler.running) < max_num_seqs or any(r.is_prefill_chunk for r in self.scheduler.running):
+            while len(vc.running_requests(self.scheduler)) < max_num_seqs or vc.any_prefill_chunk(vc.running_requests(self.scheduler)):
                 self.driver.step()
             self.arrive(waiting)
         else:
@@ -97,14 +99,14 @@ class Stepper:
         started = time.perf_counter()
         output = self.scheduler.schedule()
         self.timings.append(time.perf_counter() - started)
-        self.tokens += output.total_num_scheduled_tokens
-        admitted = len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids)
+        self.tokens += vc.total_scheduled_tokens(output)
+        admitted = offline.admissions(output)
         self.admissions += admitted
         self.admitting += admitted > 0
-        self.preemptions += len(output.preempted_req_ids or ())
+        self.preemptions += len(vc.preempted_ids(output))
         self.driver.answer(output)
         if self.scenario != "full":
-            self.arrive(max(0, self.waiting - len(self.scheduler.waiting)))
+            self.arrive(max(0, self.waiting - offline.waiting_count(self.scheduler)))
 
     def run(self) -> Run:
         steps = len(self.timings)
@@ -132,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="paired measurements; the quietest counts")
     args = parser.parse_args(argv)
 
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
     from slaq.engine.scheduler import SLAScheduler
 
     print(f"schedule() per step, max_num_seqs={args.max_num_seqs}, max_num_batched_tokens={MAX_BATCHED_TOKENS}, "
@@ -145,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             stock_runs: list[Run] = []
             slaq_runs: list[Run] = []
             for repeat in range(args.repeats):  # paired steps; which one steps first alternates by repeat
-                classes = (AsyncScheduler, SLAScheduler) if repeat % 2 == 0 else (SLAScheduler, AsyncScheduler)
+                classes = (vc.AsyncScheduler, SLAScheduler) if repeat % 2 == 0 else (SLAScheduler, vc.AsyncScheduler)
                 runs = dict(zip(classes, _measure_pair(classes, size, args.steps, scenario, args.max_num_seqs)))
-                stock_runs.append(runs[AsyncScheduler])
+                stock_runs.append(runs[vc.AsyncScheduler])
                 slaq_runs.append(runs[SLAScheduler])
             # the quietest repeat of each: noise only ever adds time
             s_mean, q_mean = (min(statistics.fmean(run.timings) for run in runs) * 1e6 for runs in (stock_runs, slaq_runs))

@@ -57,7 +57,7 @@ def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: i
     request may stop sooner)."""
     if free_slots >= 1 and free_blocks >= need_blocks:
         return 0
-    finishing = sorted((max(1, r.max_tokens - r.num_output_tokens), -(-r.num_computed_tokens // block_size)) for r in running)
+    finishing = sorted((max(1, vc.max_tokens(r) - vc.output_tokens(r)), -(-vc.computed_tokens(r) // block_size)) for r in running)
     for steps, blocks in finishing:
         free_slots, free_blocks = free_slots + 1, free_blocks + blocks
         if free_slots >= 1 and free_blocks >= need_blocks:
@@ -162,7 +162,7 @@ class SLABlockManager(KVCacheManager):
         let in may be judged too big: it is then passed over, never admitted wrongly."""
         info = self._slaq_info_of(request)
         if request.request_id not in self._slaq_holdings:
-            footprint = -(-min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) // self._slaq_block_size)
+            footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // self._slaq_block_size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, self._slaq_ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return REFUSED_TENANT_CAP
         free = vc.free_blocks(self)
@@ -174,8 +174,9 @@ class SLABlockManager(KVCacheManager):
 
     def _first_chunk_blocks(self, request: Request, scheduler: Any) -> int:
         """New blocks the next prefill chunk of waiting `request` takes (prefix hits not counted)."""
-        chunk = min(request.num_tokens - request.num_computed_tokens, vc.step_token_limit(scheduler))
-        return -(-(request.num_computed_tokens + chunk) // self._slaq_block_size) - -(-request.num_computed_tokens // self._slaq_block_size)
+        computed = vc.computed_tokens(request)
+        chunk = min(vc.total_tokens(request) - computed, vc.step_token_limit(scheduler))
+        return -(-(computed + chunk) // self._slaq_block_size) - -(-computed // self._slaq_block_size)
 
     def blocks_to_admit(self, request: Request, scheduler: Any) -> int:
         """Free blocks waiting `request` needs to be admitted now: what vLLM's `allocate_slots` wants
@@ -199,8 +200,8 @@ class SLABlockManager(KVCacheManager):
         free = vc.free_blocks(self)
         if free - mine >= need:
             return False
-        prefill_steps = -(-(request.num_tokens - request.num_computed_tokens) // max(1, vc.step_token_limit(scheduler)))
-        done_in = prefill_steps + max(1, request.max_tokens - request.num_output_tokens)
+        prefill_steps = -(-(vc.total_tokens(request) - vc.computed_tokens(request)) // max(1, vc.step_token_limit(scheduler)))
+        done_in = prefill_steps + max(1, vc.max_tokens(request) - vc.output_tokens(request))
         return done_in > steps_until_room(vc.running_requests(scheduler), self._slaq_block_size, need, free)
 
     @property
@@ -234,7 +235,7 @@ class SLABlockManager(KVCacheManager):
         holding = self._slaq_holdings.get(request.request_id)
         size = self._slaq_block_size
         if holding is not None and not num_new_computed_tokens:
-            wanted = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
+            wanted = -(-(vc.computed_tokens(request) + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
             if growth <= 0 and num_new_tokens <= 1:
                 return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
@@ -251,14 +252,14 @@ class SLABlockManager(KVCacheManager):
             return result
         ledger = self._slaq_ledger
         info = self._slaq_info_of(request)
-        wanted = -(-(request.num_computed_tokens + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
+        wanted = -(-(vc.computed_tokens(request) + num_new_computed_tokens + num_new_tokens + num_lookahead_tokens) // size)
         if info.tier_rank:
             new_blocks = wanted - (holding.blocks if holding is not None else 0) - num_new_computed_tokens // size
             if new_blocks > 0 and not self._slaq_rule.leaves_headroom(info.tier_rank, vc.free_blocks(self), new_blocks, ledger.blocks_by_tier[0]):
                 return None
         footprint = 0
         if holding is None:
-            footprint = -(-min(self._slaq_max_model_len, request.num_prompt_tokens + request.max_tokens) // size)
+            footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return None
         result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, **kwargs)
@@ -273,7 +274,7 @@ class SLABlockManager(KVCacheManager):
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
             key = (info.tier.value, info.tenant)
-            ledger.prefix_query_tokens[key] += request.num_tokens
+            ledger.prefix_query_tokens[key] += vc.total_tokens(request)
             ledger.prefix_hit_tokens[key] += num_new_computed_tokens
         ledger.blocks_by_tier[holding.tier_rank] += wanted - holding.blocks
         holding.blocks = wanted
@@ -293,7 +294,7 @@ class SLABlockManager(KVCacheManager):
         for block in blocks:
             key = vc.cached_hash(block)
             if key is not None:
-                noted[block.block_id] = (block, key)
+                noted[vc.block_id(block)] = (block, key)
 
     def eviction_near(self) -> bool:
         return vc.cached_free_floor(self) < self._slaq_low_water

@@ -46,10 +46,10 @@ class ThrashGuard:
     def protect(self, request: Request, info: RequestInfo) -> None:
         """Called when `request` is preempted."""
         info.preemptions += 1
-        info.protected_until_output = request.num_output_tokens + self.min_progress_tokens
+        info.protected_until_output = vc.output_tokens(request) + self.min_progress_tokens
 
     def may_preempt(self, request: Request, info: RequestInfo) -> bool:
-        return request.num_output_tokens >= info.protected_until_output
+        return vc.output_tokens(request) >= info.protected_until_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class VictimChooser:
     policy: LowestTierCheapest = LowestTierCheapest()
 
     def order(self, candidates: Sequence[Request], info_of: Callable[[Request], RequestInfo]) -> list[Request]:
-        facts = [_Candidate(info_of(r).tier_rank, r.num_computed_tokens, info_of(r).arrival, r) for r in candidates]
+        facts = [_Candidate(info_of(r).tier_rank, vc.computed_tokens(r), info_of(r).arrival, r) for r in candidates]
         return [c.request for c in self.policy.order(facts)]
 
 
@@ -137,7 +137,7 @@ class UrgentPreemption:
         slots, blocks = resources.free_slots, resources.free_blocks
         for request in urgent:
             info = info_of(request)
-            chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
+            chunk_blocks = math.ceil(min(vc.total_tokens(request), resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
             missed = resources.now >= info.deadline
             if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources):
@@ -151,7 +151,7 @@ class UrgentPreemption:
                     continue
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1
-                free_blocks += math.ceil(victim.num_computed_tokens / resources.block_size)
+                free_blocks += math.ceil(vc.computed_tokens(victim) / resources.block_size)
             if free_slots < 1 or free_blocks < need_blocks or len(plan) + len(chosen) > self.max_per_step:
                 break  # no room for this one within the bound; the rest are less urgent
             plan.extend(chosen)
@@ -162,5 +162,5 @@ class UrgentPreemption:
     @staticmethod
     def _blocks_needed(request: Request, info: RequestInfo, resources: ResourceView) -> int:
         """Blocks the request's first chunk needs, plus the critical headroom it may not touch."""
-        chunk_blocks = math.ceil(min(request.num_tokens, resources.step_tokens) / resources.block_size)
+        chunk_blocks = math.ceil(min(vc.total_tokens(request), resources.step_tokens) / resources.block_size)
         return chunk_blocks + (0 if info.tier_rank == 0 else resources.headroom_blocks)

@@ -100,7 +100,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
 
     def _block_rule(self, tenant_kv_share: Mapping[str, float]) -> BlockBudgetRule:
-        return BlockBudgetRule.from_shares(vc.usable_blocks(self.kv_cache_manager), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
+        return BlockBudgetRule.from_shares(vc.usable_blocks(vc.block_manager(self)), self.slaq_config.spec.critical_kv_headroom, tenant_kv_share)
 
     # -- request facts -----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -113,9 +113,9 @@ class SLAScheduler(vc.RecomputesLoadFailures):
                 request,
                 request_info(
                     sla,
-                    arrival=request.arrival_time,
-                    prompt_tokens=request.num_prompt_tokens,
-                    max_tokens=request.max_tokens,
+                    arrival=vc.arrival_time(request),
+                    prompt_tokens=vc.prompt_tokens(request),
+                    max_tokens=vc.max_tokens(request),
                     aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
                 ),
             )
@@ -151,7 +151,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         now = time.time()
         running = vc.running_requests(self)
         limit = vc.active_request_limit(self)
-        self.order.set_load(self.policy.load(len(running), limit, self.kv_cache_manager.usage))
+        self.order.set_load(self.policy.load(len(running), limit, vc.kv_cache_usage(self)))
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         if self.table_watcher is not None:
@@ -225,7 +225,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         if not urgent:
             return []
         rank = self.info_of(urgent[0]).tier_rank
-        demand = urgent[0].num_tokens
+        demand = vc.total_tokens(urgent[0])
         candidates: list[Request] = []
         for request in running:
             if vc.is_prefilling(request):
@@ -275,7 +275,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:
         self._charge_decodes()
         for request_id in vc.preempted_ids(output) - ours:
-            request = self.requests.get(request_id)
+            request = vc.request_by_id(self, request_id)
             if request is not None:
                 info = self.info_of(request)
                 self.guard.protect(request, info)

@@ -1,10 +1,9 @@
 """A vLLM 0.32 scheduler without a model runner, for tests, benchmarks and simulators.
 
-Built the way vLLM's own tests/v1/core/test_scheduler.py builds one: a real VllmConfig and
-KVCacheConfig (the tiny model's config, one full-attention group), real Requests, and
+The tiny model's config, one full-attention KV cache group, prefix caching on, real Requests, and
 `schedule()` / `update_from_output()` answered with synthetic model outputs (one sampled token
-per request past its prompt). Building a scheduler this way reaches into vLLM's internals like
-`vllm_compat` does; tests/engine/test_vllm_compat.py covers it.
+per request past its prompt). The scheduler is built by `slaq.engine.vllm_compat.offline`, the
+one builder the bench harness uses too; tests/engine/test_vllm_compat.py covers it.
 """
 
 from __future__ import annotations
@@ -12,29 +11,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
-
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
+from slaq.engine import vllm_compat as vc
 from slaq.engine.config import EngineSchedulerConfig
 from slaq.engine.scheduler import SLAScheduler
 from slaq.engine.tiny_model import ensure_tiny_model
+from slaq.engine.vllm_compat import Request, SchedulerOutput, offline
 
 BLOCK_SIZE = 16
 SAMPLED_TOKEN = 7
-_HASH = get_hash_fn_by_name("sha256")
-init_none_hash(_HASH)
-_BLOCK_HASHER = get_request_block_hasher(BLOCK_SIZE, _HASH)
 _ids = itertools.count()
 
 
@@ -47,35 +33,15 @@ def build_scheduler(
     num_blocks: int = 1000,
     max_model_len: int = 512,
     enable_prefix_caching: bool = True,
-) -> AsyncScheduler:
-    path = str(ensure_tiny_model())
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_chunked_prefill=True,
-        async_scheduling=True,
-        policy="priority",
-        is_encoder_decoder=False,
+) -> vc.AsyncScheduler:
+    shape = offline.EngineShape(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        num_blocks=num_blocks, block_size=BLOCK_SIZE, policy="priority", enable_prefix_caching=enable_prefix_caching,
     )
-    model_config = ModelConfig(model=path, tokenizer=path, dtype="float32", seed=0, skip_tokenizer_init=True, max_model_len=max_model_len)
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="auto", enable_prefix_caching=enable_prefix_caching)
-    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32))],
-    )
-    cache_config.num_gpu_blocks = num_blocks
+    model = offline.model_config(str(ensure_tiny_model()), "float32", max_model_len)
     if issubclass(scheduler_cls, SLAScheduler):
         scheduler_cls = type(scheduler_cls.__name__, (scheduler_cls,), {"config_override": config or EngineSchedulerConfig()})
-    return scheduler_cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
-        log_stats=True,
-    )
+    return offline.build_scheduler(scheduler_cls, offline.engine_setup(model, shape), log_stats=True)
 
 
 def make_request(
@@ -95,14 +61,15 @@ def make_request(
     if ttft_ms is None and tier is Tier.CRITICAL:
         ttft_ms = 500.0
     sla = RequestSLA(tenant=tenant, tier=tier, ttft_ms=ttft_ms, tpot_ms=tpot_ms, arrival=arrival, predicted_output=max_tokens)
-    return Request(
-        request_id=f"{tier.value}-{tenant}-{number}",
-        prompt_token_ids=[(seed * 31 + i) % 500 + 3 for i in range(prompt_tokens)],
-        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=sla.to_xargs()),
-        pooling_params=None,
+    return offline.new_request(
+        f"{tier.value}-{tenant}-{number}",
+        [(seed * 31 + i) % 500 + 3 for i in range(prompt_tokens)],
+        max_tokens=max_tokens,
         arrival_time=arrival,
         priority=tier.rank,
-        block_hasher=_BLOCK_HASHER,
+        extra_args=sla.to_xargs(),
+        ignore_eos=True,
+        block_hasher=offline.prefix_block_hasher(BLOCK_SIZE),
     )
 
 
@@ -110,7 +77,7 @@ def make_request(
 class Driver:
     """Steps a scheduler as the engine core does, one model step per schedule() (no overlap)."""
 
-    scheduler: AsyncScheduler
+    scheduler: vc.AsyncScheduler
     finished: set[str] = field(default_factory=set)
     first_scheduled_step: dict[str, int] = field(default_factory=dict)
     preempted: list[set[str]] = field(default_factory=list)
@@ -128,16 +95,15 @@ class Driver:
     def answer(self, output: SchedulerOutput) -> None:
         """Feed the synthetic model output of a step back to the scheduler."""
         self.steps += 1
-        self.preempted.append(set(output.preempted_req_ids or ()))
-        ids = list(output.num_scheduled_tokens)
+        self.preempted.append(set(vc.preempted_ids(output)))
+        ids = offline.scheduled_ids(output)
         for request_id in ids:
             self.first_scheduled_step.setdefault(request_id, self.steps)
-        sampled = [[] if self.scheduler.requests[r].is_prefill_chunk else [SAMPLED_TOKEN] for r in ids]
-        runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
-        for engine_outputs in self.scheduler.update_from_output(output, runner_output).values():
-            for out in engine_outputs.outputs:
-                if out.finish_reason is not None:
-                    self.finished.add(out.request_id)
+        sampled = [[SAMPLED_TOKEN] if offline.samples(self.scheduler, r) else [] for r in ids]
+        runner_output = offline.model_runner_output(ids, sampled)
+        for request_id, _, finished in offline.deliveries(self.scheduler.update_from_output(output, runner_output)):
+            if finished:
+                self.finished.add(request_id)
 
     def run_until_idle(self, max_steps: int = 2000) -> None:
         while self.scheduler.has_requests():
@@ -145,5 +111,5 @@ class Driver:
             self.step()
 
 
-def free_blocks(scheduler: AsyncScheduler) -> int:
-    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+def free_blocks(scheduler: vc.AsyncScheduler) -> int:
+    return vc.free_blocks(vc.block_manager(scheduler))

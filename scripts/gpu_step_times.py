@@ -58,10 +58,9 @@ def write_model_dir(target: Path, vocab_size: int = LLAMA3_8B["vocab_size"]) -> 
 
 
 def _timed(llm, prompts: list[list[int]], max_tokens: int, repeats: int = 3) -> float:
-    from vllm import SamplingParams, TokensPrompt
+    from slaq.engine.vllm_compat.llm import greedy_inputs
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
-    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    inputs, params = greedy_inputs(prompts, max_tokens)
     samples = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -75,14 +74,13 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 
 def measure(model_dir: Path) -> dict:
-    from vllm import LLM
-
     from slaq.bench.pool_profile import load_profile
     from slaq.bench.stepcost import ScheduledWork, StepCostModel
+    from slaq.engine.vllm_compat.llm import offline_llm
 
     cost = StepCostModel(load_profile("h200-llama3-8b"))
-    llm = LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", max_model_len=8192,
-              max_num_batched_tokens=8192, max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=False)
+    llm = offline_llm(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", max_model_len=8192,
+                      max_num_batched_tokens=8192, max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9, enable_prefix_caching=False)
     _timed(llm, [_prompt(0, 256)], 4, repeats=1)  # warm up
     prefill = []
     for tokens in PREFILL_TOKENS:

@@ -96,7 +96,7 @@ class KVSecurityPlanner:
     def matched_tokens(self, request: vc.Request, num_computed: int) -> int:
         if self.swap is None:
             return 0
-        return self.swap.matched_tokens(request.request_id, num_computed, request.num_tokens)
+        return self.swap.matched_tokens(request.request_id, num_computed, vc.total_tokens(request))
 
     def allocated(self, request: vc.Request, blocks: Any, num_external: int) -> None:
         if self.swap is None or num_external <= 0:

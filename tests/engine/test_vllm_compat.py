@@ -112,6 +112,24 @@ def test_max_model_len_and_block_size() -> None:
     assert vc.max_model_len(scheduler) == 256 and vc.block_size(scheduler) == BLOCK_SIZE
 
 
+def test_request_fields_block_manager_usage_and_lookup_follow_one_request() -> None:
+    scheduler = _stock(num_blocks=50)
+    assert vc.block_manager(scheduler) is scheduler.kv_cache_manager and vc.kv_cache_usage(scheduler) == 0.0
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=20, arrival=5.0)
+    facts = (vc.computed_tokens, vc.total_tokens, vc.prompt_tokens, vc.output_tokens, vc.max_tokens, vc.arrival_time)
+    assert [f(request) for f in facts] == [0, 40, 40, 0, 20, 5.0]
+    driver = Driver(scheduler)
+    driver.add(request)
+    assert vc.request_by_id(scheduler, request.request_id) is request
+    driver.step()  # the whole prompt, and its first output token back
+    assert [f(request) for f in facts] == [40, 41, 40, 1, 20, 5.0]
+    assert vc.kv_cache_usage(scheduler) > 0.0
+    assert [vc.block_id(b) for b in vc.request_blocks(vc.block_manager(scheduler), request.request_id)] == [
+        b.block_id for b in scheduler.kv_cache_manager.get_blocks(request.request_id).blocks[0]]
+    driver.run_until_idle()
+    assert vc.request_by_id(scheduler, request.request_id) is None
+
+
 def test_step_token_budget_caps_one_step_and_restores() -> None:
     scheduler = _stock(max_num_batched_tokens=512)
     driver = Driver(scheduler)

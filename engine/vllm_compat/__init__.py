@@ -3,6 +3,10 @@
 vLLM's scheduler internals are not a public API. Nothing else in `slaq.engine` reaches into a
 vLLM object's private state: it goes through the functions here, and tests/engine/test_vllm_compat.py
 has one test per touch point, so an upgrade shows exactly what broke.
+
+The package is the only place that imports vLLM (tests/engine/test_vllm_seam.py fails otherwise):
+`offline` builds a scheduler without a model runner (tests, benchmarks, the simulator), `llm`
+wraps vLLM's offline `LLM` for scripts.
 """
 
 from __future__ import annotations
@@ -92,6 +96,29 @@ def preempt(scheduler: AsyncScheduler, request: Request, now: float) -> None:
 
 def max_model_len(scheduler: AsyncScheduler) -> int:
     return scheduler.max_model_len
+
+
+def block_manager(scheduler: AsyncScheduler) -> KVCacheManager:
+    return scheduler.kv_cache_manager
+
+
+def kv_cache_usage(scheduler: AsyncScheduler) -> float:
+    """Share of the KV cache in use, 0..1 (what vLLM exports as `vllm:kv_cache_usage_perc`)."""
+    return scheduler.kv_cache_manager.usage
+
+
+def request_by_id(scheduler: AsyncScheduler, request_id: str) -> Request | None:
+    """A request the scheduler still holds (None once it finished)."""
+    return scheduler.requests.get(request_id)
+
+
+# Request fields (vLLM 0.32 names), read for every running request in a step: C-speed getters.
+computed_tokens: Callable[[Request], int] = operator.attrgetter("num_computed_tokens")  # in the KV cache (async: in-flight ones too)
+total_tokens: Callable[[Request], int] = operator.attrgetter("num_tokens")  # prompt + output so far
+prompt_tokens: Callable[[Request], int] = operator.attrgetter("num_prompt_tokens")
+output_tokens: Callable[[Request], int] = operator.attrgetter("num_output_tokens")  # delivered (no async placeholders)
+max_tokens: Callable[[Request], int] = operator.attrgetter("max_tokens")
+arrival_time: Callable[[Request], float] = operator.attrgetter("arrival_time")
 
 
 @contextlib.contextmanager
@@ -235,6 +262,9 @@ def cached_free_floor(manager: KVCacheManager) -> int:
     cached, except where two blocks share a key). Allocation takes these before evicting anything."""
     pool = manager.block_pool
     return pool.get_num_free_blocks() - len(pool.cached_block_hash_to_block)
+
+
+block_id: Callable[["KVCacheBlock"], int] = operator.attrgetter("block_id")
 
 
 def cached_hash(block: "KVCacheBlock") -> Any:

@@ -1,0 +1,166 @@
+"""The vLLM seam: only slaq.engine.vllm_compat imports vLLM, and every vLLM method slaq overrides
+still has the signature the installed vLLM gives it, so an upgrade shows exactly what broke."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from slaq.engine.vllm_compat import KVCacheManager
+
+ROOT = Path(__file__).resolve().parents[2]
+SEAM = ROOT / "engine" / "vllm_compat"
+SEAM_MODULE = "slaq.engine.vllm_compat"
+# Scripts are not package modules but import what the package does; tests/ and e2e/ may use vLLM.
+EXTRA_FOLDERS = ("scripts",)
+
+
+def _package_sources() -> Iterator[Path]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for folder in sorted({*config["package-dir"].values(), *EXTRA_FOLDERS}):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def vllm_imports(text: str, filename: str = "<text>") -> list[int]:
+    """Lines of `text` that import vLLM (anywhere: module level, in functions, under TYPE_CHECKING)."""
+    lines = []
+    for node in ast.walk(ast.parse(text, filename)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(name == "vllm" or name.startswith("vllm.") for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def _imports_the_seam(text: str) -> bool:
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import) and any(a.name.startswith(SEAM_MODULE) for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith(SEAM_MODULE) or (node.module == "slaq.engine" and any(a.name == "vllm_compat" for a in node.names))):
+            return True
+    return False
+
+
+def _seam_users() -> Iterator[str]:
+    """Package modules that import the seam: the only ones that can subclass a vLLM class."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for name, folder in config["package-dir"].items():
+        for source in sorted((ROOT / folder).rglob("*.py")):
+            if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
+                parts = source.relative_to(ROOT / folder).with_suffix("").parts
+                yield ".".join((name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def test_only_the_seam_imports_vllm() -> None:
+    offenders = {}
+    for source in _package_sources():
+        if source.is_relative_to(SEAM):
+            continue
+        lines = vllm_imports(source.read_text(), str(source))
+        if lines:
+            offenders[str(source.relative_to(ROOT))] = lines
+    assert not offenders, f"vLLM imported outside {SEAM.relative_to(ROOT)}: {offenders}"
+
+
+def test_the_import_scan_sees_every_form_of_import() -> None:
+    assert vllm_imports("import vllm") == [1]
+    assert vllm_imports("import os, vllm.config as c") == [1]
+    assert vllm_imports("def f():\n    from vllm.v1.request import Request\n") == [2]
+    assert vllm_imports("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vllm import LLM\n") == [3]
+    assert vllm_imports("import vllm_compat\nfrom slaq.engine.vllm_compat import Request\nfrom . import vllm\n") == []
+
+
+# -- overridden vLLM methods -------------------------------------------------------------------
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _shape(parameters: list[inspect.Parameter]) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in parameters]
+
+
+def signature_mismatch(override: Callable[..., Any], base: Callable[..., Any]) -> str | None:
+    """Why `override` cannot stand in for `base` (None when it can). Its parameters must be the
+    base's (names, kinds, defaults; annotations aside), or a leading run of them followed by
+    `**kwargs` that takes the rest by keyword (as vLLM passes them), or a plain `(*args, **kwargs)`
+    pass-through."""
+    mine, theirs = (list(inspect.signature(f).parameters.values()) for f in (override, base))
+    if [p.kind for p in mine[1:]] == list(_VARIADIC):
+        return None
+    if mine and mine[-1].kind is inspect.Parameter.VAR_KEYWORD and not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in mine):
+        named = mine[:-1]
+        rest = theirs[len(named):]
+        if _shape(named) != _shape(theirs[:len(named)]):
+            return f"{_shape(named)} is not the start of {_shape(theirs)}"
+        if any(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL) for p in rest):
+            return f"**kwargs cannot take {[p.name for p in rest]}"
+        return None
+    if _shape(mine) != _shape(theirs):
+        return f"{_shape(mine)} != {_shape(theirs)}"
+    return None
+
+
+def _overrides() -> Iterator[tuple[str, Callable[..., Any], Callable[..., Any]]]:
+    """(qualified name, slaq's method, the installed vLLM's) for every vLLM method a slaq class defines."""
+    for module_name in _seam_users():
+        module = importlib.import_module(module_name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+                continue
+            vllm_base = next((b for b in cls.__mro__ if b.__module__.split(".")[0] == "vllm"), None)
+            if vllm_base is None:
+                continue
+            for name, attribute in vars(cls).items():
+                if not inspect.isfunction(attribute) or (name.startswith("__") and name != "__init__"):
+                    continue
+                base = getattr(vllm_base, name, None)
+                if inspect.isfunction(base):
+                    yield f"{cls.__module__}.{cls.__qualname__}.{name}", attribute, base
+
+
+def test_every_overridden_vllm_method_keeps_the_installed_signature() -> None:
+    found = {name: signature_mismatch(mine, theirs) for name, mine, theirs in _overrides()}
+    # The block manager's three overrides and the load-failure fix are among those checked.
+    for expected in ("slaq.engine.blocks.SLABlockManager.allocate_slots", "slaq.engine.blocks.SLABlockManager.free",
+                     "slaq.engine.blocks.SLABlockManager.pop_blocks_for_free",
+                     "slaq.engine.vllm_compat.RecomputesLoadFailures._update_requests_with_invalid_blocks",
+                     "slaq.engine.scheduler.SLAScheduler.schedule", "slaq.bench.oracle.OracleScheduler.schedule",
+                     "slaq.engine.kv_security.connector.SlaqKVConnector.build_connector_meta"):
+        assert expected in found, sorted(found)
+    assert {name: why for name, why in found.items() if why} == {}
+
+
+def _allocate_renamed(self, request, num_tokens, num_new_computed_tokens=0, **kwargs): ...  # noqa: E704
+def _allocate_reordered(self, num_new_tokens, request, **kwargs): ...  # noqa: E704
+def _allocate_without_kwargs(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None): ...  # noqa: E704
+def _allocate_changed_default(self, request, num_new_tokens, num_new_computed_tokens=1, **kwargs): ...  # noqa: E704
+def _free_with_extra(self, request, now): ...  # noqa: E704
+
+
+@pytest.mark.parametrize("override", [_allocate_renamed, _allocate_reordered, _allocate_without_kwargs, _allocate_changed_default])
+def test_the_signature_check_sees_a_changed_allocate_slots(override) -> None:
+    assert signature_mismatch(override, KVCacheManager.allocate_slots) is not None
+
+
+def test_the_signature_check_sees_an_extra_parameter_and_passes_a_pass_through() -> None:
+    assert signature_mismatch(_free_with_extra, KVCacheManager.free) is not None
+    assert signature_mismatch(lambda self, *args, **kwargs: None, KVCacheManager.free) is None
+    assert signature_mismatch(lambda self, request: None, KVCacheManager.free) is None
+
+
+def test_greedy_inputs_ask_for_exactly_max_tokens_from_token_ids() -> None:
+    from slaq.engine.vllm_compat.llm import greedy_inputs
+
+    inputs, params = greedy_inputs([[5, 6, 7], [8]], 4)
+    assert [i["prompt_token_ids"] for i in inputs] == [[5, 6, 7], [8]]
+    assert (params.max_tokens, params.ignore_eos, params.temperature, params.detokenize) == (4, True, 0.0, False)
