@@ -57,9 +57,11 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         config = self.config_override or EngineSchedulerConfig.from_environment()
         self.slaq_config = config
         spec = config.spec
-        self.policy = PodPolicy.from_spec(spec)
-        self.fairness = self.policy.accounting
-        self.order = WaitingOrder(self.policy, max_length_tokens=vc.max_model_len(self))
+        # Not `self.policy`: that is vLLM's SchedulingPolicy, and its running loop picks the victim of
+        # a KV-exhaustion preemption by it (lowest priority under PRIORITY, else the last admitted).
+        self.pod_policy = PodPolicy.from_spec(spec)
+        self.fairness = self.pod_policy.accounting
+        self.order = WaitingOrder(self.pod_policy, max_length_tokens=vc.max_model_len(self))
         vc.install_waiting_queues(self, lambda: SLARequestQueue(self.order, self.info_of))
         self.block_manager = SLABlockManager.adopt(
             self,
@@ -71,8 +73,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
         self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
-        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.policy.victims))
-        self.step_budget: StepBudgetPolicy = self.policy.step_budget()
+        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims))
+        self.step_budget: StepBudgetPolicy = self.pod_policy.step_budget()
         self.pace = PaceClock()
         self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
@@ -151,7 +153,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         now = time.time()
         running = vc.running_requests(self)
         limit = vc.active_request_limit(self)
-        self.order.set_load(self.policy.load(len(running), limit, vc.kv_cache_usage(self)))
+        self.order.set_load(self.pod_policy.load(len(running), limit, vc.kv_cache_usage(self)))
         for queue in (self.waiting, self.kv_holding_waiting):
             queue.begin_step(now)  # type: ignore[attr-defined]
         if self.table_watcher is not None:

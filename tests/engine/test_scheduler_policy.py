@@ -238,3 +238,41 @@ def test_kv_exhaustion_preempts_the_forged_batch_decode_not_the_critical_one() -
     preempted = set().union(*driver.preempted)
     assert flood.request_id in preempted
     assert vip.request_id not in preempted
+
+
+def _preemptions(driver: Driver, request) -> int:
+    return sum(request.request_id in step for step in driver.preempted)
+
+
+@pytest.mark.parametrize("num_blocks", [28, 14])
+def test_kv_exhaustion_preempts_batch_decodes_not_a_critical_one_admitted_after_them(num_blocks: int) -> None:
+    # Nothing forged: the batch requests run first, so the critical one is last in `running`.
+    # 48 + 100 tokens need 10 blocks of 16 each; 28 (or 14) blocks cannot hold all three.
+    driver = Driver(build_scheduler(max_num_seqs=4, num_blocks=num_blocks))
+    batch = [make_request(Tier.BATCH, tenant="free", prompt_tokens=48, max_tokens=100) for _ in range(2)]
+    driver.add(*batch)
+    driver.step()
+    vip = make_request(Tier.CRITICAL, tenant="vip", prompt_tokens=48, max_tokens=100)
+    driver.add(vip)
+    driver.run_until_idle()
+    assert driver.finished == {r.request_id for r in (*batch, vip)}
+    assert _preemptions(driver, vip) == 0
+    assert sum(_preemptions(driver, r) for r in batch) >= 1  # the cache did run out
+
+
+def test_kv_exhaustion_among_critical_requests_preempts_the_latest_arrival() -> None:
+    # Only critical requests run: vLLM's own rule stands, the latest arrival_time goes first,
+    # here the request admitted first (so not the last in `running`).
+    now = time.time()
+    driver = Driver(build_scheduler(max_num_seqs=4, num_blocks=14))
+    latest = make_request(Tier.CRITICAL, tenant="vip", prompt_tokens=48, max_tokens=100, arrival=now)
+    driver.add(latest)
+    driver.step()
+    earlier = make_request(Tier.CRITICAL, tenant="vip", prompt_tokens=48, max_tokens=100, arrival=now - 1.0)
+    driver.add(earlier)
+    driver.step()
+    assert [r.request_id for r in driver.scheduler.running] == [latest.request_id, earlier.request_id]
+    driver.run_until_idle()
+    victims = [step for step in driver.preempted if step]
+    assert victims and victims[0] == {latest.request_id}
+    assert _preemptions(driver, earlier) == 0

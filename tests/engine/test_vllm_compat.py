@@ -5,6 +5,7 @@ from __future__ import annotations
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 
 from slaq.api.common import Tier
 from slaq.engine import vllm_compat as vc
@@ -379,3 +380,10 @@ def test_set_priority_is_what_vllms_ordering_reads() -> None:
     request = make_request(Tier.BATCH)
     vc.set_priority(request, 7)
     assert request.priority == 7
+
+
+def test_slaq_scheduler_leaves_vllms_scheduling_policy_attribute_alone() -> None:
+    # vLLM's running loop reads `self.policy` to pick a KV-exhaustion victim (lowest priority under
+    # PRIORITY, else the last admitted); SLAScheduler must not shadow it with its own policy.
+    scheduler = build_scheduler()
+    assert scheduler.policy is SchedulingPolicy.PRIORITY
