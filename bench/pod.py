@@ -117,11 +117,12 @@ Gauges = Callable[[], tuple[int, int, float]]
 class PodFront:
     """The sidecar core of one simulated pod; the simulator calls it at each event's time."""
 
-    def __init__(self, config: PodConfig, table: TenantTable, clock: SimClock, *, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(self, config: PodConfig, table: TenantTable, clock: SimClock, *, max_num_seqs: int, max_model_len: int,
+                 max_num_batched_tokens: int = 8192) -> None:
         self.config = config
         self.core = SidecarCore(
             CoreConfig(max_queue_depth=config.max_queue_depth, scheduler=config.scheduler, engine_queue_target=config.engine_queue_target,
-                       max_length_tokens=max_model_len, max_num_seqs=max_num_seqs),
+                       max_length_tokens=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
             TenantDirectory.from_table(table),
             clock=clock.wall,
         )
@@ -160,9 +161,7 @@ class PodFront:
             return
         self._flights[request.request_id] = flight
         self._ids[flight.entry] = request.request_id
-        dispatcher = self.core.dispatcher
-        if not dispatcher.try_release(flight.entry):
-            dispatcher.enqueue(flight.entry)
+        self.core.dispatcher.offer(flight.entry)
 
     def _refused(self, request: BenchRequest, error: SidecarError) -> None:
         status, tried = http_status(error), self.retries.get(request.request_id, 0)
