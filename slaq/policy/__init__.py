@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 from slaq.api.pool import SchedulerSpec
 from slaq.policy.accounting import ACCOUNTS, VirtualTokenCounters
 from slaq.policy.discipline import Discipline
+from slaq.policy.step_budget import step_budget_class
 from slaq.policy.load import LOADS
 from slaq.policy.ranking import RANKINGS, DeadlineClassRanking
 from slaq.policy.victims import VICTIMS, LowestTierCheapest
@@ -63,7 +64,5 @@ class PodPolicy:
             discipline=Discipline.from_spec(spec),
         )
 
-    def step_budget(self):  # -> StepBudgetPolicy; imported late: the sidecar never builds one
-        from slaq.policy.step_budget import STEP_BUDGETS
-
-        return STEP_BUDGETS[self.step_budget_name]()
+    def step_budget(self):  # -> StepBudgetPolicy: only the engine builds one (it imports vLLM)
+        return step_budget_class(self.step_budget_name)()
