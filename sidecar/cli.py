@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
     parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
     parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
+    parser.add_argument("--max-model-len", type=_positive_int, default=8192,
+                        help="The engine's context length (the pool's model.maxModelLen): prompt + output that scores 0 on the length term, as in the engine.")
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                        help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                        help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
     parser.set_defaults(handler=_run)
 
@@ -76,6 +82,9 @@ def _run(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             metrics_port=args.metrics_port,
             access_log=args.access_log,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from slaq.api.common import Tier
-from slaq.policy.discipline import Choice, Discipline, TieredQueue
-from slaq.policy.ranking import MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking
+from slaq.policy.discipline import BAND_WAITING, Choice, Discipline, TieredQueue
+from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking, deadline
 from slaq.policy.views import PoolView, RequestView
+from slaq.sidecar.errors import DeadlineUnreachable, SidecarError
 from slaq.sidecar.release import ReleaseGate
 
 
@@ -97,15 +99,26 @@ class RequestQueue:
 
 @dataclass
 class ReleasePace:
-    """EWMA of the interval between releases out of a non-empty queue: how fast the queue drains."""
+    """How fast the queue drains: releases out of a non-empty queue, counted with exponential decay
+    (time constant `window_s`) and divided by the decayed time they span (so the first seconds are
+    not read against a default), as an interval. A release round lets several requests go at one
+    instant; an average of the intervals between releases would count those as zero-second
+    intervals and predict a queue draining many times faster than it does."""
 
-    interval_s: float = 0.05
-    alpha: float = 0.2
+    interval_s: float = 0.05  # until releases out of the queue span some time
+    window_s: float = 10.0
+    _count: float = field(default=0.0, repr=False)
+    _since: float | None = field(default=None, repr=False)
     _last: float | None = field(default=None, repr=False)
 
     def released(self, now: float, queue_was_waiting: bool) -> None:
         if queue_was_waiting and self._last is not None:
-            self.interval_s += self.alpha * (max(0.0, now - self._last) - self.interval_s)
+            if self._since is None:
+                self._since = self._last
+            self._count = self._count * math.exp(-max(0.0, now - self._last) / self.window_s) + 1.0
+            span = self.window_s * (1.0 - math.exp(-max(0.0, now - self._since) / self.window_s))
+            if span > 0.0:
+                self.interval_s = span / self._count
         self._last = now
 
 
@@ -117,7 +130,14 @@ class Dispatcher:
     of them. When the discipline's choice is held, the best head of a strictly higher tier that the
     gate lets go goes instead: the engine would admit it ahead of the held one anyway, so an
     attainable higher-tier request never waits behind a lower-tier one here, and a lower or equal
-    tier never overtakes a held request."""
+    tier never overtakes a held request.
+
+    Shedding what cannot be served in time: a queued request of the lowest tier whose TTFT deadline
+    passes while it waits here leaves the queue with a `DeadlineUnreachable` refusal (503 with a
+    Retry-After of its tier's drain time) instead of going to the engine late. Served, it would miss
+    anyway and, past the aging bound, take the starving share of admissions from higher tiers; the
+    door check (`predicted_wait_s`) refuses most such work on arrival, this catches what the
+    prediction let in when the overload outlasted it."""
 
     def __init__(
         self,
@@ -135,6 +155,8 @@ class Dispatcher:
         # Called with every entry released (at once or from the queue): how a host without an
         # event loop (the simulator) learns what went to the engine; the server awaits `waiter`.
         self.on_release: Callable[[QueuedRequest], None] | None = None
+        # Called with every entry shed from the queue and its refusal (the server's waiter gets it raised).
+        self.on_shed: Callable[[QueuedRequest, SidecarError], None] | None = None
 
     @property
     def ranking(self) -> DeadlineClassRanking:
@@ -217,11 +239,30 @@ class Dispatcher:
         above = sorted((head for head in heads if head.tier_rank < choice.tier_rank), key=lambda head: (head.rank_class, tiers.full_rank(head)))
         return next((head for head in above if self._gate_lets(head.tier_rank, head.rank_class)), None)
 
+    def _shed_expired(self, now: float) -> None:
+        """Refuse the lowest tier's queued requests whose TTFT deadline has passed (see the class doc)."""
+        tiers = self.queue.tiers
+        heap = tiers.heaps[LOWEST_RANK]
+        while (head := tiers.head(heap)) is not None and head[0] == BAND_WAITING:
+            entry = head[3]
+            view = tiers.view_of(entry)
+            if view.ttft_ms is None or now < deadline(view, tiers.pool.aging_bound_s):
+                return
+            self.queue.remove(entry)
+            retry_after = max(1.0, (tiers.depth[LOWEST_RANK] + 1) * self.tier_paces[LOWEST_RANK].interval_s)
+            error = DeadlineUnreachable(f"waited {now - view.arrival:.1f} s in the queue, past its {view.ttft_ms:g} ms objective; "
+                                        f"the {view.tier.value} tier is shed", retry_after_s=retry_after)
+            if entry.waiter is not None and not entry.waiter.done():
+                entry.waiter.set_exception(error)
+            if self.on_shed is not None:
+                self.on_shed(entry, error)
+
     def pump(self) -> int:
-        """Release as many queued requests as the gate allows; returns how many."""
+        """Shed what expired, then release as many queued requests as the gate allows; returns how many released."""
         if not self.queue:
             return 0
-        self._begin()
+        now, _ = self._begin()
+        self._shed_expired(now)
         released = 0
         while self.queue:
             choice = self._next()

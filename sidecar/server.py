@@ -50,6 +50,9 @@ class SidecarOptions:
     tokenizer: str | None = None
     metrics_port: int = METRICS_PORT
     access_log: AccessLogFormat = "json"
+    max_model_len: int = 8192  # the engine's shape, from the pool spec: the length term's normaliser,
+    max_num_seqs: int = 256  # the load's slot count,
+    max_num_batched_tokens: int = 8192  # the first-token lead's step size
 
 
 def parse_scheduler_config(value: str | None) -> SchedulerSpec:
@@ -88,6 +91,9 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_queue_depth=options.max_queue_depth,
         scheduler=options.scheduler,
         trust_gateway_headers=options.trust_gateway_headers,
+        max_length_tokens=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
     )
     core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
     return SidecarApp(core, EngineClient(options.engine_url), access=AccessLog(options.access_log))

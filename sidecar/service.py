@@ -22,7 +22,7 @@ from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import Draining, QuotaExceeded, SidecarError
+from slaq.sidecar.errors import Draining, QuotaExceeded, SidecarError, http_status
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -234,8 +234,16 @@ class SidecarCore:
         except asyncio.CancelledError:
             self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499)
             raise
+        except SidecarError as error:  # shed from the queue (Dispatcher: expired)
+            self.shed(flight, error)
+            raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    def shed(self, flight: Flight, error: SidecarError) -> None:
+        """A queued request refused by the queue (shed: it could no longer be served in time)."""
+        self.refused(error, flight.identity)
+        self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=http_status(error))
 
     def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None) -> None:
         """A scrape of the engine's gauges (`monitor.EngineMonitor`, or the simulator's engine):

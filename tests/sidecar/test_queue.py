@@ -11,7 +11,7 @@ from slaq.api.pool import ScoreWeights
 from slaq.policy.discipline import Discipline
 from slaq.policy.ranking import DeadlineClassRanking
 from slaq.policy.views import PoolView, RequestView
-from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
+from slaq.sidecar.queue import Dispatcher, QueuedRequest, ReleasePace, RequestQueue
 from slaq.sidecar.release import ReleaseGate
 
 PROFILE = DeadlineClassRanking(ScoreWeights())
@@ -252,3 +252,44 @@ def test_a_request_that_would_go_straight_through_is_predicted_no_wait_despite_l
     assert dispatcher.predicted_wait_s(critical) == 0.0
     assert dispatcher.predicted_wait_s(view(Tier.BATCH, arrival=10.0)) > 0.0
     assert dispatcher.offer(QueuedRequest(critical))
+
+
+def test_the_release_pace_counts_a_release_round_as_the_releases_it_made() -> None:
+    """Ten requests released at one instant every second drain ten a second, not one every 0 s."""
+    pace = ReleasePace()
+    for second in range(60):
+        for _ in range(10):
+            pace.released(float(second), queue_was_waiting=True)
+    assert 0.08 <= pace.interval_s <= 0.12
+    one_a_second = ReleasePace()
+    for second in range(60):
+        one_a_second.released(float(second), queue_was_waiting=True)
+    assert 0.9 <= one_a_second.interval_s <= 1.1
+
+
+async def test_a_lowest_tier_request_whose_deadline_passes_in_the_queue_is_shed_with_retry_after() -> None:
+    """Held behind a full engine queue until its 60 s objective has passed, a batch request is
+    refused (503 ttft_unreachable with a Retry-After), not released to miss; a missed standard
+    request (a protected tier) stays and is served late."""
+    from slaq.sidecar.errors import DeadlineUnreachable
+
+    dispatcher, clock = make_dispatcher(target=1)
+    assert dispatcher.offer(QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0)))  # the engine queue is at its target
+    batch = QueuedRequest(view(Tier.BATCH, arrival=10.0, ttft_ms=60_000.0))
+    standard = QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0))
+    shed: list[tuple[QueuedRequest, Exception]] = []
+    dispatcher.on_shed = lambda entry, error: shed.append((entry, error))
+    tasks = [asyncio.create_task(dispatcher.wait_turn(e)) for e in (batch, standard)]
+    await asyncio.sleep(0)
+    clock[0] = 69.0
+    dispatcher.pump()
+    assert shed == [] and len(dispatcher.queue) == 2  # 59 s waited: still in time
+    clock[0] = 70.5
+    dispatcher.pump()
+    assert [entry for entry, _ in shed] == [batch] and not batch.released
+    error = shed[0][1]
+    assert isinstance(error, DeadlineUnreachable) and error.retry_after_s is not None and error.retry_after_s >= 1.0
+    with pytest.raises(DeadlineUnreachable):
+        await tasks[0]
+    assert len(dispatcher.queue) == 1 and standard.queued  # the missed standard request waits on
+    tasks[1].cancel()
