@@ -169,8 +169,6 @@ class Dispatcher:
 
     def _gate_lets(self, tier_rank: int, rank_class: int) -> bool:
         protected = STARVING_CLASS < rank_class < MISSED_CLASS
-        if tier_rank >= LOWEST_RANK and any(self.gate.not_started_by_rank[:LOWEST_RANK]):
-            return False  # a protected request still waits at the engine: it has work, and lowest-tier work would compete with it
         return self.gate.can_release(tier_rank if protected else None)
 
     def may_release(self, view: RequestView, now: float, pool: PoolView) -> bool:

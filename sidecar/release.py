@@ -21,8 +21,7 @@ attainable critical or standard request ahead of lower-tier work and preempts lo
 for it, so such a request counts only the engine-side requests of its own tier and above
 (`can_release(tier_rank)`); lower-tier requests the engine would pass over do not hold it here.
 The dispatcher (`queue.Dispatcher`) releases in the discipline's order; past a held choice only a
-head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it, and
-lowest-tier work only while no protected request waits at the engine for its start.
+head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from slaq.engine.scheduler import SLAScheduler
 from slaq.engine.sla import request_info
 from slaq.api.contract import RequestSLA
 
-from tests.engine.harness import Driver, build_scheduler, make_request
+from tests.engine.harness import Driver, build_scheduler, make_request, waiting_queue
 
 NOW = 1_000_000.0
 AGED_SHARE = Discipline().aged_share
@@ -31,17 +31,7 @@ def _queue(spec: SchedulerSpec | None = None, fairness: VirtualTokenCounters | N
     policy = PodPolicy.from_spec(spec)
     if fairness is not None:
         policy.accounting = fairness
-    order = WaitingOrder(policy, max_length_tokens=1024)
-
-    def info_of(request):
-        info = vc.attached_info(request)
-        if info is None:
-            info = request_info(RequestSLA.from_extra_args(vc.extra_args(request)), arrival=request.arrival_time,
-                                prompt_tokens=request.num_prompt_tokens, max_tokens=request.max_tokens, aging_bound_s=spec.aging_bound_seconds)
-            vc.attach_info(request, info)
-        return info
-
-    queue = SLARequestQueue(order, info_of)
+    queue = waiting_queue(spec, policy, max_length_tokens=1024)
     queue.begin_step(NOW)
     return queue
 

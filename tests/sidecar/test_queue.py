@@ -294,17 +294,3 @@ async def test_a_lowest_tier_request_whose_deadline_passes_in_the_queue_is_shed_
     assert len(dispatcher.queue) == 1 and standard.queued  # the missed standard request waits on
     tasks[1].cancel()
 
-
-async def test_lowest_tier_work_waits_while_a_protected_request_waits_at_the_engine() -> None:
-    """The engine has work (a standard request it has not started): a batch request is held though
-    the engine queue is below its target, and goes once that request has started."""
-    dispatcher, _ = make_dispatcher(target=16)
-    standard = QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0))
-    assert dispatcher.offer(standard)
-    batch = QueuedRequest(view(Tier.BATCH, arrival=10.0))
-    assert not dispatcher.offer(batch) and dispatcher.gate.can_release()
-    assert dispatcher.offer(QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0)))  # protected tiers still go
-    dispatcher.first_byte(standard)
-    assert not batch.released  # the critical one has not started either
-    dispatcher.gate.on_first_byte(C)
-    assert dispatcher.pump() == 1 and batch.released
