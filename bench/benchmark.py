@@ -127,12 +127,8 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
     if not loads or any(not (x > 0) for x in loads):
         raise WorkloadError(f"loads must be positive numbers, got {list(loads)}")
     requests = workload.build()
-    if capacity_rps is None:
-        capacity = measure_capacity(requests, profile, workload.objectives)
-    else:
-        if not capacity_rps > 0:
-            raise WorkloadError(f"--capacity-rps must be positive, got {capacity_rps}")
-        capacity = Capacity(capacity_rps, float("nan"), method="given on the command line")
+    capacity = _capacity(requests, profile, workload, capacity_rps)
+    report = _report_head(workload, requests, profile, capacity, pod, kv_swap)
     entries = []
     for load in loads:
         rate = load * capacity.requests_per_s
@@ -160,7 +156,25 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
             if on_done:
                 on_done(spec, load, figures)
         entries.append({"load": load, "rate_rps": round(rate, 6), "policies": results})
-    report: dict[str, Any] = {
+    if len(entries) == 1:
+        report.update(entries[0])
+    else:
+        report["sweep"] = entries
+    return report
+
+
+
+def _capacity(requests: Sequence[BenchRequest], profile: PoolProfile, workload: WorkloadSpec, capacity_rps: float | None) -> Capacity:
+    if capacity_rps is None:
+        return measure_capacity(requests, profile, workload.objectives)
+    if not capacity_rps > 0:
+        raise WorkloadError(f"--capacity-rps must be positive, got {capacity_rps}")
+    return Capacity(capacity_rps, float("nan"), method="given on the command line")
+
+
+def _report_head(workload: WorkloadSpec, requests: Sequence[BenchRequest], profile: PoolProfile, capacity: Capacity,
+                 pod: PodConfig | None, kv_swap: str) -> dict[str, Any]:
+    return {
         "schema": SCHEMA,
         # engine: every policy drives the engine scheduler alone; pod: as the pod ships (see slaq.bench.pod)
         "mode": "pod" if pod is not None else "engine",
@@ -174,9 +188,33 @@ def run_benchmark(workload: WorkloadSpec, profile: PoolProfile, policies: Sequen
             "method": capacity.method,
         },
     }
-    if len(entries) == 1:
-        report.update(entries[0])
-    else:
-        report["sweep"] = entries
-    return report
 
+
+ProbeDone = Callable[[str, float, dict[str, float]], None]
+
+
+def run_slo_capacity(workload: WorkloadSpec, profile: PoolProfile, policies: Sequence[PolicySpec], *,
+                     capacity_rps: float | None = None, max_drain_s: float = 1800.0, pod: PodConfig | None = None,
+                     kv_swap: str = "on", resolution: float = 0.1, on_probe: ProbeDone | None = None) -> dict[str, Any]:
+    """Each policy's SLO capacity (`slaq.bench.slo_capacity.search`): the report's `slo_capacity`
+    holds, per policy, the highest load meeting the targets and every load probed."""
+    from slaq.bench.slo_capacity import DEFAULT_TARGETS, search
+
+    requests = workload.build()
+    capacity = _capacity(requests, profile, workload, capacity_rps)
+    report = _report_head(workload, requests, profile, capacity, pod, kv_swap)
+    found: dict[str, Any] = {}
+    for spec, swap in swap_variants(policies, kv_swap):
+        def probe(load: float, spec: PolicySpec = spec, swap: bool = swap) -> dict[str, float]:
+            scaled = workload.at_rate(requests, load * capacity.requests_per_s)
+            result = run_policy(spec, scaled, profile, workload.objectives, max_drain_s=max_drain_s, pod=pod, kv_swap=swap)
+            tiers = policy_figures(result, workload.objectives)["tiers"]
+            attainment = {tier: figures["attainment"] for tier, figures in tiers.items()}
+            if on_probe:
+                on_probe(spec.name, load, attainment)
+            return attainment
+
+        found[spec.name] = search(probe, resolution=resolution).describe()
+    report["slo_targets"] = {tier.value: target for tier, target in DEFAULT_TARGETS.items()}
+    report["slo_capacity"] = found
+    return report

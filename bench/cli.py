@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loads = sim.add_mutually_exclusive_group()
     loads.add_argument("--load", type=_positive, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
     loads.add_argument("--load-sweep", type=_floats, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
+    loads.add_argument("--slo-capacity", action="store_true",
+                       help="search each policy's SLO capacity: the highest load with critical >= 0.99 and standard >= 0.95 "
+                            "attainment (bracketing, then bisection to --slo-resolution)")
+    sim.add_argument("--slo-resolution", type=_positive, default=0.1, metavar="LOAD", help="with --slo-capacity: stop bisecting at this load step (default 0.1)")
     sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
@@ -200,6 +204,8 @@ def _run_sim(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     profile = with_kv_swap(profile, host_cache_gib=args.kv_host_cache_gib, seal_gb_s=_seal_rate(args.kv_seal_gb_s),
                            seal_counted=args.kv_seal_gb_s != "off")
+    if args.slo_capacity:
+        return _run_slo_capacity(args, workload, profile, policies, pod)
     bars: dict[tuple[str, float], ProgressBar] = {}
 
     def on_start(spec, load):
@@ -262,4 +268,28 @@ def _run_sim(args: argparse.Namespace) -> int:
     if failed:
         print(f"\nfailed policies (their scheduler raised; see the report's `error`): {', '.join(failed)}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod) -> int:
+    from slaq.bench.benchmark import run_slo_capacity
+    from slaq.bench.report import slo_capacity_table, write_report
+
+    def on_probe(name: str, load: float, attainment: dict[str, float]) -> None:
+        if not args.quiet:
+            figures = ", ".join(f"{tier} {value:.3f}" for tier, value in attainment.items())
+            print(f"  {name} @ load {load:g}: {figures}", file=sys.stderr)
+
+    if not args.quiet and args.capacity_rps is None:
+        print("measuring capacity...", file=sys.stderr)
+    report = run_slo_capacity(workload, profile, policies, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain, pod=pod,
+                              kv_swap=args.kv_swap, resolution=args.slo_resolution, on_probe=on_probe)
+    info = report["workload"]
+    print(f"{info['requests']} requests ({info['trace'] or 'synthetic'}, arrivals {info['arrivals']}, seed {info['seed']}); "
+          f"profile {profile.name}; capacity {report['capacity']['requests_per_s']:.2f} req/s ({report['capacity']['method']}); "
+          f"mode {report['mode']}")
+    print(slo_capacity_table(report["slo_capacity"], report["slo_targets"]))
+    if args.out:
+        write_report(report, args.out)
+        print(f"\nreport: {args.out}")
     return 0

@@ -117,15 +117,17 @@ Gauges = Callable[[], tuple[int, int, float]]
 class PodFront:
     """The sidecar core of one simulated pod; the simulator calls it at each event's time."""
 
-    def __init__(self, config: PodConfig, table: TenantTable, clock: SimClock, *, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(self, config: PodConfig, table: TenantTable, clock: SimClock, *, max_num_seqs: int, max_model_len: int,
+                 max_num_batched_tokens: int = 8192) -> None:
         self.config = config
         self.core = SidecarCore(
             CoreConfig(max_queue_depth=config.max_queue_depth, scheduler=config.scheduler, engine_queue_target=config.engine_queue_target,
-                       max_length_tokens=max_model_len, max_num_seqs=max_num_seqs),
+                       max_length_tokens=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
             TenantDirectory.from_table(table),
             clock=clock.wall,
         )
         self.core.dispatcher.on_release = self._released
+        self.core.dispatcher.on_shed = self._shed
         self.clock = clock
         self.next_scrape_s = 0.0
         self.retries: dict[str, int] = {}  # request id -> refusals the client retried
@@ -135,6 +137,7 @@ class PodFront:
         self._refuse: Refuse | None = None
         self._flights: dict[str, Flight] = {}
         self._ids: dict[QueuedRequest, str] = {}  # compared by identity
+        self._queued: dict[str, BenchRequest] = {}  # request id -> the request, while the sidecar holds it
 
     def connect(self, submit: Submit, refuse: Refuse) -> None:
         self._submit, self._refuse = submit, refuse
@@ -160,9 +163,8 @@ class PodFront:
             return
         self._flights[request.request_id] = flight
         self._ids[flight.entry] = request.request_id
-        dispatcher = self.core.dispatcher
-        if not dispatcher.try_release(flight.entry):
-            dispatcher.enqueue(flight.entry)
+        self._queued[request.request_id] = request
+        self.core.dispatcher.offer(flight.entry)
 
     def _refused(self, request: BenchRequest, error: SidecarError) -> None:
         status, tried = http_status(error), self.retries.get(request.request_id, 0)
@@ -172,8 +174,17 @@ class PodFront:
         elif self._refuse is not None:
             self._refuse(request.request_id, Refusal(status, error.reason))
 
+    def _shed(self, entry: QueuedRequest, error: SidecarError) -> None:
+        """The queue shed a request it could no longer serve in time: the client sees the refusal
+        (and retries it after Retry-After, as a refusal at the door)."""
+        request_id = self._ids.pop(entry)
+        flight = self._flights.pop(request_id)
+        self.core.shed(flight, error)
+        self._refused(self._queued.pop(request_id), error)
+
     def _released(self, entry: QueuedRequest) -> None:
         request_id = self._ids.pop(entry)
+        self._queued.pop(request_id, None)
         if self._submit is None:
             raise RuntimeError("PodFront.connect() was not called")
         self._submit(request_id, json.loads(self.core.enriched_body(self._flights[request_id])))

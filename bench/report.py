@@ -119,3 +119,17 @@ def sweep_table(sweep: Sequence[dict[str, Any]]) -> str:
             cells.append(" / ".join(f"{100 * figures['tiers'][t.value]['attainment']:.0f}" for t in Tier).rjust(22))
         lines.append(name.ljust(10) + "".join(cells))
     return "\n".join(lines)
+
+
+def slo_capacity_table(found: dict[str, Any], targets: dict[str, float]) -> str:
+    """One line per policy: its SLO capacity, as a multiple of stock `priority`'s when that ran."""
+    goal = " and ".join(f"{tier} >= {target:g}" for tier, target in targets.items())
+    reference = found.get("priority", {}).get("slo_capacity")
+    lines = [f"SLO capacity (highest load with {goal}):", f"{'policy':<14} {'capacity':>9} {'x priority':>11}  loads probed"]
+    for name, entry in found.items():
+        capacity = entry["slo_capacity"]
+        shown = f"{capacity:g}" + ("" if entry["bounded"] else "+")
+        ratio = f"{capacity / reference:.2f}" if reference else "-"
+        probes = " ".join(f"{p['load']:g}{'✓' if p['meets'] else '✗'}" for p in entry["probes"])
+        lines.append(f"{name:<14} {shown:>9} {ratio:>11}  {probes}")
+    return "\n".join(lines)

@@ -40,7 +40,8 @@ def run_policy(spec: PolicySpec, requests: Sequence[BenchRequest], profile: Pool
     if pod is not None and spec.behind_sidecar:
         scheduler_cls = _configured(scheduler_cls, pod)
         front = PodFront(pod, tenant_table(requests, objectives, pod.quotas), clock,
-                         max_num_seqs=profile.engine.max_num_seqs, max_model_len=profile.model.max_model_len)
+                         max_num_seqs=profile.engine.max_num_seqs, max_model_len=profile.model.max_model_len,
+                         max_num_batched_tokens=profile.engine.max_num_batched_tokens)
     connector = transfer_config(profile) if kv_swap and spec.ships_kv_connector else None
     scheduler = harness.build_scheduler(scheduler_cls, harness.engine_setup(profile, spec.scheduling_policy, kv_transfer_config=connector))
     swap = SwapAccount.install(scheduler, cost) if connector else None

@@ -2,7 +2,7 @@
 
 The ranking is computed so that a step costs the same at 100 and at 10,000 waiting requests:
 within a tier, requests wait in a heap keyed by the ranking's static `within_tier_key` (fairness
-credit refreshed each step for a bounded head, `REKEY_HEAD`); across tiers only the three tier
+credit refreshed each step for a bounded head, `queue.rekeyHead`); across tiers only the three tier
 heads are compared, with the ranking's class order and, between heads of the same class, its
 formula 1 at the step's time and load. This module only turns the engine's `RequestInfo` into
 the policy's `RequestView` and fixes the step's load; it decides nothing itself.
@@ -18,9 +18,7 @@ from slaq.policy import PodPolicy
 from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, Rank
 from slaq.policy.views import PoolView, RequestView
 
-REKEY_HEAD = 4  # requests per tier whose fairness credit is refreshed each step
-
-__all__ = ["LOWEST_RANK", "MISSED_CLASS", "REKEY_HEAD", "STARVING_CLASS", "WaitingOrder"]
+__all__ = ["LOWEST_RANK", "MISSED_CLASS", "STARVING_CLASS", "WaitingOrder"]
 
 
 @dataclass

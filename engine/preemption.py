@@ -15,7 +15,7 @@ lower tier are preempted for them:
   an urgent request that would still meet its TTFT objective by waiting does not preempt: when the
   running requests that finish soonest (at most their remaining `max_tokens` decode steps each, at
   the recent mean step time) free a slot and enough blocks for it with two steps to spare before
-  `WAIT_SHARE` of its objective has passed, it waits for them (`frees_in_time`). Not the whole
+  `step.waitShare` of its objective has passed, it waits for them (`frees_in_time`). Not the whole
   objective: after the engine starts it come its prefill steps and the way back to the client (API
   server, sidecar, network), which the engine does not see (traced on the demo's overload, waiting
   up to two steps before the deadline started critical requests in time for the engine and late for
@@ -88,21 +88,19 @@ class ResourceView:
     step_tokens: int
     now: float = 0.0
     step_s: float = 0.0  # recent mean model step time; 0: not known yet
-
-
-WAIT_SHARE = 0.5  # of a TTFT objective, the part an urgent request may spend waiting for room to free on its own
+    wait_share: float = 0.5  # of a TTFT objective, the part an urgent request may spend waiting for room to free on its own (`step.waitShare`)
 
 
 def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: int,
                   free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
     """Whether running requests finishing on their own free a slot and `need_blocks` blocks for the
-    urgent request `info` describes early enough that it still starts two steps before `WAIT_SHARE`
+    urgent request `info` describes early enough that it still starts two steps before `wait_share`
     of its objective has passed (an upper bound on their remaining steps: a request may stop before
     `max_tokens`)."""
     step_s = resources.step_s
     if step_s <= 0.0 or info.ttft_s is None:
         return False
-    start_by = min(info.deadline, info.arrival + WAIT_SHARE * info.ttft_s)
+    start_by = min(info.deadline, info.arrival + resources.wait_share * info.ttft_s)
     budget_steps = (start_by - resources.now) / step_s - 2.0
     return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots) <= budget_steps
 

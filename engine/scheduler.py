@@ -41,11 +41,10 @@ from slaq.engine.step_budget import BatchView, StepBudgetPolicy
 from slaq.engine.tpot_budget import PaceClock
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
+from slaq.policy.discipline import first_token_lead
+from slaq.policy.views import RequestView
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
-MAX_HOLD_BACK_STEPS = 4
-STEP_TIME_ALPHA = 0.1  # weight of one step in the mean step time (about the last ten)
-STEPS_BEFORE_STEP_TIME = 32  # until this many steps were timed, urgent preemption does not wait on the mean
 
 
 class SLAScheduler(vc.RecomputesLoadFailures):
@@ -60,6 +59,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         # Not `self.policy`: that is vLLM's SchedulingPolicy, and its running loop picks the victim of
         # a KV-exhaustion preemption by it (lowest priority under PRIORITY, else the last admitted).
         self.pod_policy = PodPolicy.from_spec(spec)
+        self.step_spec = spec.step  # step-time smoothing, urgent waits, hold-back bound
         self.fairness = self.pod_policy.accounting
         self.order = WaitingOrder(self.pod_policy, max_length_tokens=vc.max_model_len(self))
         vc.install_waiting_queues(self, lambda: SLARequestQueue(self.order, self.info_of))
@@ -128,12 +128,13 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         """The SLA facts attached when the request arrived (`add_request`)."""
         return vc.attached_info(request)  # type: ignore[return-value]
 
-    def _first_token_lead(self, info: RequestInfo) -> float:
-        """Seconds from a waiting request's admission to its first token: the step in flight and its
-        prefill steps, at the mean step time (0 until STEPS_BEFORE_STEP_TIME steps were timed)."""
-        if self._steps_timed < STEPS_BEFORE_STEP_TIME:
-            return 0.0
-        return self._step_s * (1 + -(-info.prompt_tokens // max(1, vc.step_token_limit(self))))
+    def _first_token_lead(self, view: RequestView) -> float:
+        """Seconds from a waiting request's admission to its first token (`first_token_lead`, at the
+        mean step time; 0 until `step.stepsBeforeStepTime` steps were timed)."""
+        return first_token_lead(self._trusted_step_s(), view.prompt_tokens, vc.step_token_limit(self))
+
+    def _trusted_step_s(self) -> float:
+        return self._step_s if self._steps_timed >= self.step_spec.steps_before_step_time else 0.0
 
     def _charge_fairness(self, tier_rank: int, tenant: str, tokens: int) -> None:
         self.fairness.charge(TIER_NAMES[tier_rank], tenant, tokens)
@@ -203,7 +204,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             block_size=vc.block_size(self),
             step_tokens=vc.step_token_limit(self),
             now=now,
-            step_s=self._step_s if self._steps_timed >= STEPS_BEFORE_STEP_TIME else 0.0,
+            step_s=self._trusted_step_s(),
+            wait_share=self.step_spec.wait_share,
         )
         plan = self.preemption.plan(urgent, running, resources, self.info_of)
         for preemption in plan:
@@ -216,7 +218,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
         """Running prefill chunks of tiers below an urgent waiting request sit out this step when the
         step's budget cannot hold them and the urgent request's prompt, so it takes the budget instead
-        of queueing behind their chunks. A request sits out at most MAX_HOLD_BACK_STEPS steps in a row
+        of queueing behind their chunks. A request sits out at most `step.maxHoldBackSteps` steps in a row
         (no starvation), and nothing sits out when the urgent request has no slot to take."""
         if not len(self.waiting):  # len: the queue's truth is the waiting loop's (queue.py)
             return []
@@ -233,7 +235,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             if vc.is_prefilling(request):
                 demand += vc.prefill_tokens_left(request)
                 info = self.info_of(request)
-                if info.tier_rank > rank and info.held_back_steps < MAX_HOLD_BACK_STEPS:
+                if info.tier_rank > rank and info.held_back_steps < self.step_spec.max_hold_back_steps:
                     candidates.append(request)
                 else:
                     info.held_back_steps = 0
@@ -270,7 +272,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
             seconds = now - started
             self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
-            self._step_s = seconds if not self._steps_timed else self._step_s + STEP_TIME_ALPHA * (seconds - self._step_s)
+            self._step_s = seconds if not self._steps_timed else self._step_s + self.step_spec.step_time_alpha * (seconds - self._step_s)
             self._steps_timed += 1
         self._last_step_done = now
 

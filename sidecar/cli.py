@@ -53,11 +53,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
     parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
     parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                        help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                        help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
     parser.add_argument("--request-limits", default=None,
                         help="The pool's RequestLimitsSpec as inline JSON or a JSON/YAML file (n, prompt batch, beam search, stop, logprobs, body cap...).")
     parser.add_argument("--max-model-len", type=_positive_int, default=None,
-                        help="The engine's context length: the bound on max_tokens and, times bytesPerToken, on the body (default: the largest any pool may set).")
+                        help="The engine's context length (the pool's model.maxModelLen): the bound on max_tokens and, times bytesPerToken, on the body, "
+                             "and the prompt + output that scores 0 on the length term, as in the engine (default: bodies up to the largest "
+                             "any pool may set, the length term over 8192 tokens).")
     parser.add_argument("--header-timeout", type=_seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
     parser.add_argument("--body-timeout", type=_seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
     parser.add_argument("--write-timeout", type=_seconds, default=defaults.write_idle_s,
@@ -95,7 +101,9 @@ def _run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             access_log=args.access_log,
             request_limits=request_limits,
-            max_model_len=args.max_model_len or MAX_TOKENS_LIMIT,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
             connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
                                                engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections),
         ))

@@ -20,8 +20,8 @@ The rule agrees with the engine's ranking (`slaq.policy.ranking`): the engine ad
 attainable critical or standard request ahead of lower-tier work and preempts lower-tier decodes
 for it, so such a request counts only the engine-side requests of its own tier and above
 (`can_release(tier_rank)`); lower-tier requests the engine would pass over do not hold it here.
-The dispatcher releases strictly in rank order and stops at the first request the gate holds,
-so a lower-ranked request never goes while a higher-ranked one waits.
+The dispatcher (`queue.Dispatcher`) releases in the discipline's order; past a held choice only a
+head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it.
 """
 
 from __future__ import annotations

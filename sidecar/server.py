@@ -26,6 +26,8 @@ from slaq.sidecar.access import AccessLog, AccessLogFormat
 from slaq.sidecar.app import SidecarApp
 from slaq.sidecar.connections import ConnectionLimits, HeadTimeoutProtocol
 from slaq.sidecar.fields import MAX_TOKENS_LIMIT, BodyLimits
+
+DEFAULT_LENGTH_TOKENS = 8192  # the length term's normaliser when the engine's context length is not known
 from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
@@ -53,7 +55,12 @@ class SidecarOptions:
     metrics_port: int = METRICS_PORT
     access_log: AccessLogFormat = "json"
     request_limits: RequestLimitsSpec = field(default_factory=RequestLimitsSpec)
-    max_model_len: int = MAX_TOKENS_LIMIT
+    # The engine's shape, from the pool spec. max_model_len bounds max_tokens and the body, and
+    # normalises the length term (None: not known; bodies up to the largest any pool may set,
+    # the length term over DEFAULT_LENGTH_TOKENS).
+    max_model_len: int | None = None
+    max_num_seqs: int = 256  # the load's slot count
+    max_num_batched_tokens: int = 8192  # the first-token lead's step size
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
@@ -103,7 +110,10 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_queue_depth=options.max_queue_depth,
         scheduler=options.scheduler,
         trust_gateway_headers=options.trust_gateway_headers,
-        limits=BodyLimits(options.request_limits, options.max_model_len),
+        limits=BodyLimits(options.request_limits, options.max_model_len or MAX_TOKENS_LIMIT),
+        max_length_tokens=options.max_model_len or DEFAULT_LENGTH_TOKENS,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
     )
     core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
     limits = options.connection_limits

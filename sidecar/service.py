@@ -8,6 +8,7 @@ runs on one event loop and is tested without sockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
@@ -18,9 +19,10 @@ from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA, enrich_body
 from slaq.api.pool import SchedulerSpec
 from slaq.policy import PodPolicy
+from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError
+from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, http_status
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -42,6 +44,7 @@ class CoreConfig:
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
     limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
+    max_num_batched_tokens: int = 8192  # the engine's step token limit (the first-token lead counts prefill steps of it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +111,11 @@ class SidecarCore:
         self.risk = SlaRisk()
         self.usage = UsageLog()
         self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
-        self.queue = RequestQueue()
-        self.dispatcher = Dispatcher(self.queue, self.gate, self.policy.ranking, self.pool_view, clock)
+        self.queue = RequestQueue(self.policy.ranking, self.policy.discipline, self._current_view)
+        self.queue.tiers.lead = self.first_token_lead
+        self.dispatcher = Dispatcher(self.queue, self.gate, self.pool_view, clock)
+        self.step_s = 0.0  # the engine's mean step time as the sidecar sees it: its streams' token intervals
+        self._intervals_seen = 0
         self.engine_kv_usage: float | None = None
         self.draining = False
         self._keys = itertools.count()
@@ -124,6 +130,24 @@ class SidecarCore:
         and not finished against the engine's batch limit, or its KV cache usage, the fuller."""
         slots = self.gate.engine_capacity or self.config.max_num_seqs
         return self.policy.load(self.gate.in_flight, slots, self.engine_kv_usage)
+
+    def _current_view(self, entry: QueuedRequest) -> RequestView:
+        """A queued request as the discipline sees it now: with its tenant's current VTC share, as the engine's view has."""
+        view = entry.view
+        share = self.accounting.service_share(view.tier.value, view.tenant)
+        return view if share == view.tenant_service_share else dataclasses.replace(view, tenant_service_share=share)
+
+    def first_token_lead(self, view: RequestView) -> float:
+        """The discipline's lead-time rule at the step time the sidecar observed (0 until it has seen
+        `step.stepsBeforeStepTime` token intervals, as the engine counts its timed steps)."""
+        if self._intervals_seen < self.config.scheduler.step.steps_before_step_time:
+            return 0.0
+        return first_token_lead(self.step_s, view.prompt_tokens, self.config.max_num_batched_tokens)
+
+    def _observe_token_interval(self, tpot_s: float, intervals: int) -> None:
+        alpha = self.config.scheduler.step.step_time_alpha
+        self.step_s = tpot_s if not self._intervals_seen else self.step_s + alpha * (tpot_s - self.step_s)
+        self._intervals_seen += intervals
 
     def pool_view(self) -> PoolView:
         return PoolView(load=self.load(), max_length_tokens=self.config.max_length_tokens, aging_bound_s=self.config.scheduler.aging_bound_seconds)
@@ -232,8 +256,16 @@ class SidecarCore:
             # Gone while queued: the engine never saw it, so nothing is charged.
             self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499, refund=True)
             raise
+        except SidecarError as error:  # shed from the queue (Dispatcher: expired)
+            self.shed(flight, error)
+            raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    def shed(self, flight: Flight, error: SidecarError) -> None:
+        """A queued request refused by the queue (shed: it could no longer be served in time)."""
+        self.refused(error, flight.identity)
+        self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=http_status(error))
 
     def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None) -> None:
         """A scrape of the engine's gauges (`monitor.EngineMonitor`, or the simulator's engine):
@@ -304,6 +336,7 @@ class SidecarCore:
             if output_tokens > 1:
                 tpot = (now - flight.first_token_time) / (output_tokens - 1)
                 self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
+                self._observe_token_interval(tpot, output_tokens - 1)
         outcome = self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
         flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome)
 

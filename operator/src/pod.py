@@ -69,6 +69,9 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         "--scheduler-config", json.dumps(spec.scheduler.to_wire(), sort_keys=True),
         # The tenant boundary's bounds: what one request may ask of the engine.
         "--request-limits", json.dumps(spec.sidecar.request_limits.to_wire(), sort_keys=True),
+        # The engine's shape, for the queue discipline's load and first-token lead (as the engine sees them).
+        "--max-num-seqs", str(spec.engine.max_num_seqs),
+        "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
     ]
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]

@@ -205,10 +205,43 @@ class ScoreWeights(ApiModel):
     load_adaptive: Annotated[bool, Field(description="Shift weight from length to urgency as load rises (report: alpha = 0.4 + 0.2 load, beta = 0.2 (1 - load)).")] = True
 
 
+class QueueSpec(ApiModel):
+    """The queue discipline both the sidecar queue and the engine queue host (`slaq.policy.discipline`)."""
+
+    aged_share: Annotated[float, Field(ge=0.0, le=1.0, description="Share of contested choices a request waiting past the aging bound is guaranteed; beyond it, it yields to the best attainable request of a higher tier.")] = 0.25
+    aged_share_alpha: Annotated[float, Field(gt=0.0, le=1.0, description="Weight of one choice in the running starving share (0.05: about the last 20 choices).")] = 0.05
+    rekey_head: Annotated[int, Field(ge=1, le=1024, description="Requests per tier whose tenant-fairness credit is refreshed each step or release round.")] = 4
+    lead_exempt_tiers: Annotated[int, Field(ge=0, le=2, description="Tiers from the top (1: critical) whose waiting requests count as missed only once their deadline has passed, not already when it is nearer than the time to a first token.")] = 1
+    backfill_slack: Annotated[float, Field(ge=0.0, le=1.0, description="Part of its horizon (TTFT objective, or the aging bound) during which the engine passes over a request that does not fit in the free KV cache for smaller ones behind it.")] = 0.5
+    max_passed_over: Annotated[int, Field(ge=0, le=1024, description="Most requests the engine passes over in one step (bounds the waiting loop's extra work).")] = 16
+
+
+class StepSpec(ApiModel):
+    """How the engine times its steps and lets urgent requests take them."""
+
+    step_time_alpha: Annotated[float, Field(gt=0.0, le=1.0, description="Weight of one step in the mean step time (0.1: about the last ten); the sidecar smooths the engine's token intervals with the same weight.")] = 0.1
+    steps_before_step_time: Annotated[int, Field(ge=0, le=100_000, description="Steps timed before the mean step time is trusted (the lead time and urgent preemption's wait count it as zero until then).")] = 32
+    wait_share: Annotated[float, Field(gt=0.0, le=1.0, description="Part of a TTFT objective an urgent request may spend waiting for a batch slot or KV blocks to free on their own before lower-tier work is preempted for it.")] = 0.5
+    max_hold_back_steps: Annotated[int, Field(ge=0, le=1024, description="Most steps in a row a running lower-tier prefill sits out so an urgent waiting request takes its share of the step budget.")] = 4
+
+
+class PolicyNames(ApiModel):
+    """Which registered implementation (`slaq.policy` registries) each part of the policy uses."""
+
+    ranking: Literal["deadline-classes"] = "deadline-classes"
+    accounting: Literal["vtc"] = "vtc"
+    load: Literal["batch-or-kv"] = "batch-or-kv"
+    victims: Literal["lowest-tier-cheapest"] = "lowest-tier-cheapest"
+    step_budget: Annotated[Literal["tpot", "stock"] | None, Field(description="tpot shapes each step to the tightest running TPOT objective, stock leaves vLLM's budget; unset: tpot when tpotBudgetShaping is on.")] = None
+
+
 class SchedulerSpec(ApiModel):
     """Knobs of the slaq scheduler in the engine and of the sidecar queue."""
 
     weights: ScoreWeights = Field(default_factory=ScoreWeights)
+    policies: PolicyNames = Field(default_factory=PolicyNames)
+    queue: QueueSpec = Field(default_factory=QueueSpec)
+    step: StepSpec = Field(default_factory=StepSpec)
     aging_bound_seconds: Annotated[float, Field(gt=0.0, le=86_400.0, description="After this long waiting, a batch request outranks fresh higher-tier arrivals.")] = 60.0
     critical_kv_headroom: Annotated[float, Field(ge=0.0, le=0.5, description="Fraction of KV blocks reserved for the critical tier: lower tiers may not take the part of it critical requests are not holding.")] = 0.1
     max_preemptions_per_step: Annotated[int, Field(ge=0, le=256)] = 4

@@ -7,7 +7,8 @@ Each part is a small named registry; `PodPolicy.from_spec` picks one of each fro
 - tenant service accounting (`accounting.py`): virtual token counters;
 - load (`load.py`): the fuller of the batch and the KV cache;
 - preemption victims (`victims.py`): lowest tier, cheapest to recompute;
-- step token budget (`step_budget.py`): shaped to the tightest TPOT objective, or stock.
+- step token budget (`step_budget.py`): shaped to the tightest TPOT objective, or stock;
+- the queue discipline (`discipline.py`): per-tier heaps, missed requests, the starving share.
 
 tests/policy/test_conformance.py runs every registered policy through the same cases.
 """
@@ -19,6 +20,8 @@ from typing import Callable, Mapping
 
 from slaq.api.pool import SchedulerSpec
 from slaq.policy.accounting import ACCOUNTS, VirtualTokenCounters
+from slaq.policy.discipline import Discipline
+from slaq.policy.step_budget import step_budget_class
 from slaq.policy.load import LOADS
 from slaq.policy.ranking import RANKINGS, DeadlineClassRanking
 from slaq.policy.victims import VICTIMS, LowestTierCheapest
@@ -32,15 +35,10 @@ REGISTRIES: Mapping[str, Mapping[str, object]] = {
 
 
 def policy_names(spec: SchedulerSpec) -> dict[str, str]:
-    """The registry entry of each part the spec selects. The pool spec names only the step budget
-    (`tpotBudgetShaping`) today; the other parts have one entry each."""
-    return {
-        "ranking": "deadline-classes",
-        "accounting": "vtc",
-        "load": "batch-or-kv",
-        "victims": "lowest-tier-cheapest",
-        "step_budget": "tpot" if spec.tpot_budget_shaping else "stock",
-    }
+    """The registry entry of each part the spec selects (`spec.policies`)."""
+    names = spec.policies
+    step_budget = names.step_budget or ("tpot" if spec.tpot_budget_shaping else "stock")
+    return {"ranking": names.ranking, "accounting": names.accounting, "load": names.load, "victims": names.victims, "step_budget": step_budget}
 
 
 @dataclass
@@ -51,6 +49,7 @@ class PodPolicy:
     load: Callable[[int, int, float | None], float]
     victims: LowestTierCheapest
     step_budget_name: str
+    discipline: Discipline
 
     @classmethod
     def from_spec(cls, spec: SchedulerSpec) -> "PodPolicy":
@@ -62,9 +61,8 @@ class PodPolicy:
             load=LOADS[names["load"]],
             victims=VICTIMS[names["victims"]](),
             step_budget_name=names["step_budget"],
+            discipline=Discipline.from_spec(spec),
         )
 
-    def step_budget(self):  # -> StepBudgetPolicy; imported late: the sidecar never builds one
-        from slaq.policy.step_budget import STEP_BUDGETS
-
-        return STEP_BUDGETS[self.step_budget_name]()
+    def step_budget(self):  # -> StepBudgetPolicy: only the engine builds one (it imports vLLM)
+        return step_budget_class(self.step_budget_name)()

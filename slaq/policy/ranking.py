@@ -36,13 +36,23 @@ MISSED_CLASS = 1 + LOWEST_RANK
 Rank = tuple[int, float]
 
 
+LOAD_ADAPTED = {"urgency": lambda load: 1.0 + load / 2.0, "length": lambda load: 1.0 - load}  # report: alpha, beta
+
+
 def effective_weights(weights: ScoreWeights, load: float) -> dict[str, float]:
-    """The weights after the report's load adaptation (urgency up, length down as load rises)."""
+    """One weight per registered term (`slaq.policy.terms.TERMS`), read from the field of the same
+    name in `weights`, after the report's load adaptation (urgency up, length down as load rises).
+    A registered term without a weight field is an error, not a term silently left out."""
     load = min(1.0, max(0.0, load))
-    urgency_w, length_w = weights.urgency, weights.length
-    if weights.load_adaptive:
-        urgency_w, length_w = urgency_w * (1.0 + load / 2.0), length_w * (1.0 - load)
-    return {"urgency": urgency_w, "waiting": weights.waiting, "length": length_w, "tier": weights.tier, "fairness": weights.fairness}
+    result: dict[str, float] = {}
+    for name in TERMS:
+        weight = getattr(weights, name, None)
+        if not isinstance(weight, float):
+            raise TypeError(f"term {name!r} is registered in slaq.policy.terms but ScoreWeights has no weight {name!r}")
+        if weights.load_adaptive and name in LOAD_ADAPTED:
+            weight *= LOAD_ADAPTED[name](load)
+        result[name] = weight
+    return result
 
 
 def deadline(request: RequestView, aging_bound_s: float) -> float:

@@ -14,14 +14,16 @@ from slaq.engine.ordering import MISSED_CLASS, WaitingOrder
 from slaq.policy import PodPolicy
 from slaq.policy.accounting import VirtualTokenCounters
 from slaq.engine.preemption import REASON_BATCH_FULL, REASON_KV_FULL, ResourceView, ThrashGuard, UrgentPreemption
-from slaq.engine.queue import AGED_SHARE, SLARequestQueue
+from slaq.engine.queue import SLARequestQueue
+from slaq.policy.discipline import Discipline
 from slaq.engine.scheduler import SLAScheduler
 from slaq.engine.sla import request_info
 from slaq.api.contract import RequestSLA
 
-from tests.engine.harness import Driver, build_scheduler, make_request
+from tests.engine.harness import Driver, build_scheduler, make_request, waiting_queue
 
 NOW = 1_000_000.0
+AGED_SHARE = Discipline().aged_share
 
 
 def _queue(spec: SchedulerSpec | None = None, fairness: VirtualTokenCounters | None = None) -> SLARequestQueue:
@@ -29,17 +31,7 @@ def _queue(spec: SchedulerSpec | None = None, fairness: VirtualTokenCounters | N
     policy = PodPolicy.from_spec(spec)
     if fairness is not None:
         policy.accounting = fairness
-    order = WaitingOrder(policy, max_length_tokens=1024)
-
-    def info_of(request):
-        info = vc.attached_info(request)
-        if info is None:
-            info = request_info(RequestSLA.from_extra_args(vc.extra_args(request)), arrival=request.arrival_time,
-                                prompt_tokens=request.num_prompt_tokens, max_tokens=request.max_tokens, aging_bound_s=spec.aging_bound_seconds)
-            vc.attach_info(request, info)
-        return info
-
-    queue = SLARequestQueue(order, info_of)
+    queue = waiting_queue(spec, policy, max_length_tokens=1024)
     queue.begin_step(NOW)
     return queue
 
@@ -175,14 +167,15 @@ def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> 
         queue.add_request(make_request(tier, ttft_ms=ttft_ms, arrival=NOW - rng.uniform(0, 14), prompt_tokens=rng.randint(1, 400),
                                        max_tokens=rng.randint(1, 400), tenant=f"t{rng.randint(0, 3)}"))
     order = queue.order
+    tiers = queue.tiers
     while queue:
-        for tier_rank in range(len(queue._heaps)):
-            queue._settle_missed(tier_rank)  # each tier offers its earliest attainable request and its oldest missed one
-        heads = [(tier_rank, queue._head(heap)) for tier_rank in range(len(queue._heaps)) for heap in (queue._heaps[tier_rank], queue._missed[tier_rank])]
+        for tier_rank in range(len(tiers.heaps)):
+            tiers.settle_missed(tier_rank)  # each tier offers its earliest attainable request and its oldest missed one
+        heads = [(tier_rank, tiers.head(heap)) for tier_rank in range(len(tiers.heaps)) for heap in (tiers.heaps[tier_rank], tiers.missed[tier_rank])]
         ranked = [(order.rank(vc.attached_info(entry[3]), NOW), tier_rank, entry[3]) for tier_rank, entry in heads if entry is not None]
         best = min(ranked, key=lambda r: r[0])
         fresh = [r for r in ranked if r[0][0]]
-        if not best[0][0] and fresh and queue._aged_share >= AGED_SHARE:
+        if not best[0][0] and fresh and tiers.aged_share >= AGED_SHARE:
             candidate = min(fresh, key=lambda r: r[0])
             if candidate[1] < best[1]:
                 best = candidate
@@ -348,8 +341,7 @@ def test_an_urgent_request_waits_for_room_only_within_a_share_of_its_objective()
     does not see: with room free in 99 steps of 6 ms (594 ms) a critical request with a 1 s
     objective preempts, though it could still start two steps before its deadline; with 4 ms steps
     (396 ms, within WAIT_SHARE of it) it waits."""
-    from slaq.engine.preemption import WAIT_SHARE
-
+    WAIT_SHARE = SchedulerSpec().step.wait_share
     assert WAIT_SHARE == 0.5
     scheduler, _, running = _running_scheduler([Tier.BATCH] * 4)
     critical = make_request(Tier.CRITICAL, ttft_ms=1000.0)

@@ -13,10 +13,11 @@ from slaq.api.pool import SchedulerSpec
 from slaq.engine.config import EngineSchedulerConfig
 from slaq.engine.step_budget import BatchView, StockStepBudget
 from slaq.engine.tpot_budget import MIN_PREFILL_TOKENS, SAFETY, StepTimeModel, TpotStepBudget
-from slaq.engine.scheduler import MAX_HOLD_BACK_STEPS
 from slaq.engine.vllm_compat import step_token_budget as vc_step_budget
 
 from tests.engine.harness import Driver, build_scheduler, make_request
+
+MAX_HOLD_BACK_STEPS = SchedulerSpec().step.max_hold_back_steps
 
 
 def test_step_time_model_learns_the_hardware_from_measured_steps() -> None:

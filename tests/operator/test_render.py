@@ -113,6 +113,7 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
         "--max-queue-depth", "1024", "--drain-timeout", "60",
         "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True),
         "--request-limits", json.dumps(gpu_pool.spec.sidecar.request_limits.to_wire(), sort_keys=True),
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
         "--max-model-len", "8192", "--served-model-name", "llama3-8b",
     ]
     assert engine_args(gpu_pool) == [

@@ -16,7 +16,7 @@ from slaq.policy import REGISTRIES, PodPolicy, policy_names
 from slaq.policy.accounting import ACCOUNTS
 from slaq.policy.load import LOADS
 from slaq.policy.ranking import MISSED_CLASS, RANKINGS, STARVING_CLASS
-from slaq.policy.step_budget import STEP_BUDGETS
+from slaq.policy.step_budget import STEP_BUDGETS, step_budget_class
 from slaq.policy.terms import TERMS
 from slaq.policy.victims import VICTIMS
 from slaq.policy.views import PoolView, RequestView
@@ -116,7 +116,7 @@ def test_every_victim_policy_orders_all_candidates_lowest_tier_first(name: str) 
 @pytest.mark.parametrize("name", sorted(STEP_BUDGETS))
 @pytest.mark.parametrize("tpot_s", [None, 0.005, 0.05, 1.0])
 def test_every_step_budget_stays_within_the_engine_limit(name: str, tpot_s: float | None) -> None:
-    budget = STEP_BUDGETS[name]()
+    budget = step_budget_class(name)()
     for _ in range(3):
         cap = budget.budget(BatchView(tpot_s, 32, 100_000), 8192, 0.0)
         assert cap is None or 32 < cap <= 8192
@@ -132,5 +132,57 @@ def test_a_spec_selects_one_registered_entry_of_each_part() -> None:
             assert names[part] in registry
         assert names["step_budget"] in STEP_BUDGETS
         policy = PodPolicy.from_spec(spec)
-        assert type(policy.step_budget()) is STEP_BUDGETS[names["step_budget"]]
+        assert type(policy.step_budget()) is step_budget_class(names["step_budget"])
     assert policy_names(SchedulerSpec(tpot_budget_shaping=False))["step_budget"] == "stock"
+
+
+def test_every_registered_term_has_a_weight_and_is_weighted() -> None:
+    """`effective_weights` derives the weights from TERMS: a sixth term without a ScoreWeights field fails here."""
+    from slaq.api.pool import ScoreWeights
+    from slaq.policy.ranking import effective_weights
+
+    weights = ScoreWeights()
+    assert set(TERMS) <= set(ScoreWeights.model_fields)
+    assert set(effective_weights(weights, 0.5)) == set(TERMS)
+
+
+def test_a_term_without_a_weight_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slaq.api.pool import ScoreWeights
+    from slaq.policy import ranking
+
+    monkeypatch.setattr(ranking, "TERMS", {**TERMS, "novelty": lambda request, now, pool: 1.0})
+    with pytest.raises(TypeError, match="novelty"):
+        ranking.effective_weights(ScoreWeights(), 0.5)
+
+
+def test_the_spec_names_exactly_the_registered_policies() -> None:
+    """Each part's names in the CRD (PolicyNames' enums) are the entries of its registry."""
+    import typing
+
+    from slaq.api.pool import PolicyNames
+
+    def literals(annotation: object) -> set[str]:
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) is typing.Literal:
+            return set(args)
+        return set().union(*(literals(arg) for arg in args)) if args else set()
+
+    def choices(field: str) -> set[str]:
+        return literals(PolicyNames.model_fields[field].annotation)
+
+    for part, registry in REGISTRIES.items():
+        assert choices(part) == set(registry), part
+    assert choices("step_budget") == set(STEP_BUDGETS)
+    spec = SchedulerSpec.model_validate({"policies": {"stepBudget": "stock"}})
+    assert policy_names(spec)["step_budget"] == "stock" and type(PodPolicy.from_spec(spec).step_budget()) is step_budget_class("stock")
+    with pytest.raises(ValueError, match="ranking"):
+        SchedulerSpec.model_validate({"policies": {"ranking": "fifo"}})
+
+
+def test_the_policy_package_imports_no_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, slaq.policy, slaq.policy.discipline, slaq.policy.step_budget, slaq.sidecar.queue; print('vllm' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Queue order (the pod ranking of slaq.policy), the release gate and the dispatcher, without sockets."""
+"""Queue order (the pod's queue discipline, slaq.policy.discipline), the release gate and the dispatcher, without sockets."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.pool import ScoreWeights
+from slaq.policy.discipline import Discipline
 from slaq.policy.ranking import DeadlineClassRanking
 from slaq.policy.views import PoolView, RequestView
-from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
+from slaq.sidecar.queue import Dispatcher, QueuedRequest, ReleasePace, RequestQueue
 from slaq.sidecar.release import ReleaseGate
 
 PROFILE = DeadlineClassRanking(ScoreWeights())
 POOL = PoolView(load=0.95, max_length_tokens=8192, aging_bound_s=60.0)
 C, S, B = (tier.rank for tier in Tier)
+
+
+def new_queue() -> RequestQueue:
+    return RequestQueue(PROFILE, Discipline())
 
 
 def view(tier: Tier, prompt: int = 100, arrival: float = 0.0, ttft_ms: float | None = None, output: int = 100) -> RequestView:
@@ -26,40 +31,41 @@ def test_report_scenario_releases_a_then_b_then_c() -> None:
     """Report 4.5 at 95 % load: the sidecar releases in the pod ranking's order, A (VIP, 1000 tokens,
     50 ms), B (standard, 5000 tokens, attainable), C (free). The report's A-C-B is the engine's
     admission order, where C fits in the KV cache B does not (tests/engine/test_backfill.py)."""
-    queue = RequestQueue()
+    queue = new_queue()
     a, b, c = (QueuedRequest(view(Tier.CRITICAL, 1000, ttft_ms=50.0)), QueuedRequest(view(Tier.STANDARD, 5000, ttft_ms=200.0)),
                QueuedRequest(view(Tier.BATCH, 100)))
     for entry in (c, b, a):
         queue.push(entry)
-    order = [queue.pop_best(PROFILE, 0.01, POOL) for _ in range(3)]
+    order = [queue.pop_best(0.01, POOL) for _ in range(3)]
     assert order == [a, b, c]
     assert len(queue) == 0
 
 
 def test_aging_bound_lets_a_starving_batch_request_overtake_fresh_critical_ones() -> None:
-    queue = RequestQueue()
+    queue = new_queue()
     old = QueuedRequest(view(Tier.BATCH, 5000, arrival=0.0))
     queue.push(old)
     for i in range(5):
         queue.push(QueuedRequest(view(Tier.CRITICAL, 10, arrival=100.0, ttft_ms=50.0)))
-    assert queue.pop_best(PROFILE, 100.0, POOL) is old
+    assert queue.pop_best(100.0, POOL) is old
 
 
 def test_equal_scores_keep_arrival_order() -> None:
-    queue = RequestQueue()
+    queue = new_queue()
     entries = [QueuedRequest(view(Tier.STANDARD)) for _ in range(5)]
     for e in entries:
         queue.push(e)
-    assert [queue.pop_best(PROFILE, 1.0, POOL) for _ in entries] == entries
+    assert [queue.pop_best(1.0, POOL) for _ in entries] == entries
 
 
 def test_ahead_of_counts_only_better_ranked_requests() -> None:
-    queue = RequestQueue()
+    queue = new_queue()
     for _ in range(3):
         queue.push(QueuedRequest(view(Tier.BATCH)))
     queue.push(QueuedRequest(view(Tier.CRITICAL, ttft_ms=50.0)))
-    assert queue.ahead_of(view(Tier.CRITICAL, ttft_ms=50.0), PROFILE, 0.0, POOL) == 1
-    assert queue.ahead_of(view(Tier.BATCH), PROFILE, 0.0, POOL) == 4
+    queue.begin(0.0, POOL)
+    assert queue.ahead_of(view(Tier.CRITICAL, ttft_ms=50.0)) == 1
+    assert queue.ahead_of(view(Tier.BATCH)) == 4
     assert queue.depth_by_tier[Tier.BATCH] == 3
 
 
@@ -133,7 +139,7 @@ def test_gate_counts_only_the_tiers_an_attainable_request_queues_behind() -> Non
 
 def make_dispatcher(target: int = 1) -> tuple[Dispatcher, list[float]]:
     clock = [10.0]
-    dispatcher = Dispatcher(RequestQueue(), ReleaseGate(engine_queue_target=target), PROFILE, lambda: POOL, lambda: clock[0])
+    dispatcher = Dispatcher(new_queue(), ReleaseGate(engine_queue_target=target), lambda: POOL, lambda: clock[0])
     return dispatcher, clock
 
 
@@ -185,19 +191,40 @@ async def test_an_attainable_request_is_not_held_behind_lower_tier_work_at_the_e
     batch_task.cancel()
 
 
-async def test_a_lower_ranked_request_never_overtakes_a_held_better_one() -> None:
+async def test_a_held_starving_head_does_not_hold_back_an_attainable_higher_tier_request() -> None:
+    """The discipline chooses the starving batch head (no starving share taken yet); the gate holds
+    it (it queues behind every tier at the engine) but lets the attainable standard request go on
+    its own tier's count: the engine would admit it first anyway, so it goes, and the batch head
+    stays first in line."""
     clock = [100.0]
     pool = PoolView(load=1.0, max_length_tokens=8192, aging_bound_s=60.0)
-    dispatcher = Dispatcher(RequestQueue(), ReleaseGate(engine_queue_target=1), PROFILE, lambda: pool, lambda: clock[0])
+    dispatcher = Dispatcher(new_queue(), ReleaseGate(engine_queue_target=1), lambda: pool, lambda: clock[0])
     await dispatcher.wait_turn(QueuedRequest(view(Tier.STANDARD, arrival=100.0, ttft_ms=2000.0)))
-    starving = QueuedRequest(view(Tier.BATCH, arrival=0.0))  # past the aging bound: ranked first, counts every tier
+    starving = QueuedRequest(view(Tier.BATCH, arrival=0.0))  # past the aging bound: chosen first, counts every tier
     standard = QueuedRequest(view(Tier.STANDARD, arrival=100.0, ttft_ms=2000.0))
     tasks = [asyncio.create_task(dispatcher.wait_turn(e)) for e in (starving, standard)]
     await asyncio.sleep(0)
-    dispatcher.gate.not_started_by_rank[S] = 0  # standard could go on its own count...
+    dispatcher.gate.not_started_by_rank[S] = 0  # standard may go on its own count...
     dispatcher.gate.not_started_by_rank[B] = 1  # ...while the starving head may not
-    assert dispatcher.pump() == 0
-    assert not standard.released and not starving.released
+    assert dispatcher.pump() == 1
+    assert standard.released and not starving.released
+    dispatcher.gate.not_started_by_rank[S] = dispatcher.gate.not_started_by_rank[B] = 0  # the engine started them
+    assert dispatcher.pump() == 1 and starving.released
+    for task in tasks:
+        task.cancel()
+
+
+async def test_a_lower_tier_never_overtakes_a_held_request() -> None:
+    """A missed standard request (it counts every tier at the engine, like batch) is held: the batch
+    request behind it does not go either, though it is fresher."""
+    clock = [100.0]
+    dispatcher = Dispatcher(new_queue(), ReleaseGate(engine_queue_target=1), lambda: POOL, lambda: clock[0])
+    await dispatcher.wait_turn(QueuedRequest(view(Tier.BATCH, arrival=100.0)))  # the engine queue is at its target
+    missed = QueuedRequest(view(Tier.STANDARD, arrival=95.0, ttft_ms=2000.0))
+    batch = QueuedRequest(view(Tier.BATCH, arrival=99.0))
+    tasks = [asyncio.create_task(dispatcher.wait_turn(e)) for e in (missed, batch)]
+    await asyncio.sleep(0)
+    assert dispatcher.pump() == 0 and not missed.released and not batch.released
     for task in tasks:
         task.cancel()
 
@@ -215,40 +242,55 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     assert len(dispatcher.queue) == 0 and not entry.released
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(list(Tier)), st.integers(0, 9000), st.floats(0, 50), st.booleans()), min_size=1, max_size=40),
-       st.lists(st.integers(0, 39), max_size=10))
-def test_snapshot_order_equals_ranking_everything(specs, pops_between) -> None:
-    """Pushes interleaved with pops, all at one instant: the snapshot queue pops what a full scan picks."""
-    now = 100.0
-    queue = RequestQueue(snapshot_ttl_s=10.0)
-    reference: list[QueuedRequest] = []
-    pop_points = set(pops_between)
-    for i, (tier, prompt, age, has_ttft) in enumerate(specs):
-        entry = QueuedRequest(view(tier, prompt, arrival=now - age, ttft_ms=500.0 if has_ttft else None))
-        queue.push(entry)
-        reference.append(entry)
-        if i in pop_points:
-            expected = min(reference, key=lambda e: (*PROFILE.rank(e.view, now, POOL), e.seq))
-            assert queue.pop_best(PROFILE, now, POOL) is expected
-            reference.remove(expected)
-    while reference:
-        expected = min(reference, key=lambda e: (*PROFILE.rank(e.view, now, POOL), e.seq))
-        assert queue.pop_best(PROFILE, now, POOL) is expected
-        reference.remove(expected)
-
-
 def test_a_request_that_would_go_straight_through_is_predicted_no_wait_despite_lower_work_queued() -> None:
     dispatcher, _ = make_dispatcher(target=1)
-    assert dispatcher.try_release(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # at the engine, not started
+    assert dispatcher.offer(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # at the engine, not started
     dispatcher.enqueue(QueuedRequest(view(Tier.BATCH, arrival=10.0)))  # held: the gate is closed for batch
     critical = view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0)
     # Nothing queued outranks the critical request and the gate lets it pass the batch work at the
     # engine: no wait, so the pod guard does not refuse it as unreachable.
     assert dispatcher.predicted_wait_s(critical) == 0.0
     assert dispatcher.predicted_wait_s(view(Tier.BATCH, arrival=10.0)) > 0.0
-    assert dispatcher.try_release(QueuedRequest(critical))
+    assert dispatcher.offer(QueuedRequest(critical))
+
+
+def test_the_release_pace_counts_a_release_round_as_the_releases_it_made() -> None:
+    """Ten requests released at one instant every second drain ten a second, not one every 0 s."""
+    pace = ReleasePace()
+    for second in range(60):
+        for _ in range(10):
+            pace.released(float(second), queue_was_waiting=True)
+    assert 0.08 <= pace.interval_s <= 0.12
+    one_a_second = ReleasePace()
+    for second in range(60):
+        one_a_second.released(float(second), queue_was_waiting=True)
+    assert 0.9 <= one_a_second.interval_s <= 1.1
+
+
+async def test_a_lowest_tier_request_whose_deadline_passes_in_the_queue_is_shed_with_retry_after() -> None:
+    """Held behind a full engine queue until its 60 s objective has passed, a batch request is
+    refused (503 ttft_unreachable with a Retry-After), not released to miss; a missed standard
+    request (a protected tier) stays and is served late."""
+    from slaq.sidecar.errors import DeadlineUnreachable
+
+    dispatcher, clock = make_dispatcher(target=1)
+    assert dispatcher.offer(QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0)))  # the engine queue is at its target
+    batch = QueuedRequest(view(Tier.BATCH, arrival=10.0, ttft_ms=60_000.0))
+    standard = QueuedRequest(view(Tier.STANDARD, arrival=10.0, ttft_ms=2000.0))
+    shed: list[tuple[QueuedRequest, Exception]] = []
+    dispatcher.on_shed = lambda entry, error: shed.append((entry, error))
+    tasks = [asyncio.create_task(dispatcher.wait_turn(e)) for e in (batch, standard)]
+    await asyncio.sleep(0)
+    clock[0] = 69.0
+    dispatcher.pump()
+    assert shed == [] and len(dispatcher.queue) == 2  # 59 s waited: still in time
+    clock[0] = 70.5
+    dispatcher.pump()
+    assert [entry for entry, _ in shed] == [batch] and not batch.released
+    error = shed[0][1]
+    assert isinstance(error, DeadlineUnreachable) and error.retry_after_s is not None and error.retry_after_s >= 1.0
+    with pytest.raises(DeadlineUnreachable):
+        await tasks[0]
+    assert len(dispatcher.queue) == 1 and standard.queued  # the missed standard request waits on
+    tasks[1].cancel()
+

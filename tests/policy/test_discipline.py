@@ -1,0 +1,126 @@
+"""The queue discipline and its two hosts: where the release gate, KV and batch slots do not bind,
+the sidecar releases in exactly the order the engine admits. The batch requests here have no TTFT
+objective: one whose objective has passed the sidecar sheds (tests/sidecar/test_queue.py) where
+the engine would admit it to miss, and that is the one intended difference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slaq.api.common import Tier
+from slaq.api.pool import SchedulerSpec
+from slaq.policy import PodPolicy
+from slaq.policy.discipline import Discipline, TieredQueue, first_token_lead
+from slaq.policy.views import PoolView, RequestView
+from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
+from slaq.sidecar.release import ReleaseGate
+
+from tests.engine.harness import make_request, waiting_queue
+
+NOW = 1_000_000.0
+MAX_LENGTH = 4096
+
+waiting_request = st.tuples(
+    st.sampled_from(list(Tier)),
+    st.floats(0.0, 90.0),  # seconds waited: past the 60 s aging bound for some
+    st.sampled_from([None, 500.0, 2000.0, 60_000.0]),
+    st.integers(1, 6000),  # prompt tokens
+    st.integers(1, 600),  # predicted output
+    st.sampled_from(["t0", "t1", "t2"]),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    waiting=st.lists(waiting_request, min_size=1, max_size=40),
+    load=st.floats(0.0, 1.0),
+    lead_s=st.sampled_from([None, 0.05, 0.8]),
+    charges=st.lists(st.tuples(st.sampled_from(list(Tier)), st.sampled_from(["t0", "t1", "t2"]), st.integers(1, 5000)), max_size=8),
+    aged_share=st.sampled_from([0.0, 0.25, 1.0]),
+)
+def test_the_sidecar_releases_in_the_engines_admission_order(waiting, load, lead_s, charges, aged_share) -> None:
+    spec = SchedulerSpec.model_validate({"queue": {"agedShare": aged_share}})
+    engine_policy, sidecar_policy = PodPolicy.from_spec(spec), PodPolicy.from_spec(spec)
+    for tier, tenant, tokens in charges:  # both containers counted the same service
+        engine_policy.accounting.charge(tier.value, tenant, tokens)
+        sidecar_policy.accounting.charge(tier.value, tenant, tokens)
+    lead = None if lead_s is None else (lambda view: first_token_lead(lead_s, view.prompt_tokens, 2048))
+
+    engine = waiting_queue(spec, engine_policy, max_length_tokens=MAX_LENGTH, load=load)
+    engine.lead = lead
+    by_id: dict[str, int] = {}
+    waiting = [(tier, waited, None if tier is Tier.BATCH else ttft_ms, prompt, output, tenant)
+               for tier, waited, ttft_ms, prompt, output, tenant in waiting]
+    for index, (tier, waited, ttft_ms, prompt, output, tenant) in enumerate(waiting):
+        request = make_request(tier, tenant=tenant, prompt_tokens=prompt, max_tokens=output, ttft_ms=ttft_ms, arrival=NOW - waited)
+        engine.add_request(request)
+        by_id[request.request_id] = index
+    engine.begin_step(NOW)
+    admitted = [by_id[engine.pop_request().request_id] for _ in range(len(waiting))]
+
+    accounting = sidecar_policy.accounting
+
+    def current_view(entry: QueuedRequest) -> RequestView:
+        return dataclasses.replace(entry.view, tenant_service_share=accounting.service_share(entry.view.tier.value, entry.view.tenant))
+
+    queue = RequestQueue(sidecar_policy.ranking, sidecar_policy.discipline, current_view)
+    queue.tiers.lead = lead
+    pool = PoolView(load=load, max_length_tokens=MAX_LENGTH, aging_bound_s=spec.aging_bound_seconds)
+    dispatcher = Dispatcher(queue, ReleaseGate(engine_queue_target=10**9), lambda: pool, lambda: NOW)
+    entries: dict[int, int] = {}
+    for index, (tier, waited, ttft_ms, prompt, output, tenant) in enumerate(waiting):
+        if ttft_ms is None and tier is Tier.CRITICAL:
+            ttft_ms = 500.0  # as make_request (and a critical tenant's table entry) gives it
+        entry = QueuedRequest(RequestView(tier=tier, arrival=NOW - waited, ttft_ms=ttft_ms, prompt_tokens=prompt, predicted_output=output, tenant=tenant))
+        entries[id(entry)] = index
+        dispatcher.enqueue(entry)
+    released: list[int] = []
+
+    def started_at_once(entry: QueuedRequest) -> None:  # slots and KV do not bind: the engine starts what it gets
+        released.append(entries[id(entry)])
+        dispatcher.gate.on_first_byte(entry.view.tier.rank)
+
+    dispatcher.on_release = started_at_once
+    assert dispatcher.pump() == len(waiting)
+
+    assert released == admitted
+
+
+def test_a_starving_backlog_gets_its_share_and_no_more() -> None:
+    """40 requests past the aging bound against 40 attainable higher-tier ones: the first choice is
+    starving (no share taken yet), and over 40 choices the starving ones get about `agedShare`."""
+    spec = SchedulerSpec.model_validate({"agingBoundSeconds": 10.0, "queue": {"agedShare": 0.4, "agedShareAlpha": 0.2}})
+    policy = PodPolicy.from_spec(spec)
+    queue: TieredQueue[RequestView] = TieredQueue(policy.ranking, policy.discipline, lambda view: view, id)
+    starving = [RequestView(Tier.BATCH, NOW - 11 - i * 0.01, None, 100, 100) for i in range(40)]
+    fresh = [RequestView(Tier.STANDARD, NOW - i * 0.001, 2000.0, 100, 100) for i in range(40)]
+    for view in starving + fresh:
+        queue.push(view)
+    queue.begin(NOW, PoolView(load=1.0, max_length_tokens=MAX_LENGTH, aging_bound_s=10.0))
+    chosen = [queue.take(queue.choose()) for _ in range(40)]
+    share = sum(view in starving for view in chosen) / len(chosen)
+    assert chosen[0] in starving
+    assert 0.3 <= share <= 0.5
+
+
+def test_the_discipline_reads_its_constants_from_the_pool_spec() -> None:
+    spec = SchedulerSpec.model_validate({"queue": {"agedShare": 0.1, "agedShareAlpha": 0.2, "rekeyHead": 9, "leadExemptTiers": 0}})
+    assert Discipline.from_spec(spec) == Discipline(aged_share=0.1, aged_share_alpha=0.2, rekey_head=9, lead_exempt_tiers=0)
+    assert PodPolicy.from_spec(spec).discipline == Discipline.from_spec(spec)
+    assert Discipline.from_spec(SchedulerSpec()) == Discipline()  # today's values are the defaults
+
+
+def test_a_critical_request_nearer_its_deadline_than_its_lead_stays_attainable_unless_no_tier_is_exempt() -> None:
+    for exempt, expected_missed in ((1, 0), (0, 1)):
+        spec = SchedulerSpec.model_validate({"queue": {"leadExemptTiers": exempt}})
+        policy = PodPolicy.from_spec(spec)
+        queue: TieredQueue[RequestView] = TieredQueue(policy.ranking, policy.discipline, lambda view: view, id)
+        queue.lead = lambda view: 0.2
+        queue.push(RequestView(Tier.CRITICAL, NOW - 0.4, 500.0, 100, 100))  # 0.1 s to its deadline
+        queue.begin(NOW, PoolView(load=0.5, max_length_tokens=MAX_LENGTH, aging_bound_s=60.0))
+        choice = queue.choose()
+        assert choice is not None and choice.missed == bool(expected_missed)
+        assert queue.missed_depth[Tier.CRITICAL.rank] == expected_missed
