@@ -190,6 +190,10 @@ def step_has_tokens(output: Any) -> bool:
     return output.total_num_scheduled_tokens > 0
 
 
+def total_scheduled_tokens(output: Any) -> int:
+    return output.total_num_scheduled_tokens
+
+
 def deliveries(engine_outputs: dict[int, Any]) -> Iterator[tuple[str, int, bool]]:
     """(request id, tokens delivered, finished) for every output `update_from_output` returned."""
     for outputs in engine_outputs.values():
