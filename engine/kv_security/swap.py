@@ -9,8 +9,8 @@ missing or its tag broken) is recomputed by vLLM from the first block that faile
 (`kv_load_failure_policy=recompute`).
 
 Which victims are swapped: `SwapOrRecompute` decides, one rule for the engine and the benchmark's
-simulator (both run the same connector and scheduler; the scheduler installs the rule, see
-`install_swap_rule`). A victim is sealed only when sealing it and opening it again cost less than
+simulator (both run the same connector and scheduler; the scheduler installs the rule at start,
+`SLAScheduler._install_swap_rule` -> `SlaqKVConnector.use_step_model`). A victim is sealed only when sealing it and opening it again cost less than
 computing its tokens again: seal and open at the measured host throughput (`seal_seconds_per_byte`:
 the `hostSealGbS` setting, or measured with the worker's own `Vault` when the engine starts), against
 the scheduler's own step-time model (`StepTimeModel.per_token_s`, learned online from the steps'
