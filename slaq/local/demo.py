@@ -456,7 +456,7 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
                   workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
     print()
     print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a standard-tier load holds all but "
-          f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
+          f"{KvPlan().free_blocks(background_done=False)} of {KvPlan().usable_blocks} usable KV blocks; order = first tokens back")
     print(scenario_block(scenario))
     print()
     print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({rate / capacity_rps:.0%} of capacity), "
