@@ -27,10 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 SERIES = ("slaq_engine_kv_swap_victims", "slaq_engine_preemptions", "slaq_engine_kv_swap_blocks",
           "slaq_engine_step_time_model_seconds", "slaq_engine_kv_swap_seal_seconds_per_token")
 
