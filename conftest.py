@@ -1,3 +1,3 @@
-"""Repository-wide pytest setup: shared fixtures are plugins under tests/support/."""
+"""Repository-wide pytest setup: shared fixtures are plugins under tests/support/ (the fakes they serve live in slaq.testing)."""
 
-pytest_plugins: list[str] = ["tests.support.kube", "tests.support.fake_upstream", "tests.support.engine"]
+pytest_plugins: list[str] = ["tests.support.fixtures", "tests.support.engine"]

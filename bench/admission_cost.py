@@ -17,18 +17,14 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, hash_api_key  # noqa: E402
-from slaq.api.common import Tier  # noqa: E402
-from slaq.policy.views import RequestView  # noqa: E402
-from slaq.sidecar.queue import QueuedRequest  # noqa: E402
-from slaq.sidecar.service import CoreConfig, SidecarCore  # noqa: E402
-from slaq.sidecar.tenants import TenantDirectory  # noqa: E402
+from slaq.api.table import ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, hash_api_key
+from slaq.api.common import Tier
+from slaq.policy.views import RequestView
+from slaq.sidecar.queue import QueuedRequest
+from slaq.sidecar.service import CoreConfig, SidecarCore
+from slaq.sidecar.tenants import TenantDirectory
 
 TIERS = ("critical", "standard", "batch")
 

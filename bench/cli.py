@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
+from slaq.bench.traces import BUNDLED_TRACE
+
 DEFAULT_POLICIES = "fcfs,priority,slaq,oracle"
 
 
@@ -31,14 +32,19 @@ def _positive(text: str) -> float:
 
 
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", type=Path, default=None,
-                        help=f"Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default {DEFAULT_TRACE} when present")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--trace", type=Path, default=BUNDLED_TRACE,
+                        help="Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled Azure "
+                             "conversation trace 2023 (bench/traces/, CC-BY 4.0)")
+    source.add_argument("--synthetic", action="store_true",
+                        help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
     parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
                         help="take the trace's densest window of this many seconds (its bursts) instead of its start; "
                              "--load then scales the whole trace, so the window keeps its extra density")
-    parser.add_argument("--arrivals", choices=("trace", "poisson"), default="trace",
-                        help="keep the trace's arrival pattern, or a Poisson process with the trace's lengths")
+    parser.add_argument("--arrivals", choices=("trace", "poisson"), default=None,
+                        help="keep the trace's arrival pattern (default), or a Poisson process with the trace's lengths "
+                             "(always with --synthetic)")
     parser.add_argument("--bursts", default=None, metavar="FACTOR:PERIOD_S[:DURATION_S]",
                         help="modulate arrivals: every PERIOD_S seconds a burst at FACTOR x the mean rate "
                              "(default duration PERIOD_S / (2 FACTOR)), quieter in between, same mean rate; deterministic")
@@ -145,14 +151,14 @@ def pod_from_args(args: argparse.Namespace):  # -> PodConfig | None
 
 def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
     from slaq.bench.benchmark import WorkloadSpec
+    from slaq.bench.errors import WorkloadError
     from slaq.bench.workload import parse_bursts, parse_mix
 
-    trace = args.trace
-    if trace is None and DEFAULT_TRACE.is_file():
-        trace = DEFAULT_TRACE
-    if trace is None and args.arrivals == "trace":
-        args.arrivals = "poisson"  # no trace at all: synthetic lengths and Poisson arrivals
-    return WorkloadSpec(trace=trace, requests=args.requests, arrivals=args.arrivals, window_s=args.window, seed=args.seed,
+    if args.synthetic and (args.arrivals == "trace" or args.window is not None):
+        raise WorkloadError("--synthetic has no trace to keep arrivals or cut a window from: drop --arrivals trace / --window")
+    trace = None if args.synthetic else args.trace
+    arrivals = "poisson" if args.synthetic else args.arrivals or "trace"
+    return WorkloadSpec(trace=trace, requests=args.requests, arrivals=arrivals, window_s=args.window, seed=args.seed,
                         mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective),
                         bursts=parse_bursts(args.bursts) if args.bursts else None)
 

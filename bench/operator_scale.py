@@ -3,7 +3,7 @@ change, and the API calls that change cost.
 
     python bench/operator_scale.py --tenants 10000 --pools 50 [--models 10]
 
-The emulator (tests/support/kube.py) runs in a child process, so it and the operator each have
+The emulator (slaq/testing/kube.py) runs in a child process, so it and the operator each have
 a core; the cluster (bench/scale_objects.py) is stored in it before the operator starts. The
 operator runs as it ships (OperatorThread: kopf, the informer's view, lightkube), with one difference: its
 usage timer is set beyond the run (`--observe-interval`), so the calls counted are the change's
@@ -39,7 +39,7 @@ from slaq.bench.scale_objects import (
     KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the emulator lives in the checkout's tests/support
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the CRDs the emulator serves are the checkout's crds/
 
 CHANGED_TENANT = 0
 NEW_RPM = 300  # from 600
@@ -93,17 +93,14 @@ class TableWatch:
 
 
 async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> None:
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
     import kmock
 
-    from tests.support.kube import REPO_ROOT as ROOT
-    from tests.support.kube import KubeEmulator
+    from slaq.testing.kube import KubeEmulator
 
     async with KubeEmulator() as emulator, kmock.Server(emulator):
         emulator.keep_requests = False
         emulator.resources.load_bundled()
-        emulator.install_crds(sorted((ROOT / "crds").glob("*.yaml")))
+        emulator.install_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
         for name in (KEY_NAMESPACE, POOL_NAMESPACE, "slaq-system"):
             emulator.objects["v1/namespaces", None, name] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         for j in range(tenants):
@@ -208,7 +205,7 @@ def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, dea
     op = None
     try:
         url = parent.recv()
-        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s)
+        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s, key_secret_namespaces=(KEY_NAMESPACE,))
         op = OperatorThread(Connection(server=url), options)
         started = time.monotonic()
         op.start()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from slaq.operator.keys import TENANT_LABEL
+
 KEY_NAMESPACE = "tenant-keys"
 POOL_NAMESPACE = "inference"
 MODEL_LABEL = "slaq.dev/model"
@@ -65,7 +67,7 @@ def key_secret(index: int) -> dict[str, Any]:
     key = f"sk-{tenant_name(index)}-0123456789abcdef"
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{tenant_name(index)}-keys", "namespace": KEY_NAMESPACE},
+        "metadata": {"name": f"{tenant_name(index)}-keys", "namespace": KEY_NAMESPACE, "labels": {TENANT_LABEL: tenant_name(index)}},
         "data": {"key": base64.b64encode(key.encode()).decode()},
     }
 

@@ -1,6 +1,6 @@
 """Added time-to-first-token of the sidecar vs going straight to the engine (prints figures).
 
-A fast fake engine (tests/support/fake_upstream.py: vLLM's SSE format, `--tokens` tokens, the
+A fast fake engine (slaq/testing/fake_engine.py: vLLM's SSE format, `--tokens` tokens, the
 first after `--token-delay-ms`) runs in its own process; `slaq sidecar` runs in another, in front
 of it. A load generator (this process) keeps C streams busy, each sending streaming completions
 back to back, first straight to the engine and then through the sidecar, and measures TTFT as the
@@ -25,15 +25,13 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key  # noqa: E402
-from tests.support.fake_upstream import _free_port  # noqa: E402
+from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key
+from slaq.local.processes import free_port
+from slaq.testing.fake_engine import fake_user
 
 KEY = "sk-bench-0123456789"
 UPSTREAM = (
-    "import sys; sys.path.append({root!r}); import uvicorn; from tests.support.fake_upstream import FakeEngine; "
+    "import uvicorn; from slaq.testing.fake_engine import FakeEngine; "
     "uvicorn.run(FakeEngine(), host='127.0.0.1', port={port}, log_level='warning', access_log=False)"
 )
 
@@ -84,10 +82,10 @@ async def run_level(base: str, streams: int, per_stream: int, headers: dict[str,
         return samples
 
 
-def added_buckets(sidecar: str) -> dict[float, float]:
-    """Cumulative bucket counts of the sidecar's own `slaq_sidecar_added_seconds` histogram."""
+def added_buckets(metrics: str) -> dict[float, float]:
+    """Cumulative bucket counts of the sidecar's own `slaq_sidecar_added_seconds` histogram (metrics port)."""
     buckets = {}
-    for line in httpx.get(sidecar + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(metrics + "/metrics", timeout=10).text.splitlines():
         if line.startswith("slaq_sidecar_added_seconds_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
@@ -122,31 +120,35 @@ def main() -> None:
     table.write_text(TenantTable(pool="bench/pool", revision="1", tenants=[
         TenantEntry(name="bench", tier="standard", ttft_ms=2000.0, key_hashes=[hash_api_key(KEY)], cache_salt=derive_cache_salt(b"b", "bench")),
     ]).model_dump_json(by_alias=True))
-    upstream_port, sidecar_port = _free_port(), _free_port()
+    upstream_port, sidecar_port, metrics_port = free_port(), free_port(), free_port()
     sidecar_log = open(workdir / "sidecar.log", "wb")
     print(f"sidecar log: {workdir / 'sidecar.log'}")
-    # No PYTHONPATH=ROOT: the repository's top-level folders (operator/, …) would shadow stdlib modules.
+    # The children import slaq as installed: the repository root on PYTHONPATH would let its top-level
+    # folders (operator/, …) shadow stdlib modules.
     env = dict(os.environ)
     processes = [
-        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(root=str(ROOT), port=upstream_port)], cwd=workdir, env=env),
+        subprocess.Popen([sys.executable, "-c", UPSTREAM.format(port=upstream_port)], cwd=workdir, env=env),
         subprocess.Popen([sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(sidecar_port),
+                          "--metrics-port", str(metrics_port),
                           "--engine-url", f"http://127.0.0.1:{upstream_port}", "--tenant-table", str(table),
                           "--max-queue-depth", "100000"], cwd=workdir, env=env, stdout=sidecar_log, stderr=subprocess.STDOUT),
     ]
     try:
-        direct, sidecar = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{sidecar_port}"
+        direct, sidecar, metrics = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{sidecar_port}", f"http://127.0.0.1:{metrics_port}"
         wait_ready(direct + "/health")
         wait_ready(sidecar + "/ready")
-        headers = {"authorization": f"Bearer {KEY}", "x-fake-tokens": str(args.tokens), "x-fake-delay-ms": str(args.token_delay_ms)}
-        body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True}
+        headers = {"authorization": f"Bearer {KEY}"}
+        # The fake engine's controls ride in `user`: the sidecar forwards no x-fake-* header.
+        body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True,
+                "user": fake_user(tokens=args.tokens, delay_ms=args.token_delay_ms)}
         print(f"load average {os.getloadavg()[0]:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
         print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
         own = []
         for streams in args.streams:
             d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))
-            before = added_buckets(sidecar)
+            before = added_buckets(metrics)
             s = asyncio.run(run_level(sidecar, streams, args.requests_per_stream, headers, body))
-            after = added_buckets(sidecar)
+            after = added_buckets(metrics)
             own.append((streams, bucket_quantile(before, after, 0.5), bucket_quantile(before, after, 0.99)))
             print(f"{streams:>8} {len(s):>6} {pct(d, .5):>11.2f} {pct(d, .99):>11.2f} {pct(s, .5):>12.2f} {pct(s, .99):>12.2f} "
                   f"{pct(s, .5) - pct(d, .5):>10.2f} {pct(s, .99) - pct(d, .99):>10.2f}  mean added {1000 * (statistics.fmean(s) - statistics.fmean(d)):.2f}")

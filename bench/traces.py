@@ -1,8 +1,9 @@
 """Reading request traces in the Azure LLM inference format (`TIMESTAMP,ContextTokens,GeneratedTokens`).
 
-The shared trace is the Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0;
-Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024).
-Anything derived from it keeps that attribution.
+The bundled trace (`BUNDLED_TRACE`, package data in `bench/traces/`) is the Azure LLM inference
+trace 2023, conversation service (Azure/AzurePublicDataset, CC-BY 4.0; Patel et al., "Splitwise:
+Efficient generative LLM inference using phase splitting", ISCA 2024). Anything derived from it
+keeps that attribution.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from slaq.bench.errors import TraceError
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# The folder `traces/` beside this module holds the data; `slaq.bench.traces` stays this module.
+BUNDLED_TRACE = Path(__file__).resolve().parent / "traces" / "azure_llm_conv_2023.csv"
 TRACE_ATTRIBUTION = (
     "Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0); Patel et al., "
     "\"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024."

@@ -23,7 +23,7 @@ from e2e.pod import PodSpecRun
 from e2e.traffic import attainment, client, stream_completion
 from slaq.api.common import API_VERSION
 from slaq.api.runtime import ENGINE_TABLE_ENV, ENGINE_TABLE_KEY, TENANT_TABLE_KEY
-from slaq.api.table import hash_api_key
+from slaq.api.table import TenantTable, hash_api_key
 from slaq.local.processes import wait_ready
 from slaq.operator.names import table_secret_name
 
@@ -35,9 +35,10 @@ KILL_STREAMS = 16  # the CPU pool's maxNumSeqs
 
 
 def tenant_docs(name: str, tier: str, key: str, *, ttft_ms: float | None, quotas: dict | None = None) -> list[dict]:
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"tenant-{name}-keys", "namespace": "slaq-system"},
-              "type": "Opaque", "stringData": {"main": key}}
-    spec: dict = {"tier": tier, "apiKeySecretRef": {"name": f"tenant-{name}-keys", "namespace": "slaq-system"}}
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "stringData": {"main": key},
+              "metadata": {"name": f"tenant-{name}-keys", "namespace": "slaq-system", "labels": {"slaq.dev/tenant": name}}}
+    spec: dict = {"tier": tier, "apiKeySecretRef": {"name": f"tenant-{name}-keys", "namespace": "slaq-system"},
+                  "poolSelector": {"matchLabels": {"slaq.dev/tenancy": "shared"}}}  # the example pool's label
     if ttft_ms is not None:
         spec["objectives"] = {"ttftMs": ttft_ms}
     if quotas:
@@ -84,10 +85,13 @@ async def test_the_pod_runs_as_rendered_and_serves_every_tenant(pod: PodSpecRun,
         container = pod.container(name)
         assert container["command"] == ["slaq"]
         assert _strip_ports_and_mounts(pod.commands[name][1:]) == _strip_ports_and_mounts(container["args"])
-    assert "sk-demo" not in table_text and hash_api_key(KEYS["vip"]) in table_text
+    table = TenantTable.model_validate_json(table_text)
+    assert "sk-demo" not in table_text and hash_api_key(KEYS["vip"], table.hash_key()) in table_text
+    assert pod.commands["engine"][-3:] == ["--", "--seed", "7"]  # the example pool's extraEngineArgs, after the separator
     # The engine's mount holds only its cut of the table: no key hashes (negative control above).
     engine_files = {p.name: p.read_text() for p in pod.volume_dir("engine-table").iterdir() if not p.name.startswith(".")}
     assert list(engine_files) == [ENGINE_TABLE_KEY] and "sha256:" not in engine_files[ENGINE_TABLE_KEY]
+    assert "keyHashKey" not in engine_files[ENGINE_TABLE_KEY]
     assert httpx.get(pod.url + "/ready", timeout=5).status_code == 200
     async with client() as http:
         outcomes = await asyncio.gather(*(stream_completion(http, pod.url, key, max_tokens=8, seed=i) for i, key in enumerate(KEYS.values())))

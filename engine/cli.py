@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT
+
+if TYPE_CHECKING:
+    from slaq.engine.launcher import EngineOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,38 +55,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_engine)
 
 
-def _engine(args: argparse.Namespace) -> int:
+def engine_options(args: argparse.Namespace) -> "EngineOptions":
+    """The launcher's options from `slaq engine`'s parsed arguments (EngineError for a bad value)."""
     from slaq.cli import passthrough_args
     from slaq.engine.config import read_scheduler_config_argument
-    from slaq.engine.errors import EngineError
-    from slaq.engine.launcher import KV_HOST_CACHE_GIB_DEFAULT, EngineOptions, run
+    from slaq.engine.launcher import KV_HOST_CACHE_GIB_DEFAULT, EngineOptions
 
-    extra = passthrough_args(args.vllm_args)
+    return EngineOptions(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        load_format=args.load_format,
+        served_model_name=args.served_model_name,
+        revision=args.revision,
+        scheduler_config=read_scheduler_config_argument(args.scheduler_config) if args.scheduler_config else None,
+        scheduler=args.scheduler,
+        kv_erase=args.kv_erase == "on",
+        kv_host_cache_gib=KV_HOST_CACHE_GIB_DEFAULT if args.kv_host_cache_gib is None else args.kv_host_cache_gib,
+        kv_seal_gb_s=args.kv_seal_gb_s,
+        kv_swap_choice=args.kv_swap_choice,
+        kv_test_hooks=json.loads(args.kv_test_hooks) if args.kv_test_hooks else {},
+        extra=tuple(passthrough_args(args.vllm_args)),
+    )
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from slaq.engine.errors import EngineError
+    from slaq.engine.launcher import run
+
     try:
-        options = EngineOptions(
-            host=args.host,
-            port=args.port,
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            tensor_parallel_size=args.tensor_parallel_size,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            load_format=args.load_format,
-            served_model_name=args.served_model_name,
-            revision=args.revision,
-            scheduler_config=read_scheduler_config_argument(args.scheduler_config) if args.scheduler_config else None,
-            scheduler=args.scheduler,
-            kv_erase=args.kv_erase == "on",
-            kv_host_cache_gib=KV_HOST_CACHE_GIB_DEFAULT if args.kv_host_cache_gib is None else args.kv_host_cache_gib,
-            kv_seal_gb_s=args.kv_seal_gb_s,
-            kv_swap_choice=args.kv_swap_choice,
-            kv_test_hooks=json.loads(args.kv_test_hooks) if args.kv_test_hooks else {},
-            extra=tuple(extra),
-        )
-        run(options)
+        run(engine_options(args))
     except EngineError as exc:
         print(f"slaq engine: {exc}", file=sys.stderr)
         return 2

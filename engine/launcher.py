@@ -8,11 +8,13 @@ cache), and runs vLLM's server as `python -m vllm.entrypoints.openai.api_server`
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Mapping, MutableMapping, Sequence
+from typing import Any, Mapping, MutableMapping, Sequence
 
+from slaq.api.pool import ENGINE_OWNED_FLAGS, owned_engine_flag
 from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV
 from slaq.engine.errors import LaunchError
 
@@ -94,11 +96,7 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
     if options.scheduler not in SCHEDULERS:
         raise LaunchError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {options.scheduler!r}")
     kv_security = kv_transfer_config(options)
-    owned = ("--scheduler-cls", "--scheduling-policy", "--host", "--port") + (("--kv-transfer-config",) if kv_security else ())
-    for flag in owned:
-        if any(arg == flag or arg.startswith(flag + "=") for arg in options.extra):
-            raise LaunchError(f"{flag} is set by slaq engine; remove it from the arguments after --"
-                              + (" (or turn slaq's KV connector off: --kv-erase off --kv-host-cache-gib 0)" if flag == "--kv-transfer-config" else ""))
+    refuse_owned_flags(options.extra, kv_security is not None)
     from slaq.engine.tiny_model import SERVED_NAME
 
     argv = [
@@ -136,6 +134,49 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
     elif kv_security and options.kv_host_cache_gib > 0:
         environ.setdefault(MODEL_RUNNER_V2_ENV, "0")
     return LaunchPlan(argv=argv, environ=environ)
+
+
+# What slaq engine sets for vLLM and a flag after `--` may not change (the pool's spec fields, also
+# in ENGINE_OWNED_FLAGS, may: `slaq engine -- --max-num-seqs 4` is how one tries a value by hand).
+LAUNCHER_OWNED_FLAGS = ("--host", "--port", "--uds", "--api-key", "--config", "--scheduler-cls", "--scheduling-policy",
+                        "--kv-transfer-config", "--scheduler", "--kv-erase", "--kv-host-cache-gib", "--kv-test-hooks")
+
+
+def refuse_owned_flags(extra: Sequence[str], kv_connector: bool) -> None:
+    """LaunchError for an argument after `--` that sets (or abbreviates) a flag slaq engine owns;
+    --kv-transfer-config is free when slaq's KV connector is off."""
+    for arg in extra:
+        flag = owned_engine_flag(arg)
+        if flag in LAUNCHER_OWNED_FLAGS and (flag != "--kv-transfer-config" or kv_connector):
+            raise LaunchError(f"{arg!r} after --: {flag} {ENGINE_OWNED_FLAGS[flag]}; remove it"
+                              + (" (or turn slaq's KV connector off: --kv-erase off --kv-host-cache-gib 0)" if flag == "--kv-transfer-config" else ""))
+
+
+def check_parsed(plan: LaunchPlan, parsed: Any) -> None:
+    """LaunchError unless vLLM's parsed arguments keep what slaq engine set: the address, no API
+    key, the scheduler, and slaq's KV connector. Run after vLLM parsed the whole argv, so a form
+    refuse_owned_flags does not know (a config file, a new alias) cannot slip through."""
+    def given(flag: str) -> str | None:
+        return plan.argv[plan.argv.index(flag) + 1] if flag in plan.argv else None
+
+    problems = []
+    if parsed.host != given("--host") or str(parsed.port) != given("--port") or getattr(parsed, "uds", None):
+        problems.append(f"it listens on {parsed.host}:{parsed.port}{' (uds ' + parsed.uds + ')' if getattr(parsed, 'uds', None) else ''}, "
+                        f"not {given('--host')}:{given('--port')}")
+    if getattr(parsed, "api_key", None):
+        problems.append("it would require an API key of the sidecar")
+    for flag, dest in (("--scheduler-cls", "scheduler_cls"), ("--scheduling-policy", "scheduling_policy")):
+        if given(flag) is not None and str(getattr(parsed, dest, None)) != given(flag):
+            problems.append(f"{flag} is {getattr(parsed, dest, None)!r}, not {given(flag)!r}")
+    ours, theirs = given("--kv-transfer-config"), getattr(parsed, "kv_transfer_config", None)
+    if ours is not None:
+        want = json.loads(ours)
+        got = {k: getattr(theirs, k, None) for k in want} if theirs is not None else None
+        if got != want:
+            problems.append(f"its KV transfer config is {got}, not slaq's {want}")
+    if problems:
+        raise LaunchError("vLLM's parsed arguments differ from what slaq engine set: " + "; ".join(problems)
+                          + "; remove the flag (or config file) after -- that changed them")
 
 
 def kv_transfer_config(options: EngineOptions) -> str | None:
@@ -181,4 +222,6 @@ def run(options: EngineOptions) -> None:
     prepare_environment(plan)
     from slaq.engine import vllm_compat
 
-    vllm_compat.run_server(vllm_compat.parse_server_args(plan.argv))
+    parsed = vllm_compat.parse_server_args(plan.argv)
+    check_parsed(plan, parsed)
+    vllm_compat.run_server(parsed)

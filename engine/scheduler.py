@@ -118,10 +118,14 @@ class SLAScheduler(vc.RecomputesLoadFailures):
     # -- request facts -----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         if vc.attached_info(request) is None:
+            sla = RequestSLA.from_extra_args(vc.extra_args(request))
+            # Whatever priority arrived (a header, a body field, a future vLLM path), vLLM's own
+            # preemption orders by the tier the sidecar put in `vllm_xargs`.
+            vc.set_priority(request, sla.tier.rank)
             vc.attach_info(
                 request,
                 request_info(
-                    RequestSLA.from_extra_args(vc.extra_args(request)),
+                    sla,
                     arrival=request.arrival_time,
                     prompt_tokens=request.num_prompt_tokens,
                     max_tokens=request.max_tokens,

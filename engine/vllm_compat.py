@@ -37,6 +37,11 @@ def extra_args(request: Request) -> dict[str, Any] | None:
     return params.extra_args if params is not None else None
 
 
+def set_priority(request: Request, priority: int) -> None:
+    """The priority vLLM's own ordering and preemption read (`Request.priority`, lower runs earlier)."""
+    request.priority = priority
+
+
 def attach_info(request: Request, info: Any) -> None:
     setattr(request, _INFO_ATTR, info)
 

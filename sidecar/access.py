@@ -4,7 +4,7 @@ A line says who asked (tenant, tier), what became of it (status, reason, SLO out
 it cost and took (tokens, queue wait, TTFT, TPOT, end to end). It never holds prompt or output
 text, nor the key: a tenant's complaint can be checked against it without it leaking anything.
 
-    {"time": "2026-12-01T00:12:03.120Z", "event": "request", "tenant": "vip", "tier": "critical",
+    {"time": "2026-12-01T00:12:03.120Z", "event": "request", "request_id": "3f2a…", "tenant": "vip", "tier": "critical",
      "method": "POST", "path": "/v1/completions", "status": 200, "reason": null, "stream": true,
      "prompt_tokens": 12, "output_tokens": 16, "queue_wait_s": 0.0, "ttft_s": 0.041,
      "tpot_s": 0.012, "e2e_s": 0.22, "slo": "met"}
@@ -39,6 +39,7 @@ class AccessEntry:
     flight: Flight | None = None
     status: int = 500
     reason: str | None = None
+    request_id: str | None = None  # the sidecar's own id: the client's `x-request-id` and the engine's request id
 
     def record(self) -> dict[str, Any]:
         tenant = self.identity.tenant if self.identity else None
@@ -46,6 +47,7 @@ class AccessEntry:
         return {
             "time": datetime.fromtimestamp(self.arrival, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "event": EVENT,
+            "request_id": self.request_id,
             "tenant": tenant.name if tenant else None,
             "tier": tenant.tier.value if tenant else None,
             "method": self.method,

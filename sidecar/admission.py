@@ -82,6 +82,7 @@ class Ticket:
 
     tenant: Tenant
     reserved_tokens: int
+    slots: int = 1  # concurrency slots held: the completions the engine runs (`n` × prompts)
     settled: bool = False
 
 
@@ -112,12 +113,14 @@ class QuotaGate:
             state.tokens = _bucket(state.tokens, tenant.tokens_per_minute, now)
         return state
 
-    def admit(self, tenant: Tenant, tokens: int, now: float) -> Ticket:
-        """Charge one request and `tokens` to the tenant, or raise a QuotaExceeded naming the limit."""
+    def precheck(self, tenant: Tenant, now: float, slots: int = 1) -> TenantQuotaState:
+        """Refuse a tenant at its concurrency or request-rate limit; charges nothing, so the HTTP
+        layer runs it before reading the body."""
         state = self._state(tenant, now)
-        if tenant.max_concurrency is not None and state.in_flight >= tenant.max_concurrency:
+        if tenant.max_concurrency is not None and state.in_flight + slots > tenant.max_concurrency:
             raise ConcurrencyExceeded(
-                f"tenant {tenant.name} already has {state.in_flight} requests in flight (limit {tenant.max_concurrency})",
+                f"tenant {tenant.name} already has {state.in_flight} completions in flight; this request runs {slots} "
+                f"(limit {tenant.max_concurrency})",
                 retry_after_s=1.0,
             )
         if state.requests is not None:
@@ -127,6 +130,12 @@ class QuotaGate:
                     f"tenant {tenant.name} exceeded {state.requests.per_minute:g} requests/min on this replica",
                     retry_after_s=60.0 if wait is None else wait,
                 )
+        return state
+
+    def admit(self, tenant: Tenant, tokens: int, now: float, slots: int = 1) -> Ticket:
+        """Charge one request of `slots` completions and `tokens` to the tenant, or raise a
+        QuotaExceeded naming the limit."""
+        state = self.precheck(tenant, now, slots)
         if state.tokens is not None:
             wait = state.tokens.retry_after(tokens, now)
             if wait != 0.0:
@@ -138,14 +147,22 @@ class QuotaGate:
             state.tokens.take(tokens, now)
         if state.requests is not None:
             state.requests.take(1, now)
-        state.in_flight += 1
-        return Ticket(tenant=tenant, reserved_tokens=tokens)
+        state.in_flight += slots
+        return Ticket(tenant=tenant, reserved_tokens=tokens, slots=slots)
+
+    def charge_refused_body(self, tenant: Tenant, now: float) -> None:
+        """A body read and refused (malformed, a field outside the allowlist) costs one request of the
+        tenant's rate, so a tenant cannot make the pod parse refused bodies for free."""
+        state = self._state(tenant, now)
+        if state.requests is not None:
+            state.requests.take(1, now)
 
     def settle(self, ticket: Ticket, used_tokens: int | None, now: float) -> None:
         """End of a request: release its concurrency slot and true up its token charge.
 
-        `used_tokens` None means unknown (e.g. the client went away before usage was seen): the
-        reservation stands, which errs against the tenant rather than the pod.
+        `used_tokens` None means unknown (e.g. the client went away mid-stream before usage was
+        seen): the reservation stands, which errs against the tenant rather than the pod. 0 refunds
+        it all (the engine refused or never saw the request).
         """
         if ticket.settled:
             return
@@ -153,7 +170,7 @@ class QuotaGate:
         state = self._states.get(ticket.tenant.name)
         if state is None:
             return
-        state.in_flight = max(0, state.in_flight - 1)
+        state.in_flight = max(0, state.in_flight - ticket.slots)
         if state.tokens is not None and used_tokens is not None:
             delta = ticket.reserved_tokens - used_tokens
             if delta >= 0:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
@@ -20,7 +21,9 @@ import httpx
 
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
 from slaq.sidecar.access import AccessEntry, AccessLog
+from slaq.sidecar.connections import ConnectionLimits
 from slaq.sidecar.errors import (
+    BodyTimeout,
     BodyTooLarge,
     EngineUnavailable,
     MethodNotAllowed,
@@ -36,7 +39,9 @@ from slaq.sidecar.proxy import (
     EngineClient,
     EventFramer,
     ResponseObserver,
+    REQUEST_ID_HEADER,
     broken_stream_event,
+    drop_usage_events,
     forward_request_headers,
     forward_response_headers,
     is_event_stream,
@@ -51,7 +56,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 ENGINE_ERROR_BODY_LIMIT = 1024 * 1024
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})  # kubelet asks every few seconds: not audited
 CLIENT_CLOSED = 499
@@ -67,16 +71,24 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
     await _send_bytes(send, status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body)
 
 
-async def _send_refusal(send: Send, error: SidecarError) -> None:
+async def _send_refusal(send: Send, error: SidecarError, request_id: str) -> None:
     status, headers, body = refusal(error)
-    await _send_bytes(send, status, headers, body)
+    await _send_bytes(send, status, [*headers, (REQUEST_ID_HEADER.encode(), request_id.encode())], body)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_bounded(receive, limit)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not received within {timeout_s:g} s") from None
+
+
+async def _read_bounded(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -105,13 +117,15 @@ class SidecarApp:
         core: SidecarCore,
         engine: EngineClient,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         monitor_interval_s: float = 0.25,
         access: AccessLog | None = None,
+        connection_limits: ConnectionLimits = ConnectionLimits(),
     ) -> None:
         self.core = core
         self.engine = engine
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = max_body_bytes or core.config.limits.max_body_bytes
+        self.connection_limits = connection_limits
         self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s)
         self.access = access or AccessLog()
         self.metrics_app = MetricsApp(core, engine)
@@ -123,12 +137,12 @@ class SidecarApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            entry = AccessEntry(scope["method"], scope["path"], self.core.clock())
+            entry = AccessEntry(scope["method"], scope["path"], self.core.clock(), request_id=uuid.uuid4().hex)
             try:
                 await self._route(scope, receive, send, entry)
             except SidecarError as error:
                 entry.status, entry.reason = http_status(error), error.reason
-                await _send_refusal(send, error)
+                await _send_refusal(send, error, entry.request_id)
             finally:
                 if entry.path not in PROBE_PATHS:
                     self.access.write(entry)
@@ -188,7 +202,7 @@ class SidecarApp:
         response = await self.engine.open("GET", scope["path"], body=None, headers={})
         entry.status = response.status_code
         try:
-            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
+            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers, entry.request_id)})
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
@@ -200,11 +214,12 @@ class SidecarApp:
     async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str, entry: AccessEntry) -> None:
         headers = _headers(scope)
         identity = entry.identity = self.core.identify(headers)
+        self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
         try:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type not in ("application/json", ""):
                 raise UnsupportedMediaType(f"content-type must be application/json, got {content_type!r}")
-            raw = await _read_body(receive, self.max_body_bytes)
+            raw = await _read_body(receive, self.max_body_bytes, self.connection_limits.body_s)
         except SidecarError as error:
             self.core.refused(error, identity)
             raise
@@ -215,7 +230,11 @@ class SidecarApp:
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
         if work.done():
             gone.cancel()
-            work.result()
+            try:
+                work.result()
+            except TimeoutError:
+                # The client stopped reading: returning with the response unfinished makes uvicorn close the connection.
+                entry.status, entry.reason = CLIENT_CLOSED, "client_write_timeout"
             return
         entry.status, entry.reason = CLIENT_CLOSED, "client_closed"
         work.cancel()
@@ -227,12 +246,14 @@ class SidecarApp:
         flight = entry.flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
         observer = ResponseObserver(flight.payload.stream)
         status = CLIENT_CLOSED  # unless the response completes
+        refund = False  # the engine produced nothing: it refused the request or was never reached
         try:
-            status, entry.reason = await self._stream(scope, send, flight, headers, observer, started)
+            status, entry.reason = await self._stream(scope, send, flight, headers, observer, started, entry.request_id)
             entry.status = status
+            refund = status >= 400 and entry.reason != "engine_stream_broken"
         except EngineUnavailable as error:
             self.core.refused(error, identity)
-            status = 503
+            status, refund = 503, True
             raise
         except asyncio.CancelledError:
             # The client went away; one that read the closing [DONE] first (and may well close before
@@ -247,23 +268,29 @@ class SidecarApp:
                 output_tokens=observer.output_tokens() if status < 400 else None,
                 engine_prompt_tokens=observer.prompt_tokens(),
                 status=status,
+                refund=refund,
             )
 
-    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver, started: float) -> tuple[int, str | None]:
-        """Forward the engine's answer; returns its status and, for a failure, the access log's reason."""
+    async def _stream(self, scope: Scope, send: Send, flight: Flight, headers: dict[str, str], observer: ResponseObserver, started: float,
+                      request_id: str) -> tuple[int, str | None]:
+        """Forward the engine's answer; returns its status and, for a failure, the access log's reason.
+        A write the client leaves unread for `write_idle_s` raises TimeoutError."""
         # The sidecar's own share of TTFT: its work before the request leaves (queue wait excluded)
         # plus forwarding the first token; everything else is the engine's or the network's.
         before_engine = time.perf_counter() - started - flight.entry.queue_wait_s
-        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight), headers=forward_request_headers(headers))
+        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight), headers=forward_request_headers(headers, request_id))
         try:
             if response.status_code >= 400:
-                await self._engine_error(send, response)
+                await self._engine_error(send, response, request_id)
                 if not observer.first_token:
                     observer.first_token = True
                     self.core.first_token(flight)
                 return response.status_code, f"engine_{response.status_code}"
-            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers)})
+            await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers, request_id)})
             framer = EventFramer(observer.streaming and is_event_stream(response.headers))
+            hide_usage = observer.streaming and not flight.payload.include_usage
+            write_idle_s = self.connection_limits.write_idle_s
+            loop = asyncio.get_running_loop()
             try:
                 async for chunk in response.aiter_raw():
                     received = time.perf_counter()
@@ -271,8 +298,11 @@ class SidecarApp:
                     if first:
                         self.core.first_token(flight)
                     whole = framer.feed(chunk)
+                    if whole and hide_usage:
+                        whole = drop_usage_events(whole)
                     if whole:
-                        await send({"type": "http.response.body", "body": whole, "more_body": True})
+                        async with asyncio.timeout_at(loop.time() + write_idle_s):
+                            await send({"type": "http.response.body", "body": whole, "more_body": True})
                     if first:
                         self.core.metrics.added.observe(max(0.0, before_engine) + time.perf_counter() - received)
             except httpx.HTTPError as exc:
@@ -282,12 +312,14 @@ class SidecarApp:
                 tail = broken_stream_event(f"the engine stream broke: {type(exc).__name__}") if framer.enabled else b""
                 await send({"type": "http.response.body", "body": tail})
                 return 502, "engine_stream_broken"
-            await send({"type": "http.response.body", "body": framer.rest()})
+            rest = framer.rest()
+            async with asyncio.timeout_at(loop.time() + write_idle_s):
+                await send({"type": "http.response.body", "body": drop_usage_events(rest) if hide_usage else rest})
             return response.status_code, None
         finally:
             await response.aclose()
 
-    async def _engine_error(self, send: Send, response: httpx.Response) -> None:
+    async def _engine_error(self, send: Send, response: httpx.Response, request_id: str) -> None:
         """Engine refusals get the sidecar's `reason` too (`engine_<status>`), keeping the engine's message."""
         raw = b""
         async for chunk in response.aiter_raw():
@@ -301,4 +333,6 @@ class SidecarApp:
         if not isinstance(payload, dict):
             payload = {"error": payload}
         payload.setdefault("reason", f"engine_{response.status_code}")
-        await _send_json(send, response.status_code, payload)
+        body = json.dumps(payload).encode()
+        await _send_bytes(send, response.status_code, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                                       (REQUEST_ID_HEADER.encode(), request_id.encode())], body)

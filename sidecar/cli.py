@@ -36,6 +36,9 @@ def _seconds(text: str) -> float:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from slaq.sidecar.connections import ConnectionLimits
+
+    defaults = ConnectionLimits()
     parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
     parser.add_argument("--port", type=_positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
@@ -51,18 +54,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
     parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
+    parser.add_argument("--request-limits", default=None,
+                        help="The pool's RequestLimitsSpec as inline JSON or a JSON/YAML file (n, prompt batch, beam search, stop, logprobs, body cap...).")
+    parser.add_argument("--max-model-len", type=_positive_int, default=None,
+                        help="The engine's context length: the bound on max_tokens and, times bytesPerToken, on the body (default: the largest any pool may set).")
+    parser.add_argument("--header-timeout", type=_seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
+    parser.add_argument("--body-timeout", type=_seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
+    parser.add_argument("--write-timeout", type=_seconds, default=defaults.write_idle_s,
+                        help=f"Seconds one write to a client that does not read may wait; then the connection is closed (default {defaults.write_idle_s:g}).")
+    parser.add_argument("--engine-idle-timeout", type=_seconds, default=defaults.engine_idle_s,
+                        help=f"Seconds the engine may stay silent within a request; then it ends (default {defaults.engine_idle_s:g}).")
+    parser.add_argument("--max-connections", type=_positive_int, default=defaults.max_connections,
+                        help=f"Most open connections and requests on both ports; more get 503 (default {defaults.max_connections}).")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import logging
 
-    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_scheduler_config, serve
+    from slaq.sidecar.connections import ConnectionLimits
+    from slaq.sidecar.fields import MAX_TOKENS_LIMIT
+    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_request_limits, parse_scheduler_config, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
     try:
         scheduler = parse_scheduler_config(args.scheduler_config)
+        request_limits = parse_request_limits(args.request_limits)
         serve(SidecarOptions(
             host=args.host,
             port=args.port,
@@ -76,6 +94,10 @@ def _run(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             metrics_port=args.metrics_port,
             access_log=args.access_log,
+            request_limits=request_limits,
+            max_model_len=args.max_model_len or MAX_TOKENS_LIMIT,
+            connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
+                                               engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections),
         ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@
     │   ├── InvalidField              invalid_field   (the field is named in the message)
     │   ├── UnknownModel              unknown_model   404
     │   ├── BodyTooLarge              body_too_large  413
+    │   ├── BodyTimeout               body_timeout    408
     │   └── UnsupportedMediaType      unsupported_media_type 415
     ├── NotFound                      not_found       404
     ├── MethodNotAllowed              method_not_allowed 405
@@ -66,6 +67,10 @@ class UnknownModel(BadRequest):
 
 class BodyTooLarge(BadRequest):
     reason = "body_too_large"
+
+
+class BodyTimeout(BadRequest):
+    reason = "body_timeout"
 
 
 class UnsupportedMediaType(BadRequest):
@@ -130,6 +135,7 @@ _STATUS: dict[type[SidecarError], int] = {
     BadRequest: 400,
     UnknownModel: 404,
     BodyTooLarge: 413,
+    BodyTimeout: 408,
     UnsupportedMediaType: 415,
     NotFound: 404,
     MethodNotAllowed: 405,

@@ -22,15 +22,23 @@ from slaq.sidecar.errors import EngineUnavailable
 # nothing yet (part of a UTF-8 character) with its token id and text "", and its own benchmark counts
 # that chunk as the first token. A chat chunk with empty content is the role chunk vLLM sends before
 # any token.
-_TOKEN_EVENT = re.compile(rb'"text":\s?"|"content":\s?"(?!")')
+_TOKEN_EVENT = re.compile(rb'"text":\s?"|"(?:content|reasoning_content|reasoning)":\s?"(?!")|"tool_calls":\s?\[\{')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s?(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s?(\d+)')
 _DONE_EVENT = b"data: [DONE]"
 TAIL_BYTES = 4096
 
-# Hop-by-hop and recomputed headers are not forwarded in either direction.
-_DROP_REQUEST_HEADERS = frozenset({"host", "content-length", "authorization", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-authorization", "expect"})
-_DROP_RESPONSE_HEADERS = frozenset({"content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "server", "date"})
+# Headers are allowlisted both ways. Towards the engine only what it needs to parse the body and
+# trace context: every other header vLLM reads (X-Request-Id, X-data-parallel-rank, X-Session-ID,
+# endpoint-load-metrics-format, ...) would let a tenant steer the engine. The sidecar sets the
+# engine's request id itself (`REQUEST_ID_HEADER`). Back to the client only the content type: the
+# engine's other headers (endpoint-load-metrics: the pod's KV use and queue) are the pod's business.
+ENGINE_REQUEST_HEADERS = ("content-type", "accept", "traceparent", "tracestate")
+CLIENT_RESPONSE_HEADERS = ("content-type",)
+REQUEST_ID_HEADER = "x-request-id"
+_USAGE = b'"usage"'
+_USAGE_ONLY_EVENT = re.compile(rb'"choices":\s?\[\]')
+_USAGE_OBJECT = re.compile(rb'"usage":\s?\{')
 
 
 class ResponseObserver:
@@ -125,12 +133,26 @@ def is_event_stream(headers: httpx.Headers) -> bool:
     return headers.get("content-type", "").split(";")[0].strip().lower() == "text/event-stream"
 
 
-def forward_request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS and not k.startswith("x-llm-d-")}
+def forward_request_headers(headers: Mapping[str, str], request_id: str) -> dict[str, str]:
+    """The engine's request headers: the allowlisted client headers (names lower-case) and the sidecar's request id."""
+    forwarded = {name: headers[name] for name in ENGINE_REQUEST_HEADERS if name in headers}
+    forwarded[REQUEST_ID_HEADER] = request_id
+    return forwarded
 
 
-def forward_response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in headers.raw if k.lower().decode("latin-1") not in _DROP_RESPONSE_HEADERS]
+def forward_response_headers(headers: httpx.Headers, request_id: str) -> list[tuple[bytes, bytes]]:
+    forwarded = [(name.encode(), headers[name].encode("latin-1")) for name in CLIENT_RESPONSE_HEADERS if name in headers]
+    forwarded.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+    return forwarded
+
+
+def drop_usage_events(events: bytes) -> bytes:
+    """Whole SSE events without the usage-only chunk (no choices, a usage object) the sidecar asked
+    the engine for on behalf of a client that did not."""
+    if _USAGE not in events:
+        return events
+    kept = [event for event in events.split(b"\n\n") if not (_USAGE_OBJECT.search(event) and _USAGE_ONLY_EVENT.search(event))]
+    return b"\n\n".join(kept)
 
 
 # vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (5 by default).
@@ -151,14 +173,15 @@ class EngineClient:
     """
 
     def __init__(self, base_url: str, *, shards: int = 16, connections_per_shard: int = 256, connect_timeout_s: float = 5.0,
-                 idle_expiry_s: float = IDLE_CONNECTION_EXPIRY_S) -> None:
+                 idle_expiry_s: float = IDLE_CONNECTION_EXPIRY_S, engine_idle_s: float | None = 300.0) -> None:
         self.base_url = base_url.rstrip("/")
         tls = ssl.create_default_context()  # loaded once: each client would load the CA bundle again (~60 ms)
         self.clients = [
             httpx.AsyncClient(
                 base_url=self.base_url,
                 verify=tls,
-                timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=60.0, pool=None),
+                # read: the engine silent this long (no headers, no byte of the stream) ends the request.
+                timeout=httpx.Timeout(connect=connect_timeout_s, read=engine_idle_s, write=60.0, pool=None),
                 limits=httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard,
                                     keepalive_expiry=idle_expiry_s),
             )
@@ -177,7 +200,7 @@ class EngineClient:
         request = client.build_request(method, path, content=body, headers=headers)
         try:
             return await client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.WriteError) as exc:
             raise EngineUnavailable(f"engine at {self.base_url} unreachable: {type(exc).__name__}", retry_after_s=1.0) from exc
 
     async def get(self, path: str, timeout_s: float) -> httpx.Response:

@@ -20,10 +20,12 @@ import uvicorn
 import yaml
 from pydantic import ValidationError
 
-from slaq.api.pool import SchedulerSpec
+from slaq.api.pool import RequestLimitsSpec, SchedulerSpec
 from slaq.api.runtime import METRICS_PORT
 from slaq.sidecar.access import AccessLog, AccessLogFormat
 from slaq.sidecar.app import SidecarApp
+from slaq.sidecar.connections import ConnectionLimits, HeadTimeoutProtocol
+from slaq.sidecar.fields import MAX_TOKENS_LIMIT, BodyLimits
 from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
@@ -50,26 +52,39 @@ class SidecarOptions:
     tokenizer: str | None = None
     metrics_port: int = METRICS_PORT
     access_log: AccessLogFormat = "json"
+    request_limits: RequestLimitsSpec = field(default_factory=RequestLimitsSpec)
+    max_model_len: int = MAX_TOKENS_LIMIT
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
-def parse_scheduler_config(value: str | None) -> SchedulerSpec:
-    """`--scheduler-config`: inline JSON (starts with '{') or a JSON/YAML file holding a SchedulerSpec."""
+def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
+    """Inline JSON (starts with '{') or a JSON/YAML file holding a `model`."""
     if not value:
-        return SchedulerSpec()
+        return model()
     text = value
     if not value.lstrip().startswith("{"):
         try:
             text = Path(value).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"--scheduler-config: cannot read {value}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"{flag}: cannot read {value}: {exc.strerror or exc}") from exc
     try:
         data: Any = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--scheduler-config: not JSON or YAML: {exc}") from exc
+        raise ConfigError(f"{flag}: not JSON or YAML: {exc}") from exc
     try:
-        return SchedulerSpec.model_validate(data or {})
+        return model.model_validate(data or {})
     except ValidationError as exc:
-        raise ConfigError(f"--scheduler-config: {exc}") from exc
+        raise ConfigError(f"{flag}: {exc}") from exc
+
+
+def parse_scheduler_config(value: str | None) -> SchedulerSpec:
+    """`--scheduler-config`: inline JSON (starts with '{') or a JSON/YAML file holding a SchedulerSpec."""
+    return _parse_spec("--scheduler-config", value, SchedulerSpec)
+
+
+def parse_request_limits(value: str | None) -> RequestLimitsSpec:
+    """`--request-limits`: inline JSON or a JSON/YAML file holding the pool's RequestLimitsSpec."""
+    return _parse_spec("--request-limits", value, RequestLimitsSpec)
 
 
 def build_counter(tokenizer: str | None) -> PromptCounter:
@@ -88,9 +103,12 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_queue_depth=options.max_queue_depth,
         scheduler=options.scheduler,
         trust_gateway_headers=options.trust_gateway_headers,
+        limits=BodyLimits(options.request_limits, options.max_model_len),
     )
     core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
-    return SidecarApp(core, EngineClient(options.engine_url), access=AccessLog(options.access_log))
+    limits = options.connection_limits
+    return SidecarApp(core, EngineClient(options.engine_url, engine_idle_s=limits.engine_idle_s), access=AccessLog(options.access_log),
+                      connection_limits=limits)
 
 
 class PortRouter:
@@ -135,6 +153,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def connection_settings(limits: ConnectionLimits) -> dict[str, Any]:
+    """uvicorn.Config arguments that bound connections: the head timeout's protocol and the connection limit."""
+    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections}
+
+
 def serve(options: SidecarOptions) -> None:
     if options.metrics_port == options.port:
         raise ConfigError(f"--metrics-port must differ from --port (both {options.port}): metrics stay off the tenant port")
@@ -150,6 +173,7 @@ def serve(options: SidecarOptions) -> None:
         timeout_graceful_shutdown=int(max(1, round(options.drain_timeout_s))),
         access_log=False,
         log_level="info",
+        **connection_settings(options.connection_limits),
     )
     # uvicorn re-raises the captured signal under the handler that was installed before it ran;
     # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.

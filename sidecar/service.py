@@ -20,9 +20,9 @@ from slaq.api.pool import SchedulerSpec
 from slaq.policy import PodPolicy
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import Draining, QuotaExceeded, SidecarError
+from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError
 from slaq.sidecar.metrics import SidecarMetrics
-from slaq.sidecar.payload import InferencePayload, Kind, parse_payload
+from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
@@ -41,6 +41,7 @@ class CoreConfig:
     engine_queue_target: int = 16
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
+    limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,17 @@ class SidecarCore:
             self.refused(error, None)
             raise
 
+    def precheck(self, identity: Identity) -> None:
+        """What can refuse a request before its body is read (and parsed): draining, the tenant's
+        concurrency and request rate. Nothing is charged."""
+        try:
+            if self.draining:
+                raise Draining("sidecar is draining; retry on another replica")
+            self.quotas.precheck(identity.tenant, self.clock())
+        except SidecarError as error:
+            self.refused(error, identity)
+            raise
+
     def refused(self, error: SidecarError, identity: Identity | None) -> None:
         tier = identity.tenant.tier.value if identity else "none"
         self.metrics.rejections.labels(error.reason, tier).inc()
@@ -174,8 +186,11 @@ class SidecarCore:
         try:
             if self.draining:
                 raise Draining("sidecar is draining; retry on another replica")
-            payload = parse_payload(raw, kind, self.config.served_model_name)
             tenant = identity.tenant
+            payload = parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
+            if tenant.max_concurrency is not None and payload.n > tenant.max_concurrency:
+                raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
+                                        f"{tenant.max_concurrency} at once")
             prompt_tokens = self.counter.count(kind, payload.body)
             predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
             view = RequestView(
@@ -190,8 +205,10 @@ class SidecarCore:
             wait_s = self.dispatcher.predicted_wait_s(view)
             self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
             reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
-            ticket = self.quotas.admit(tenant, reserved, now)
+            ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
         except SidecarError as error:
+            if isinstance(error, BadRequest):
+                self.quotas.charge_refused_body(identity.tenant, now)  # a body refused after reading it still costs a request
             self.refused(error, identity)
             raise
         self.usage.admitted(tenant.name, now)
@@ -208,7 +225,8 @@ class SidecarCore:
         try:
             await self.dispatcher.wait_turn(flight.entry)
         except asyncio.CancelledError:
-            self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499)
+            # Gone while queued: the engine never saw it, so nothing is charged.
+            self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=499, refund=True)
             raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
@@ -232,6 +250,10 @@ class SidecarCore:
             predicted_output=flight.predicted_output,
         )
         body = enrich_body(flight.payload.body, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
+        if flight.payload.stream:
+            # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
+            # chunk goes back only to a client that asked for it (`ResponseObserver`).
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return json.dumps(body, separators=(",", ":")).encode()
 
     def first_token(self, flight: Flight) -> None:
@@ -241,8 +263,10 @@ class SidecarCore:
         self.risk.started(flight.key, None if release is None else now - release)
         self.dispatcher.first_byte(flight.entry)
 
-    def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int) -> None:
-        """Settle quotas, learn the output length, record latency and SLO outcome. Idempotent."""
+    def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int, refund: bool = False) -> None:
+        """Settle quotas, learn the output length, record latency and SLO outcome. Idempotent.
+        `refund`: the engine produced nothing for this request (it refused it, was unreachable, or
+        never got it), so its token reservation flows back whole."""
         if flight.done:
             return
         flight.done = True
@@ -253,7 +277,7 @@ class SidecarCore:
         self.risk.gone(flight.key)
         self.dispatcher.finished(flight.entry, started)
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
-        used = None if output_tokens is None else prompt + output_tokens
+        used = 0 if refund else None if output_tokens is None else prompt + output_tokens
         self.quotas.settle(flight.ticket, used, now)
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s

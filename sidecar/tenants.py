@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from slaq.api.common import Tier
-from slaq.api.table import TenantEntry, TenantTable, hash_api_key
+from slaq.api.table import LEGACY_KEY_HASH_PREFIX, TenantEntry, TenantTable, hash_api_key
 from slaq.sidecar.errors import Unauthorized
 from slaq.table_file import TableFile
 
@@ -62,16 +62,27 @@ class TenantIndex:
     revision: str
     by_key_hash: Mapping[str, Tenant]
     by_name: Mapping[str, Tenant]
+    hash_key: bytes | None = None  # the table's key-hash key: keys are looked up by their HMAC under it
+    legacy_hashes: bool = False  # some entries hold bare SHA-256 hashes (a table of an earlier operator)
 
     @classmethod
     def from_table(cls, table: TenantTable) -> "TenantIndex":
         by_name = {entry.name: Tenant.from_entry(entry) for entry in table.tenants}
         by_hash = {h: by_name[entry.name] for entry in table.tenants for h in entry.key_hashes}
-        return cls(pool=table.pool, revision=table.revision, by_key_hash=by_hash, by_name=by_name)
+        return cls(pool=table.pool, revision=table.revision, by_key_hash=by_hash, by_name=by_name, hash_key=table.hash_key(),
+                   legacy_hashes=any(h.startswith(LEGACY_KEY_HASH_PREFIX) for h in by_hash))
 
     @classmethod
     def empty(cls) -> "TenantIndex":
         return cls(pool="", revision="", by_key_hash={}, by_name={})
+
+    def tenant_for_key(self, key: str) -> Tenant | None:
+        """The tenant holding `key`: hashed as the operator hashes it (HMAC-SHA256 under the table's
+        key), and as bare SHA-256 only while the table still holds such entries."""
+        tenant = self.by_key_hash.get(hash_api_key(key, self.hash_key)) if self.hash_key is not None else None
+        if tenant is None and self.legacy_hashes:
+            tenant = self.by_key_hash.get(hash_api_key(key))
+        return tenant
 
 
 class TenantDirectory:
@@ -135,7 +146,7 @@ class Authenticator:
             key = key.strip()
             if scheme.lower() != "bearer" or not key:
                 raise Unauthorized("Authorization must be 'Bearer <api key>'")
-            tenant = index.by_key_hash.get(hash_api_key(key))
+            tenant = index.tenant_for_key(key)
             if tenant is None:
                 raise Unauthorized("unknown API key")
         elif self.trust_gateway_headers and FAIRNESS_ID_HEADER in headers:

@@ -50,8 +50,10 @@ def join_parts(parts: Sequence[Table], what: str = "table") -> Table:
     if count == 1:
         return first
     tenants = sorted((t for part in parts for t in part.tenants), key=lambda t: t.name)
-    return first.model_copy(update={"part": None, "parts": None, "tenants": tenants,
-                                    "revision": "+".join(part.revision for part in parts)})
+    update = {"part": None, "parts": None, "tenants": tenants, "revision": "+".join(part.revision for part in parts)}
+    if hasattr(first, "key_hash_key"):  # a tenant table: parts written during an upgrade may lack it
+        update["key_hash_key"] = next((p.key_hash_key for p in parts if p.key_hash_key), None)
+    return first.model_copy(update=update)
 
 
 @dataclass(frozen=True)

@@ -47,15 +47,18 @@ def test_scripts_need_no_safe_path() -> None:
         assert "PYTHONSAFEPATH" not in (ROOT / "scripts" / script).read_text()
 
 
-def _imported_top_names(folder: Path) -> set[str]:
+def _imported_top_names_of(text: str, source: Path) -> set[str]:
     names: set[str] = set()
-    for source in folder.rglob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
+    for node in ast.walk(ast.parse(text, str(source))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
     return names
+
+
+def _imported_top_names(folder: Path) -> set[str]:
+    return set().union(*(_imported_top_names_of(source.read_text(), source) for source in folder.rglob("*.py")))
 
 
 def test_every_third_party_import_of_the_package_is_declared() -> None:
@@ -65,8 +68,7 @@ def test_every_third_party_import_of_the_package_is_declared() -> None:
     mapping = {k: v for k, v in importlib.metadata.packages_distributions().items()}
     folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
     imported = set().union(*(_imported_top_names(ROOT / folder) for folder in folders))
-    local = {"slaq", "__future__", *(p.name for p in ROOT.iterdir() if p.is_dir())}  # bench scripts use tests/support
-    third_party = imported - set(sys.stdlib_module_names) - local
+    third_party = imported - set(sys.stdlib_module_names) - {"slaq", "__future__"}
     undeclared = {}
     for name in sorted(third_party):
         distributions = {d.lower().replace("_", "-") for d in mapping.get(name, [])}
@@ -74,3 +76,26 @@ def test_every_third_party_import_of_the_package_is_declared() -> None:
         if not distributions & declared:
             undeclared[name] = sorted(distributions)
     assert not undeclared, f"imported by the package, declared nowhere in pyproject.toml: {undeclared}"
+
+
+TESTS_IMPORT = re.compile(r"^\s*(?:from|import)\s+tests(?:\.|\s|$)|[;\"']\s*(?:from|import)\s+tests\.", re.MULTILINE)
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\.(?:insert|append|extend)\(")
+
+
+def test_no_package_module_imports_the_tests() -> None:
+    # An installed slaq has no tests/; the text check also catches code run as `python -c "..."`.
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    offenders = []
+    for folder in {*config["package-dir"].values()}:
+        for source in (ROOT / folder).rglob("*.py"):
+            text = source.read_text()
+            if "tests" in _imported_top_names_of(text, source) or TESTS_IMPORT.search(text) or SYS_PATH_EDIT.search(text):
+                offenders.append(str(source.relative_to(ROOT)))
+    assert not offenders, f"package modules reaching into tests/ or sys.path: {sorted(offenders)}"
+
+
+def test_the_import_check_sees_a_test_import() -> None:
+    assert TESTS_IMPORT.search("from tests.support.kube import KubeEmulator")
+    assert TESTS_IMPORT.search('CODE = "import uvicorn; from tests.support.x import y"')
+    assert not TESTS_IMPORT.search("# the tests import this module")
+    assert SYS_PATH_EDIT.search("sys.path.insert(0, str(ROOT))") and SYS_PATH_EDIT.search("import sys; sys.path.append('/x')")

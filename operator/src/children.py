@@ -14,7 +14,7 @@ from slaq.api.runtime import SIDECAR_PORT_NAME
 from slaq.api.table import TenantTable
 from slaq.operator.gateway import render_gateway_inference_pool
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
-from slaq.operator.tables import split_table, table_texts
+from slaq.operator.tables import TableRenderer, split_table, table_texts
 from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
 
 
@@ -128,7 +128,7 @@ def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[st
     """Everything the operator applies for a pool: the table first (in as many Secrets as it
     takes), so pods mount it on their first start, and last the Gateway API InferencePool when
     `spec.gateway.inferencePool` asks for one (gateway.py)."""
-    parts = split_table(table.pool, table.tenants)
+    parts = split_table(table.pool, table.tenants, renderer=TableRenderer(table.key_hash_key))
     gateway = render_gateway_inference_pool(pool)
     return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool),
             *([gateway] if gateway is not None else [])]

@@ -17,10 +17,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="TenantSLA.status.attainment is met/(met+missed) over this many seconds (default: 600)")
     parser.add_argument("--attainment-min-requests", type=int, default=20, metavar="N",
                         help="fewer finished requests with objectives in the window leave AtRisk Unknown (default: 20)")
+    parser.add_argument("--key-secret-namespaces", default="", metavar="NS[,NS...]",
+                        help="namespaces beside its own where TenantSLAs' API-key Secrets may live (default: none; "
+                             "the chart passes rbac.secretNamespaces, where it may read Secrets)")
+    parser.add_argument("--open-namespaces", default="", metavar="NS[,NS...]",
+                        help="namespaces whose InferencePools bind tenants with an empty spec.poolSelector (default: none: "
+                             "a tenant names its pools)")
     parser.add_argument("--liveness", default=None, metavar="URL",
                         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=_run)
+
+
+def _names(listed: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in listed.split(",") if name.strip())
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -34,5 +44,6 @@ def _run(args: argparse.Namespace) -> int:
     from slaq.operator.runner import OperatorOptions, main
 
     options = OperatorOptions(namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
-                              attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests)
+                              attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests,
+                              key_secret_namespaces=_names(args.key_secret_namespaces), open_namespaces=_names(args.open_namespaces))
     return main(load_connection(), options, verbose=args.verbose)

@@ -33,7 +33,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from slaq.api.common import GROUP, VERSION
-from slaq.operator.errors import NotFound, RetryableApiError, api_error
+from slaq.operator.errors import ApiError, NotFound, RetryableApiError, api_error
 from slaq.operator.gateway import GIE_GROUP, GIE_PLURAL, GIE_VERSION
 from slaq.operator.names import MANAGER
 
@@ -56,6 +56,16 @@ RESOURCES: dict[str, type[Resource]] = {
     "tenantslas": TenantSLAResource,
     GIE_PLURAL: GatewayInferencePoolResource,
 }
+
+
+PLURALS: dict[tuple[str, str], str] = {(r._api_info.resource.group, r._api_info.resource.kind): plural
+                                       for plural, r in RESOURCES.items() if plural != GIE_PLURAL}
+
+
+def plural_of(obj: dict[str, Any]) -> str:
+    """The plural RESOURCES names an object's kind by (its apiVersion's group and its kind)."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return PLURALS[(group, obj["kind"])]
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,19 @@ class KubeClient:
             return _plain(await self._client.patch(RESOURCES[plural], name, patch, namespace=namespace, patch_type=PatchType.MERGE))
         except httpx2.HTTPError as exc:
             raise _translate(exc, "PATCH", f"{plural}/{name}") from exc
+
+    async def owned_by(self, plural: str, name: str, namespace: str | None, uid: str) -> bool:
+        """Whether the object's controller reference is the owner `uid`: a JSON patch whose only
+        operation is a `test` (it changes nothing, and needs `patch`, not `get`). 422: it is not."""
+        test = [{"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": uid}]
+        try:
+            await self._client.patch(RESOURCES[plural], name, test, namespace=namespace, patch_type=PatchType.JSON)
+            return True
+        except httpx2.HTTPError as exc:
+            error = _translate(exc, "PATCH", f"{plural}/{name}")
+            if isinstance(error, ApiError) and error.status == 422:
+                return False
+            raise error from exc
 
     async def patch_status(self, plural: str, name: str, namespace: str | None, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status subresource (the operator's own status fields only)."""

@@ -4,7 +4,7 @@ The operator's view of pools, tenants and key Secrets (view.py, keys.py) is buil
 one LIST when the operator starts (or after a watch fails), then only watch events, so nothing
 is listed per event or per timer tick. `synced` is set once the first listing is stored: whoever
 plans from the view waits for it, so a restarted operator never writes a table from a partial
-picture of the cluster. Every stored change calls `on_change(key, new, old)` (new None: gone).
+picture of the cluster (a listing that fails is retried, and `last_error` says why). Every stored change calls `on_change(key, new, old)` (new None: gone).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ RELIST_S = 1800.0
 
 Value = TypeVar("Value")
 OnChange = Callable[[str, "Value | None", "Value | None"], Awaitable[None]]
+OnSynced = Callable[[str | None], Awaitable[None]]
 
 
 def object_key(body: dict[str, Any]) -> str:
@@ -36,14 +37,18 @@ class Informer(Generic[Value]):
     """`store[key]`: `transform(body)` of every object of `plural` (in `namespace`, or all)."""
 
     def __init__(self, api: KubeClient, plural: str, transform: Callable[[dict[str, Any]], Value], *,
-                 namespace: str | None = None, on_change: OnChange[Value] | None = None) -> None:
+                 namespace: str | None = None, on_change: OnChange[Value] | None = None,
+                 on_synced: OnSynced | None = None) -> None:
         self._api = api
         self.plural, self.namespace = plural, namespace
         self._transform = transform
         self._on_change = on_change
+        self._on_synced = on_synced  # called with the namespace once the first listing is stored
+        self.last_error: str | None = None  # why the last listing or watch failed (None: it did not)
         self.relist_s = RELIST_S
         self.store: dict[str, Value] = {}
         self.synced = asyncio.Event()
+        self.tried = asyncio.Event()  # set once the first listing succeeded or failed: nothing waits longer
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -70,7 +75,12 @@ class Informer(Generic[Value]):
                     await self._changed(key, None)
                 for key, body in listed.items():
                     await self._changed(key, self._transform(body))
-                self.synced.set()
+                self.last_error = None
+                self.tried.set()
+                if not self.synced.is_set():
+                    self.synced.set()
+                    if self._on_synced is not None:
+                        await self._on_synced(self.namespace)
                 async with asyncio.timeout(self.relist_s):
                     async for event, body in self._api.watch(self.plural, self.namespace, resource_version=version):
                         await self._changed(object_key(body), None if event == "DELETED" else self._transform(body))
@@ -79,6 +89,8 @@ class Informer(Generic[Value]):
             except TimeoutError:
                 continue  # time to list again (see RELIST_S)
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
+                self.last_error = str(exc)
+                self.tried.set()
                 log.warning("watching %s in %s: %s; listing again in %.0f s", self.plural, self.namespace or "all namespaces", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
 

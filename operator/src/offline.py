@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slaq.api.pool import InferencePool
+from slaq.api.table import derive_key_hash_key, hash_api_key
 from slaq.manifests import ManifestError, ManifestSet
 from slaq.operator.children import render_pool_objects
 from slaq.operator.keys import key_set
@@ -34,15 +35,17 @@ def with_namespace(pool: InferencePool, namespace: str) -> InferencePool:
     return pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"namespace": namespace})})
 
 
-def key_hashes(found: ManifestSet) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """(tenant -> key hashes, tenant -> problem) from the Secrets among the manifests, as the operator reads them."""
+def key_hashes(found: ManifestSet, salt_key: bytes) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """(tenant -> key hashes, tenant -> problem) from the Secrets among the manifests, as the operator
+    reads them (hashed under the key derived from `salt_key`)."""
+    hash_key = derive_key_hash_key(salt_key)
     hashes: dict[str, list[str]] = {}
     problems: dict[str, str] = {}
     for tenant in found.tenants:
         ref = tenant.spec.api_key_secret_ref
         values = found.secrets.get((ref.namespace, ref.name))
         data = None if values is None else {k: base64.b64encode(v.encode("utf-8")).decode("ascii") for k, v in values.items()}
-        keys = key_set(ref.namespace, ref.name, data)
+        keys = key_set(ref.namespace, ref.name, data, lambda key: hash_api_key(key, hash_key))
         hashes[tenant.metadata.name] = list(keys.hashes)
         if keys.problem is not None:
             problems[tenant.metadata.name] = keys.problem
@@ -61,7 +64,7 @@ def render_from_manifests(pools: Sequence[InferencePool], found: ManifestSet, sa
     rendered = {pool_key(p): p for p in pools}
     others = [p for p in found.pools if pool_key(p) not in rendered]
     everyone = [*rendered.values(), *others]
-    hashes, problems = key_hashes(found)
+    hashes, problems = key_hashes(found, salt_key)
     replicas = {pool_key(p): p.spec.replicas.current for p in everyone}
     plan = plan_tables(everyone, found.tenants, hashes, salt_key, replicas, {})
     objects: list[dict[str, Any]] = []

@@ -67,14 +67,19 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         "--drain-timeout", str(drain_seconds(pool)),
         # The same scheduler spec the engine reads from its environment: both containers host one policy.
         "--scheduler-config", json.dumps(spec.scheduler.to_wire(), sort_keys=True),
+        # The tenant boundary's bounds: what one request may ask of the engine.
+        "--request-limits", json.dumps(spec.sidecar.request_limits.to_wire(), sort_keys=True),
     ]
+    if spec.model.max_model_len is not None:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
     if spec.sidecar.trust_gateway_headers:
         args.append("--trust-gateway-headers")
     return [*args, "--served-model-name", served_model_name(pool)]
 
 
 def engine_args(pool: InferencePool) -> list[str]:
-    """Arguments of `slaq engine` (after the subcommand); extra engine args go last, as given."""
+    """Arguments of `slaq engine` (after the subcommand): slaq's flags, then `--` and the vLLM flags
+    (extra engine args as given; ModelSpec refuses the ones slaq owns)."""
     model, engine = pool.spec.model, pool.spec.engine
     args = [
         "--host", ENGINE_HOST,
@@ -96,10 +101,10 @@ def engine_args(pool: InferencePool) -> list[str]:
         args += ["--served-model-name", model.served_model_name]
     if model.revision:
         args += ["--revision", model.revision]
-    args += list(model.extra_engine_args)
+    vllm = list(model.extra_engine_args)
     if not engine.enable_prefix_caching:
-        args.append("--no-enable-prefix-caching")  # a vLLM engine argument, passed through like extra args
-    return args
+        vllm.append("--no-enable-prefix-caching")  # a vLLM engine argument: it goes after `--` with the extra ones
+    return [*args, "--", *vllm] if vllm else args
 
 
 def _container_security() -> dict[str, Any]:

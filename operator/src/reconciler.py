@@ -27,21 +27,22 @@ from typing import Any
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
-from slaq.api.table import TenantEntry, TenantTable
+from slaq.api.table import TenantEntry, TenantTable, derive_key_hash_key, hash_api_key
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, judge
 from slaq.operator.children import owned_by, render_children, render_table_secret
-from slaq.operator.client import KubeClient
+from slaq.operator.client import KubeClient, plural_of
 from slaq.operator.conditions import condition, merge_conditions, now
 from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import NORMAL, WARNING, render_event
 from slaq.operator.gateway import GIE_API_VERSION, GIE_PLURAL, endpoint_picker_name, render_gateway_inference_pool
-from slaq.operator.keys import KeyWatch
+from slaq.operator.keys import TENANT_LABEL, KeySet, KeyWatch
 from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
-    SECRET_DATA_LIMIT, TableRenderer, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key, split_table,
+    SECRET_DATA_LIMIT, TableRenderer, TableTooLarge, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key,
+    split_table,
 )
-from slaq.operator.usage import UsageSource, mean_sla_risk, sum_usage
+from slaq.operator.usage import UsageSource, bound_only, mean_sla_risk, sum_usage
 from slaq.operator.informer import Informer
 from slaq.operator.view import ClusterView, Indexed, deleting, indexed_pool, indexed_tenant, name_of, parse_pool, parse_tenant
 
@@ -52,6 +53,8 @@ SALT_KEY_BYTES = 32
 STATUS_WRITERS = 8  # tenant status patches in flight at once
 WRITERS = 8  # pools whose tables are written at once
 RETRY_S = 2.0  # a refresh started by a watch event that failed is tried again after this long
+START_SYNC_TIMEOUT_S = 60.0  # pools and tenants not listed by then: the startup handler fails and kopf retries it
+KEY_SYNC_TIMEOUT_S = 30.0  # a key namespace first named is waited for (never under the lock) until listed, refused, or this long
 
 
 def render_salt_secret(namespace: str, key: bytes) -> dict[str, Any]:
@@ -101,12 +104,18 @@ class PoolInputs:
 class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
+                 open_namespaces: Iterable[str] = ()) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
+        # Where a TenantSLA's apiKeySecretRef may point (the operator's own namespace and these);
+        # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
+        self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
+        self.open_namespaces = frozenset(open_namespaces)
         self._lock = asyncio.Lock()
         self._salt_key: bytes | None = None
+        self._key_hash_key: bytes | None = None
         self._splits: dict[str, TenantSplits] = {}
         self._usage: dict[str, dict[str, TenantUsage]] = {}
         self._risk: dict[str, float | None] = {}
@@ -118,7 +127,14 @@ class Reconciler:
         self._members: dict[str, list[set[str]]] = {}  # by pool key: the tenants of each part of its table
         self._renderer = TableRenderer()
         self._table_names: dict[str, list[str]] = {}  # by pool key: status.tenants last written
-        self._key_problems: dict[str, str] = {}
+        self._key_problems: dict[str, tuple[str, str]] = {}  # by tenant: (condition reason, message)
+        self._hash_owners: dict[str, set[str]] = {}  # key hash -> tenants whose Secrets hold it
+        self._claimed: dict[str, frozenset[str]] = {}  # by tenant: the key hashes it claims
+        self._accepted: dict[str, list[str]] = {}  # by tenant: its key hashes last planned without a cap problem
+        self._table_problems: dict[str, str] = {}  # by pool key: why its table cannot be written
+        self._table_blocked: dict[str, set[str]] = {}  # by pool key: tenants whose entries that leaves unwritten
+        self._foreign: dict[str, list[str]] = {}  # by pool key: objects of its children's names it does not own
+        self._owned: set[tuple[str, str, str, str]] = set()  # (plural, namespace, name, owner uid) known to be the pool's
         self._key_users: dict[tuple[str, str], set[str]] = {}  # key Secret -> tenants naming it
         self._key_ref: dict[str, tuple[str, str]] = {}  # tenant -> its key Secret
         self._entries: dict[str, dict[str, TenantEntry]] = {}  # by pool key, then tenant name
@@ -132,7 +148,7 @@ class Reconciler:
         self.pools = Informer(api, "inferencepools", indexed_pool, on_change=self._pool_changed)
         self.tenants = Informer(api, "tenantslas", indexed_tenant, on_change=self._tenant_changed)
         self.view = ClusterView(self.pools.store, self.tenants.store)
-        self.keys = KeyWatch(api, self.on_key_secret_change)
+        self.keys = KeyWatch(api, self.on_key_secret_change, self._hash_api_key, on_synced=self._key_namespace_synced)
         self._flusher: asyncio.Task[None] | None = None
         self.attainment = attainment or AttainmentLedger()
         self.min_requests = min_requests
@@ -160,8 +176,14 @@ class Reconciler:
         if len(key) < 16:
             raise OperatorError(f"Secret {self.namespace}/{SALT_SECRET_NAME}: data.{SALT_SECRET_KEY} must hold at least "
                                 "16 random bytes; delete the Secret to have a new key generated (cache salts will change)")
-        self._salt_key = key
+        self._salt_key, self._key_hash_key = key, derive_key_hash_key(key)
+        self._renderer.key_hash_key = self._key_hash_key.hex()
         return key
+
+    def _hash_api_key(self, key: str) -> str:
+        if self._key_hash_key is None:
+            raise OperatorError("API keys are hashed only once the cache-salt key is read (ensure_salt_key)")
+        return hash_api_key(key, self._key_hash_key)
 
     # ------------------------------------------------------------------ tenant tables
 
@@ -169,8 +191,12 @@ class Reconciler:
         """Watch pools and tenants, and return once both are listed (before any table is planned)."""
         self.pools.start()
         self.tenants.start()
-        await self.pools.synced.wait()
-        await self.tenants.synced.wait()
+        for informer in (self.pools, self.tenants):
+            try:
+                await asyncio.wait_for(informer.synced.wait(), START_SYNC_TIMEOUT_S)
+            except TimeoutError:
+                raise RetryableApiError(503, "NotListed", f"{informer.plural} not listed within {START_SYNC_TIMEOUT_S:.0f} s "
+                                        f"({informer.last_error or 'no answer'}); the operator needs list and watch on them") from None
         self._kick()
 
     async def close(self) -> None:
@@ -232,6 +258,7 @@ class Reconciler:
             self._pending[name] = self._pending.get(name, False) or force
         self._pending_pools.update(pools)
         self._pending_status.update(status)
+        await self._list_key_namespaces(self.view.tenant_names() if self._everything else list(self._pending))
         async with self._lock:
             marked, marked_pools, due = self._pending, self._pending_pools, self._pending_status
             everything = self._everything
@@ -247,6 +274,34 @@ class Reconciler:
                 self._pending_pools |= marked_pools
                 self._pending_status |= due
                 raise
+        if self._pending:
+            self._kick()  # tenants whose key claims another tenant's plan just changed (duplicate keys)
+
+    async def _list_key_namespaces(self, names: Iterable[str]) -> None:
+        """Start watching the key namespaces these tenants name, and wait (outside the lock) for the
+        first listing of the ones first named to succeed or fail: a namespace that cannot be
+        listed is reported on its tenants at once, never awaited again."""
+        first = []
+        for name in names:
+            found = self.view.tenant(name)
+            if found is None or found.model is None:
+                continue
+            namespace = found.model.spec.api_key_secret_ref.namespace
+            if self._key_namespace_allowed(namespace) and not self.keys.watching(namespace):
+                first.append(self.keys.start(namespace).tried.wait())
+        if first:
+            await asyncio.wait([asyncio.ensure_future(w) for w in first], timeout=KEY_SYNC_TIMEOUT_S)
+
+    def _key_namespace_allowed(self, namespace: str) -> bool:
+        return namespace in self.key_secret_namespaces
+
+    async def _key_namespace_synced(self, namespace: str) -> None:
+        """A key namespace is listed (perhaps after failing): its tenants are planned again."""
+        users = {name for (ns, _), names in self._key_users.items() if ns == namespace for name in names}
+        for name in users:
+            self._pending.setdefault(name, False)
+        if users:
+            self._kick()
 
     def _replicas(self, pool: InferencePool) -> int:
         """How many replicas may be serving the pool: what the split divides by."""
@@ -269,7 +324,7 @@ class Reconciler:
                 continue
             self._pool_inputs[key] = inputs
             if scan:
-                moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model)}
+                moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model, self.open_namespaces)}
         return changed, moved
 
     async def _reconcile_tables(self, marked: dict[str, bool], marked_pools: set[str], due: set[str], everything: bool) -> None:
@@ -300,7 +355,7 @@ class Reconciler:
             if name not in forced and self._tenant_inputs.get(name) == inputs:
                 continue
             self._tenant_inputs[name] = inputs
-            part = plan_tenant(tenant, models, hashes, salt_key, replicas, usage, self._splits.get(name))
+            part = plan_tenant(tenant, models, hashes, salt_key, replicas, usage, self._splits.get(name), self.open_namespaces)
             self._plans[name], self._splits[name] = part, part.splits
             for key in before - set(part.entries):
                 self._entries.get(key, {}).pop(name, None)
@@ -313,8 +368,8 @@ class Reconciler:
         for key in set(self._touched) - set(pools):  # pools gone: nothing to write
             for book in (self._entries, self._written, self._parts, self._members, self._touched, self._table_names):
                 book.pop(key, None)
-        await self._write_tables(pools)
-        await self._write_tenant_statuses(replanned | due)
+        blocked = await self._write_tables(pools)
+        await self._write_tenant_statuses(replanned | due | blocked)
 
     async def _tenant_not_served(self, name: str) -> None:
         """An invalid tenant is told why on its status; a deleted one loses the finalizer an
@@ -338,8 +393,9 @@ class Reconciler:
 
     def _drop_tenant(self, name: str, pools: set[str]) -> set[str]:
         """Forget a tenant that is gone, being deleted or invalid; the pools whose tables held it."""
-        for book in (self._plans, self._splits, self._tenant_inputs, self._key_problems):
+        for book in (self._plans, self._splits, self._tenant_inputs, self._key_problems, self._accepted):
             book.pop(name, None)
+        self._claim(name, frozenset())
         ref = self._key_ref.pop(name, None)
         if ref is not None:
             self._key_users.get(ref, set()).discard(name)
@@ -348,7 +404,10 @@ class Reconciler:
         return pools
 
     async def _key_hashes(self, tenant: TenantSLA) -> list[str]:
-        """The tenant's key hashes from the watched Secrets (keys.py): no Secret is read per event."""
+        """The tenant's key hashes from the watched Secrets (keys.py): no Secret is read per event,
+        and nothing is waited for. What keeps keys out is recorded in `_key_problems` (the tenant's
+        status says it): a Secret outside the allowed namespaces, one not listed (yet), one not
+        labelled for this tenant, weak keys, more keys than spec.maxKeys, keys another tenant holds."""
         name, ref = tenant.metadata.name, tenant.spec.api_key_secret_ref
         where = (ref.namespace, ref.name)
         if self._key_ref.get(name) != where:
@@ -357,13 +416,57 @@ class Reconciler:
                 self._key_users.get(old, set()).discard(name)
             self._key_ref[name] = where
             self._key_users.setdefault(where, set()).add(name)
-        await self.keys.ensure(ref.namespace)
-        found = self.keys.get(*where)
-        if found.problem is not None:
-            self._key_problems[name] = found.problem
+        secret = f"Secret {ref.namespace}/{ref.name}"
+        if not self._key_namespace_allowed(ref.namespace):
+            found = KeySet(problem=f"{secret}: spec.apiKeySecretRef.namespace must be one of the namespaces the operator reads key "
+                           f"Secrets in ({', '.join(sorted(self.key_secret_namespaces))}; chart: rbac.secretNamespaces)",
+                           reason="KeySecretNotAllowed")
+        else:
+            found = self.keys.get(*where)
+            if found.hashes and found.tenant != name:
+                found = KeySet(problem=f"{secret} is labelled {TENANT_LABEL}={found.tenant or '(none)'}, not {name}: label it "
+                               f"{TENANT_LABEL}={name} to give its keys to this tenant", reason="KeySecretNotLabelled")
+        hashes, problem = list(found.hashes), (found.reason, found.problem) if found.problem is not None else None
+        if len(hashes) > tenant.spec.max_keys:
+            hashes = self._accepted.get(name, [])
+            problem = ("TooManyKeys", f"{secret} holds {len(found.hashes)} keys, more than spec.maxKeys ({tenant.spec.max_keys}); "
+                       f"the {len(hashes)} key(s) accepted before stay in force: remove keys or raise spec.maxKeys")
+        else:
+            self._accepted[name] = hashes
+        shared = self._claim(name, frozenset(hashes))
+        if shared:
+            hashes = [h for h in hashes if h not in shared]
+            others = sorted({other for h in shared for other in self._hash_owners[h]} - {name})
+            problem = ("DuplicateKey", f"{len(shared)} key(s) of {secret} are also keys of tenant(s) {', '.join(others)}; "
+                       "a key must belong to one tenant: it is refused for all of them until one Secret drops it")
+        if problem is not None:
+            self._key_problems[name] = problem
         else:
             self._key_problems.pop(name, None)
-        return list(found.hashes)
+        return hashes
+
+    def _claim(self, name: str, hashes: frozenset[str]) -> set[str]:
+        """Record the key hashes a tenant's Secret holds; the ones another tenant holds too. A
+        tenant whose shared keys change is marked to be planned again (it must refuse them too)."""
+        before = self._claimed.get(name, frozenset())
+        touched: set[str] = set()
+        for h in before - hashes:
+            owners = self._hash_owners.get(h, set())
+            owners.discard(name)
+            touched |= owners
+            if not owners:
+                self._hash_owners.pop(h, None)
+        for h in hashes - before:
+            owners = self._hash_owners.setdefault(h, set())
+            touched |= owners
+            owners.add(name)
+        if hashes:
+            self._claimed[name] = hashes
+        else:
+            self._claimed.pop(name, None)
+        for other in touched:
+            self._pending[other] = True
+        return {h for h in hashes if len(self._hash_owners.get(h, ())) > 1}
 
     def _touch(self, key: str, tenant: str | None = None) -> None:
         """The pool's table must be written again: the part holding `tenant`, or (None) all of it."""
@@ -410,14 +513,28 @@ class Reconciler:
         self._members[key] = [{entry.name for entry in table.tenants} for table, _ in split]
         return split
 
-    async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> None:
+    async def _write_tables(self, pools: dict[str, Indexed[InferencePool]]) -> set[str]:
         """Apply the changed parts of the tables whose entries changed, and their `status.tenants`,
         a few pools at once (WRITERS).
 
         Lowered shares are written first (all pools that lower one, then the rest), so the sum in
         force stays within the quota while raised shares wait (docs/operator.md: overshoot bound).
-        A table split over fewer Secrets than before has the parts beyond its count deleted."""
-        plans = {key: self._parts_to_write(key, touched) for key, touched in self._touched.items()}
+        A table split over fewer Secrets than before has the parts beyond its count deleted.
+
+        A table too large to write (TableTooLarge) is left as last written and reported on its pool
+        and on the tenants whose entries that leaves unwritten; the other pools are written. Returns
+        the tenants whose status that changes."""
+        plans, blocked_before = {}, {t for names in self._table_blocked.values() for t in names}
+        for key, touched in self._touched.items():
+            try:
+                plans[key] = self._parts_to_write(key, touched)
+            except TableTooLarge as exc:
+                self._table_problems[key] = str(exc)
+                self._table_blocked[key] = self._unwritten(key)
+                log.warning("%s; the other pools' tables are written", exc)
+            else:
+                self._table_problems.pop(key, None)
+                self._table_blocked.pop(key, None)
         lowered = {key for key, parts in plans.items() if any(self._lowers_a_share(key, table) for table, _ in parts)}
         gate = asyncio.Semaphore(WRITERS)
 
@@ -432,12 +549,23 @@ class Reconciler:
         live = sum(len(entries) for entries in self._entries.values())
         if len(self._renderer) > 2 * live + 1000:  # entries replaced since: their JSON goes too
             self._renderer.keep_only(entry for entries in self._entries.values() for entry in entries.values())
+        return blocked_before ^ {t for names in self._table_blocked.values() for t in names}
+
+    def _unwritten(self, key: str) -> set[str]:
+        """The pool's tenants whose current entries its written table does not hold."""
+        written = {entry.name: entry for table in self._written.get(key, {}).values() for entry in table.tenants}
+        return {name for name, entry in self._entries.get(key, {}).items() if written.get(name) != entry}
 
     async def _write_table(self, pool: Indexed[InferencePool], key: str, parts: list[tuple[TenantTable, dict[str, str]]]) -> None:
         meta, written = pool.body["metadata"], self._written.setdefault(key, {})
         for table, texts in parts:
             if written.get(table.part or 0) != table:
-                await self.api.apply(owned_by(render_table_secret(pool.model, table, texts), pool.body))
+                if not await self._apply_owned(render_table_secret(pool.model, table, texts), pool.body):
+                    self._foreign.setdefault(key, [])
+                    name = f"Secret {meta['namespace']}/{table_secret_name(meta['name'], table.part or 0)}"
+                    if name not in self._foreign[key]:
+                        self._foreign[key].append(name)
+                    continue
                 written[table.part or 0] = table
         for stale in sorted(part for part in written if part >= self._parts[key]):
             await self.api.delete("secrets", table_secret_name(meta["name"], stale), meta["namespace"])
@@ -477,12 +605,16 @@ class Reconciler:
         ref = self._key_ref.get(name)
         key_count = len(self.keys.get(*ref).hashes) if ref else 0
         problem = self._key_problems.get(name)
+        blocked = sorted(key for key, names in self._table_blocked.items() if name in names)
+        if problem is None and blocked:
+            problem = ("TableTooLarge", "; ".join(f"{self._table_problems[key]}: this tenant's entry there is not updated"
+                                                  for key in blocked))
         ready = bool(pools) and problem is None
         conditions = [
-            condition("Ready", ready, "Bound" if ready else ("KeysMissing" if problem else "NoPool"),
-                      f"in the tenant tables of {len(pools)} pool(s)" if ready else (problem or "no InferencePool selects this tenant"),
+            condition("Ready", ready, "Bound" if ready else (problem[0] if problem else "NoPool"),
+                      f"in the tenant tables of {len(pools)} pool(s)" if ready else (problem[1] if problem else self._no_pool_message(tenant)),
                       generation),
-            condition("Degraded", problem is not None, "KeysMissing" if problem else "AsExpected", problem or "", generation),
+            condition("Degraded", problem is not None, problem[0] if problem else "AsExpected", problem[1] if problem else "", generation),
         ]
         old = body.get("status") or {}
         verdict, attainment = self._attainment_verdict(tenant, body)
@@ -495,6 +627,14 @@ class Reconciler:
         was = (_condition_of(body, "AtRisk") or {}).get("status")
         if (was == "True") != verdict.at_risk:
             await self._post_event(body, WARNING if verdict.at_risk else NORMAL, verdict.reason, verdict.message)
+
+    def _no_pool_message(self, tenant: TenantSLA) -> str:
+        selector = tenant.spec.pool_selector
+        if selector.match_labels or selector.match_expressions:
+            return "no InferencePool matches spec.poolSelector (and selects this tenant)"
+        opened = ", ".join(sorted(self.open_namespaces))
+        return ("spec.poolSelector is empty: it binds only pools in the namespaces open to every tenant"
+                + (f" ({opened})" if opened else " (none are: the chart's binding.openNamespaces)") + "; name the pools to use")
 
     def _attainment_verdict(self, tenant: TenantSLA, body: dict[str, Any]) -> tuple[Verdict, float | None]:
         """The AtRisk verdict and `status.attainment` from the ledger's window; while the ledger
@@ -538,13 +678,52 @@ class Reconciler:
             raise
         await self.refresh(pools=[pool_key(pool)])
         children = render_children(pool)
+        foreign = []
         for child in children:
-            await self.api.apply(owned_by(child, body))
+            if not await self._apply_owned(child, body):
+                foreign.append(f"{child['kind']} {pool.metadata.namespace}/{child['metadata']['name']}")
+        tables = [name for name in self._foreign.get(pool_key(pool), []) if name.startswith("Secret ")]  # found by _write_table
+        self._foreign[pool_key(pool)] = foreign + tables
         if all(child["kind"] != "HorizontalPodAutoscaler" for child in children):
-            await self.api.delete("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace)
+            await self._delete_owned("horizontalpodautoscalers", pool.metadata.name, pool.metadata.namespace, body)
         await self.apply_gateway_pool(pool, body)
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         await self._write_pool_status(pool, body, deployment)
+
+    async def _apply_owned(self, child: dict[str, Any], owner: dict[str, Any]) -> bool:
+        """Apply a child only if it is absent or already the owner's; False (nothing written) for a
+        foreign object of that name, which server-side apply would otherwise take over and garbage
+        collection later delete with the pool. Checked once per object: created, or a JSON-patch
+        `test` of its controller reference (no read right needed)."""
+        meta, uid = child["metadata"], owner["metadata"]["uid"]
+        plural = plural_of(child)
+        known = (plural, meta["namespace"], meta["name"], uid)
+        desired = owned_by(child, owner)
+        if known not in self._owned:
+            try:
+                await self.api.create(desired)
+                self._owned.add(known)
+                return True
+            except RetryableApiError as exc:
+                if exc.status != 409:
+                    raise
+            if not await self.api.owned_by(plural, meta["name"], meta["namespace"], uid):
+                log.warning("%s %s/%s exists and is not owned by %s; left alone", child["kind"], meta["namespace"], meta["name"], name_of(owner))
+                return False
+            self._owned.add(known)
+        await self.api.apply(desired)
+        return True
+
+    async def _delete_owned(self, plural: str, name: str, namespace: str, owner: dict[str, Any]) -> None:
+        """Delete a child the pool no longer wants, only if it is the pool's (absent: nothing to do)."""
+        known = (plural, namespace, name, owner["metadata"]["uid"])
+        try:
+            if known not in self._owned and not await self.api.owned_by(plural, name, namespace, owner["metadata"]["uid"]):
+                return  # someone else's object of that name: never deleted
+        except NotFound:
+            return
+        await self.api.delete(plural, name, namespace)
+        self._owned.discard(known)
 
     async def apply_gateway_pool(self, pool: InferencePool, body: dict[str, Any]) -> None:
         """Apply (or delete) the pool's GIE InferencePool (gateway.py). A cluster that does not serve
@@ -590,7 +769,8 @@ class Reconciler:
         """Read usage from the pool's pods, re-split quotas, and refresh the pool's status."""
         pool = parse_pool(body)
         key = pool_key(pool)
-        observations = await self.usage_source.observe(pool)
+        bound = set(self._entries.get(key, {}))  # a pod's report counts only for the tenants this pool serves
+        observations = [bound_only(o, bound) for o in await self.usage_source.observe(pool)]
         before, usage = self._usage.get(key, {}), sum_usage(observations)
         self._usage[key] = usage
         moved = set(before) | set(usage)  # active tenants: their split keeps moving toward demand (quotas.py smoothing)
@@ -608,7 +788,8 @@ class Reconciler:
 
     def forget_pool(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
-        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway):
+        for book in (self._usage, self._risk, self._observed_replicas, self._written, self._parts, self._members, self._gateway,
+                     self._table_problems, self._table_blocked, self._foreign):
             book.pop(key, None)
         self.attainment.forget_pool(key)
 
@@ -620,8 +801,14 @@ class Reconciler:
         tenants = sorted(self._entries.get(key, {}))
         missing = sorted(t for t in tenants if t in self._key_problems)
         degraded_reason, degraded_message = "AsExpected", ""
-        if missing:
-            degraded_reason, degraded_message = "TenantKeysMissing", "; ".join(self._key_problems[t] for t in missing)
+        if key in self._table_problems:
+            degraded_reason, degraded_message = "TableTooLarge", self._table_problems[key] + "; the table last written stays in force"
+        elif self._foreign.get(key):
+            degraded_reason = "NameTaken"
+            degraded_message = (f"{', '.join(self._foreign[key])} exist(s) and are not owned by this pool; slaq leaves them alone "
+                                "(delete them, or rename the pool)")
+        elif missing:
+            degraded_reason, degraded_message = "TenantKeysMissing", "; ".join(self._key_problems[t][1] for t in missing)
         elif observed_pods is not None and observed_pods < ready:
             degraded_reason = "UsageUnavailable"
             degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"

@@ -26,6 +26,8 @@ class OperatorOptions:
     retry_delay_s: float = 5.0
     liveness_endpoint: str | None = None
     standalone: bool = True  # one replica; kopf peering is not needed
+    key_secret_namespaces: tuple[str, ...] = ()  # where apiKeySecretRefs may point, beside `namespace` (rbac.secretNamespaces)
+    open_namespaces: tuple[str, ...] = ()  # pools here bind tenants with an empty poolSelector (binding.openNamespaces)
     tune: dict[str, Any] = field(default_factory=dict)  # dotted kopf settings, e.g. {"watching.server_timeout": 60}
 
 
@@ -52,6 +54,7 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
     """
     api = KubeClient(connection)
     reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace,
+                            key_secret_namespaces=options.key_secret_namespaces, open_namespaces=options.open_namespaces,
                             attainment=AttainmentLedger(window_s=options.attainment_window_s),
                             min_requests=options.attainment_min_requests)
     registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
-from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt
+from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, derive_key_hash_key
 from slaq.operator.errors import OperatorError
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.quotas import Slot, Split, split_quota
@@ -30,9 +30,15 @@ def pool_key(pool: InferencePool) -> str:
     return f"{pool.metadata.namespace}/{pool.metadata.name}"
 
 
-def binds(tenant: TenantSLA, pool: InferencePool) -> bool:
-    """A tenant is served by a pool when each side's selector accepts the other's labels."""
-    return tenant.spec.pool_selector.matches(pool.metadata.labels) and pool.spec.tenant_selector.matches(tenant.metadata.labels)
+def binds(tenant: TenantSLA, pool: InferencePool, open_namespaces: frozenset[str] = frozenset()) -> bool:
+    """A tenant is served by a pool when both agree: the tenant's poolSelector accepts the pool's
+    labels and the pool's tenantSelector the tenant's. An empty poolSelector agrees to nothing,
+    except pools in `open_namespaces` (the namespaces the cluster admin lets bind every tenant
+    that names no pools: the chart's binding.openNamespaces)."""
+    selector = tenant.spec.pool_selector
+    if not (selector.match_labels or selector.match_expressions) and pool.metadata.namespace not in open_namespaces:
+        return False
+    return selector.matches(pool.metadata.labels) and pool.spec.tenant_selector.matches(tenant.metadata.labels)
 
 
 def cache_salt(salt_key: bytes, tenant: TenantSLA) -> str:
@@ -109,10 +115,11 @@ def plan_tenant(
     replicas: Mapping[str, int],
     usage: Mapping[str, Mapping[str, TenantUsage]],
     previous: TenantSplits | None = None,
+    open_namespaces: frozenset[str] = frozenset(),
 ) -> TenantPlan:
     """A tenant's entries in the tables of the pools it binds, from the same inputs as plan_tables."""
     name, spec = tenant.metadata.name, tenant.spec
-    bound = [p for p in pools if binds(tenant, p)]
+    bound = [p for p in pools if binds(tenant, p, open_namespaces)]
     slots = [Slot(pool_key(p), max(1, replicas.get(pool_key(p), 1)), demand(usage.get(pool_key(p), {}).get(name)))
              for p in bound]
     splits = split_tenant(tenant, slots, previous)
@@ -140,10 +147,11 @@ def plan_tenant(
     return TenantPlan(entries, shares, splits)
 
 
-def assemble_table(pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1) -> TenantTable:
+def assemble_table(pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1,
+                   key_hash_key: str | None = None) -> TenantTable:
     """A pool's table (or part `part` of `parts`) from its tenants' entries (sorted by name), with
-    its content revision."""
-    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name),
+    its content revision; `key_hash_key`: hex of the key its key hashes are made with."""
+    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name), key_hash_key=key_hash_key,
                         part=part if parts > 1 else None, parts=parts if parts > 1 else None)
     return table.model_copy(update={"revision": table_revision(table)})
 
@@ -164,7 +172,8 @@ class TableRenderer:
     is kept while the entry is (a table part of 1,000 tenants whose one entry changed costs one
     entry's serialisation and a join). The texts equal `table_texts(assemble_table(...))`."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_hash_key: str | None = None) -> None:
+        self.key_hash_key = key_hash_key  # hex; in the sidecar's table only (the engine's has no key hashes)
         self._texts: dict[int, tuple[TenantEntry, str, str]] = {}  # id(entry) -> (entry, its JSON, its engine JSON)
 
     def _entry(self, entry: TenantEntry) -> tuple[str, str]:
@@ -187,14 +196,15 @@ class TableRenderer:
         ordered = sorted(entries, key=lambda e: e.name)
         texts = [self._entry(e) for e in ordered]
         where = f',"part":{part},"parts":{parts}' if parts > 1 else ""
+        keyed = f',"keyHashKey":"{self.key_hash_key}"' if self.key_hash_key else ""
         head = '{"pool":' + json.dumps(pool, ensure_ascii=False)
-        tail = where + ',"tenants":['
+        tail = where + keyed + ',"tenants":['
         unrevised = head + ',"revision":""' + tail + ",".join(t for t, _ in texts) + "]}"
         revision = hashlib.sha256(unrevised.encode("utf-8")).hexdigest()[:16]
         table = TenantTable(pool=pool, revision=revision, part=part if parts > 1 else None, parts=parts if parts > 1 else None,
-                            tenants=ordered)
+                            key_hash_key=self.key_hash_key, tenants=ordered)
         tenants = head + f',"revision":"{revision}"' + tail + ",".join(t for t, _ in texts) + "]}"
-        engine = head + f',"revision":"{revision}"' + tail + ",".join(e for _, e in texts) + "]}"
+        engine = head + f',"revision":"{revision}"' + where + ',"tenants":[' + ",".join(e for _, e in texts) + "]}"
         return table, {TENANT_TABLE_KEY: tenants, ENGINE_TABLE_KEY: engine}
 
 
@@ -234,22 +244,24 @@ def plan_tables(
     replicas: Mapping[str, int],
     usage: Mapping[str, Mapping[str, TenantUsage]],
     previous: Mapping[str, TenantSplits] | None = None,
+    open_namespaces: frozenset[str] = frozenset(),
 ) -> TablePlan:
     """Every pool's tenant table and every tenant's per-pool shares, from one snapshot.
 
     `replicas[pool_key]` is how many replicas may be serving (the split divides by it);
-    `usage[pool_key][tenant]` is the pool's summed usage; `key_hashes[tenant]` its key hashes.
+    `usage[pool_key][tenant]` is the pool's summed usage; `key_hashes[tenant]` its key hashes
+    (made with derive_key_hash_key(salt_key), which the tables carry).
     """
     plan = TablePlan()
     entries: dict[str, list[TenantEntry]] = {pool_key(p): [] for p in pools}
     for tenant in sorted(tenants, key=lambda t: t.metadata.name):
         name = tenant.metadata.name
-        part = plan_tenant(tenant, pools, key_hashes.get(name, []), salt_key, replicas, usage, (previous or {}).get(name))
+        part = plan_tenant(tenant, pools, key_hashes.get(name, []), salt_key, replicas, usage, (previous or {}).get(name), open_namespaces)
         plan.splits[name] = part.splits
         plan.tenant_pools[name] = part.pools
         for key, entry in part.entries.items():
             entries[key].append(entry)
     for key, tenant_entries in entries.items():
-        plan.tables[key] = assemble_table(key, tenant_entries)
+        plan.tables[key] = assemble_table(key, tenant_entries, key_hash_key=derive_key_hash_key(salt_key).hex())
     return plan
 

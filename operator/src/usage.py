@@ -41,6 +41,14 @@ class UsageSource(Protocol):
         ...
 
 
+def bound_only(observation: PodObservation, tenants: set[str]) -> PodObservation:
+    """What a pod reports of the tenants its pool serves: demand or SLO outcomes it reports for any
+    other tenant name are dropped (a pod cannot steer another pool's tenants' quotas or attainment)."""
+    usage = observation.usage.model_copy(update={"tenants": {t: u for t, u in observation.usage.tenants.items() if t in tenants}})
+    outcomes = {series: counter for series, counter in observation.outcomes.items() if series[0] in tenants}
+    return PodObservation(observation.pod, usage, observation.sla_risk, outcomes)
+
+
 def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
     """A pool's usage per tenant: the sum over its pods."""
     totals: dict[str, TenantUsage] = {}
@@ -89,12 +97,37 @@ def parse_slo_outcomes(metrics_text: str) -> dict[SeriesKey, OutcomeCounter]:
     return {key: OutcomeCounter(value, created.get(key)) for key, value in totals.items()}
 
 
-class HttpUsageSource:
-    """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool (metrics port), concurrently."""
+# A pod's answers are read up to this many bytes (a usage report of 10,000 tenants is about 2 MB,
+# their SLO series on /metrics a few times that): a larger one is refused, never held in memory.
+MAX_USAGE_BYTES = 8 * 2**20
+MAX_METRICS_BYTES = 32 * 2**20
 
-    def __init__(self, api: KubeClient, *, timeout_s: float = 3.0) -> None:
+
+class ResponseTooLarge(ValueError):
+    pass
+
+
+async def read_capped(http: httpx.AsyncClient, url: str, limit: int) -> bytes:
+    """The body of GET `url`; ResponseTooLarge past `limit` bytes (read as it streams, not after)."""
+    async with http.stream("GET", url) as response:
+        response.raise_for_status()
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                raise ResponseTooLarge(f"{url}: more than {limit} bytes")
+        return bytes(body)
+
+
+class HttpUsageSource:
+    """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool (metrics port), concurrently,
+    each answer capped in size (a pod that sends more adds nothing)."""
+
+    def __init__(self, api: KubeClient, *, timeout_s: float = 3.0, max_usage_bytes: int = MAX_USAGE_BYTES,
+                 max_metrics_bytes: int = MAX_METRICS_BYTES) -> None:
         self._api = api
         self._timeout = timeout_s
+        self._max_usage, self._max_metrics = max_usage_bytes, max_metrics_bytes
 
     async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
         pods = await self._api.list("pods", pool.metadata.namespace,
@@ -109,11 +142,11 @@ class HttpUsageSource:
     async def _one(self, http: httpx.AsyncClient, pod: str, ip: str, port: int) -> PodObservation | None:
         base = f"http://{ip}:{port}"
         try:
-            usage = UsageReport.model_validate((await http.get(base + USAGE_PATH)).raise_for_status().json())
+            usage = UsageReport.model_validate_json(await read_capped(http, base + USAGE_PATH, self._max_usage))
         except (httpx.HTTPError, ValueError):
             return None  # a pod that cannot answer yet (starting, draining) adds no demand
         try:
-            text = (await http.get(base + METRICS_PATH)).raise_for_status().text
+            text = (await read_capped(http, base + METRICS_PATH, self._max_metrics)).decode("utf-8")
             risk, outcomes = parse_sla_risk(text), parse_slo_outcomes(text)
         except (httpx.HTTPError, ValueError):
             risk, outcomes = None, {}

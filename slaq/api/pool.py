@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
@@ -40,6 +41,61 @@ class LoadFormat(str, enum.Enum):
     DUMMY = "dummy"
 
 
+# Engine flags a pool may not pass in model.extraEngineArgs: slaq sets them (from the named spec
+# field, or always), or they would open or weaken the pod. vLLM reads `--a_b` as `--a-b`,
+# `--a.b x` as part of `--a`, and any unambiguous prefix of a flag as the flag: all are refused.
+_SPEC_FIELD = "is set by slaq from spec.{}; set it there"
+_SLAQ_SETS = "is set by slaq engine itself and may not be overridden"
+ENGINE_OWNED_FLAGS: dict[str, str] = {
+    "--host": _SLAQ_SETS + " (the engine listens on 127.0.0.1, behind the sidecar)",
+    "--port": _SLAQ_SETS,
+    "--uds": _SLAQ_SETS + " (the engine listens on 127.0.0.1, behind the sidecar)",
+    "--api-key": "would make the engine refuse the sidecar; tenants authenticate at the sidecar",
+    "--config": "would let a file set any flag, owned ones included; pass the flags themselves",
+    "--kv-transfer-config": _SLAQ_SETS + " (slaq's KV connector erases and seals tenants' KV blocks)",
+    "--scheduler-cls": _SLAQ_SETS + " (the slaq scheduler)",
+    "--scheduling-policy": _SLAQ_SETS + " (priority)",
+    "--scheduler": "is a slaq engine flag the operator does not expose",
+    "--kv-erase": "is a slaq engine flag the operator does not expose (KV erase is always on in a pool)",
+    "--kv-host-cache-gib": "is a slaq engine flag the operator does not expose",
+    "--kv-test-hooks": "is a slaq engine test hook",
+    "--model": _SPEC_FIELD.format("model.name"),
+    "--served-model-name": _SPEC_FIELD.format("model.servedModelName"),
+    "--revision": _SPEC_FIELD.format("model.revision"),
+    "--dtype": _SPEC_FIELD.format("model.dtype"),
+    "--max-model-len": _SPEC_FIELD.format("model.maxModelLen"),
+    "--tensor-parallel-size": _SPEC_FIELD.format("model.tensorParallelSize"),
+    "--gpu-memory-utilization": _SPEC_FIELD.format("model.gpuMemoryUtilization"),
+    "--load-format": _SPEC_FIELD.format("model.loadFormat"),
+    "--max-num-seqs": _SPEC_FIELD.format("engine.maxNumSeqs"),
+    "--max-num-batched-tokens": _SPEC_FIELD.format("engine.maxNumBatchedTokens"),
+    "--enable-prefix-caching": _SPEC_FIELD.format("engine.enablePrefixCaching"),
+    "--no-enable-prefix-caching": _SPEC_FIELD.format("engine.enablePrefixCaching"),
+}
+
+
+def _prefixes(flag: str) -> str:
+    """A regex matching every non-empty prefix of the flag's name, `_` standing for `-` too."""
+    chars = [r"[-_]" if c == "-" else re.escape(c) for c in flag.removeprefix("--")]
+    pattern = ""
+    for char in reversed(chars[1:]):
+        pattern = f"(?:{char}{pattern})?"
+    return chars[0] + pattern
+
+
+# One regex over a whole argument (a value may hold newlines: (?s)), shared by the validator below
+# and the CRD's CEL rule (RE2 there).
+ENGINE_OWNED_FLAG_PATTERN = "(?s)^--(?:" + "|".join(_prefixes(f) for f in ENGINE_OWNED_FLAGS) + ")(?:[=.].*)?$"
+
+
+def owned_engine_flag(arg: str) -> str | None:
+    """The owned flag `arg` sets or abbreviates (None: none); an ambiguous prefix names the first."""
+    if not re.fullmatch(ENGINE_OWNED_FLAG_PATTERN, arg):
+        return None
+    name = re.split(r"[=.]", arg.removeprefix("--"), maxsplit=1)[0].replace("_", "-")
+    return next(f for f in ENGINE_OWNED_FLAGS if f.removeprefix("--").startswith(name))
+
+
 class ModelSpec(ApiModel):
     """The model every replica serves and the engine arguments that shape it."""
 
@@ -51,7 +107,15 @@ class ModelSpec(ApiModel):
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16, description="GPUs a replica shards the model over.")] = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use.")] = 0.9
     load_format: Annotated[LoadFormat, Field(description="How weights are loaded; dummy means random weights (tests, demos).")] = LoadFormat.AUTO
-    extra_engine_args: Annotated[list[str], Field(max_length=64, description="Further vLLM engine arguments, passed as they are.")] = Field(default_factory=list)
+    # Bounded (64 items of 2,048 characters) so the CEL rule below fits the API server's cost budget.
+    extra_engine_args: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=64, description="Further vLLM engine arguments, passed to vLLM after `--` as they are; flags that slaq sets itself or that would weaken the pod (ENGINE_OWNED_FLAGS: --host, --port, --kv-transfer-config, --api-key, --config, their dotted, underscore and abbreviated forms) are refused.")] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _extra_engine_args_leave_owned_flags_alone(self) -> "ModelSpec":
+        for index, arg in enumerate(self.extra_engine_args):
+            if (flag := owned_engine_flag(arg)) is not None:
+                raise ValueError(f"model.extraEngineArgs[{index}] ({arg!r}): {flag} {ENGINE_OWNED_FLAGS[flag]}")
+        return self
 
 
 class EngineSpec(ApiModel):
@@ -65,6 +129,23 @@ class EngineSpec(ApiModel):
     enable_prefix_caching: bool = True
 
 
+class RequestLimitsSpec(ApiModel):
+    """What one tenant request may ask of the engine; the sidecar refuses more with 400 naming the field.
+
+    `max_tokens` is bounded by the model's context (`model.maxModelLen`); the rest is here."""
+
+    max_n: Annotated[int, Field(ge=1, le=128, description="Most choices (`n`) one request may ask for; each counts against the tenant's concurrency.")] = 4
+    max_prompt_batch: Annotated[int, Field(ge=1, le=1024, description="Most prompts in one /v1/completions request; each counts against the tenant's concurrency.")] = 8
+    allow_beam_search: Annotated[bool, Field(description="Accept `use_beam_search` (beam search runs `n` beams for every request).")] = False
+    max_stop: Annotated[int, Field(ge=0, le=64, description="Most entries in `stop`, `stop_token_ids` and `bad_words` each.")] = 8
+    max_logit_bias: Annotated[int, Field(ge=0, le=4096, description="Most entries in `logit_bias`.")] = 64
+    max_logprobs: Annotated[int, Field(ge=0, le=20, description="Largest `logprobs`, `top_logprobs` and `prompt_logprobs`.")] = 5
+    max_messages: Annotated[int, Field(ge=1, le=10_000, description="Most chat messages in one request.")] = 256
+    max_tools: Annotated[int, Field(ge=0, le=1024, description="Most tools in one chat request.")] = 64
+    bytes_per_token: Annotated[int, Field(ge=1, le=1024, description="Request body bytes allowed per token of the model's context: the body cap is maxModelLen times this, at most maxBodyBytes.")] = 16
+    max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024, description="Largest request body in bytes, whatever the context length.")] = 4 * 1024 * 1024
+
+
 class SidecarSpec(ApiModel):
     """The priority-scheduling sidecar: the only container a pool pod exposes, on two ports."""
 
@@ -72,6 +153,7 @@ class SidecarSpec(ApiModel):
     metrics_port: Annotated[int, Field(ge=1024, le=65535, description="The metrics port: /metrics (sidecar and engine series) and /slaq/usage, for Prometheus, a gateway's endpoint picker and the operator; never on the Service.")] = 9090
     trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False
     max_queue_depth: Annotated[int, Field(ge=1, le=1_000_000, description="Most requests queued in the sidecar before it refuses more.")] = 1024
+    request_limits: RequestLimitsSpec = Field(default_factory=RequestLimitsSpec)
 
 
 class ResourcesSpec(ApiModel):
@@ -212,6 +294,12 @@ class InferencePool(ApiModel):
 
 # CEL rules the API server enforces; the pydantic validators above enforce the same for older servers.
 POOL_CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec.model": [
+        {"rule": "!has(self.extraEngineArgs) || self.extraEngineArgs.all(a, !a.matches('" + ENGINE_OWNED_FLAG_PATTERN.replace("\\", "\\\\") + "'))",
+         "message": "extraEngineArgs may not set a flag slaq sets itself or one that weakens the pod (--host, --port, --uds, --api-key, --config, "
+                    "--kv-transfer-config, --scheduler-cls, --scheduling-policy, slaq engine's own flags, or one a spec field sets), "
+                    "nor their dotted, underscore or abbreviated forms", "fieldPath": ".extraEngineArgs"},
+    ],
     "spec.replicas": [
         {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max", "fieldPath": ".min"},
     ],

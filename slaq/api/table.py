@@ -11,17 +11,27 @@ from pydantic import Field
 from slaq.api.common import ApiModel, KvErase, Tier
 
 TABLE_FILE_NAME = "tenants.json"
-KEY_HASH_PREFIX = "sha256:"
+KEY_HASH_PREFIX = "hmac-sha256:"
+LEGACY_KEY_HASH_PREFIX = "sha256:"  # tables written before key hashes were keyed; still read (migration)
+KEY_HASH_PATTERN = r"^(hmac-sha256|sha256):[0-9a-f]{64}$"
+KEY_HASH_KEY_LABEL = b"slaq api-key hash v1"
 SALT_FINGERPRINT_CHARS = 16
 
 
-def hash_api_key(key: str) -> str:
-    """The only form in which an API key leaves its Secret.
+def derive_key_hash_key(secret: bytes) -> bytes:
+    """The key API keys are hashed with, derived from the operator's secret (the cache-salt key
+    Secret): tables carry it so sidecars can verify, and it reveals nothing of the cache salts."""
+    return hmac.new(secret, KEY_HASH_KEY_LABEL, hashlib.sha256).digest()
 
-    API keys are long random tokens, not passwords, so a plain SHA-256 is enough to make the
-    table useless to an attacker while keeping the lookup a dictionary hit.
-    """
-    return KEY_HASH_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+def hash_api_key(key: str, hash_key: bytes | None = None) -> str:
+    """The only form in which an API key leaves its Secret: HMAC-SHA256 under `hash_key`.
+
+    Without `hash_key`, the bare SHA-256 of tables written by earlier operators (LEGACY_KEY_HASH_PREFIX),
+    which sidecars still read so that a table is never unreadable during an upgrade."""
+    if hash_key is None:
+        return LEGACY_KEY_HASH_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return KEY_HASH_PREFIX + hmac.new(hash_key, key.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def derive_cache_salt(secret: bytes, group: str) -> str:
@@ -48,7 +58,7 @@ class TenantEntry(ApiModel):
     ttft_ms: Annotated[float | None, Field(gt=0.0)] = None
     tpot_ms: Annotated[float | None, Field(gt=0.0)] = None
     attainment_target: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
-    key_hashes: list[Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]] = Field(default_factory=list)
+    key_hashes: list[Annotated[str, Field(pattern=KEY_HASH_PATTERN)]] = Field(default_factory=list)
     cache_salt: Annotated[str, Field(min_length=16)]
     share: ReplicaShare = Field(default_factory=ReplicaShare)
     kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -78,7 +88,11 @@ class TenantTable(ApiModel):
     revision: Annotated[str, Field(description="Changes whenever the content changes.")] = ""
     part: PartIndex = None
     parts: PartCount = None
+    key_hash_key: Annotated[str | None, Field(pattern=r"^[0-9a-f]{64}$", description="Hex of the key the entries' hmac-sha256 key hashes are made with (derive_key_hash_key); None in tables of earlier operators.")] = None
     tenants: list[TenantEntry] = Field(default_factory=list)
+
+    def hash_key(self) -> bytes | None:
+        return bytes.fromhex(self.key_hash_key) if self.key_hash_key else None
 
     def by_key_hash(self) -> dict[str, TenantEntry]:
         return {h: t for t in self.tenants for h in t.key_hashes}

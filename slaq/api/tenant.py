@@ -48,8 +48,9 @@ class TenantSLASpec(ApiModel):
     display_name: Annotated[str | None, Field(max_length=128)] = None
     objectives: Objectives = Field(default_factory=Objectives)
     quotas: Quotas = Field(default_factory=Quotas)
-    pool_selector: Annotated[LabelSelector, Field(description="InferencePools (by label) this tenant may use; empty selects every pool.")] = Field(default_factory=LabelSelector)
-    api_key_secret_ref: SecretKeyRef
+    pool_selector: Annotated[LabelSelector, Field(description="InferencePools (by label) this tenant may use; empty binds only pools in the namespaces the cluster admin opens to every tenant (the chart's binding.openNamespaces).")] = Field(default_factory=LabelSelector)
+    api_key_secret_ref: Annotated[SecretKeyRef, Field(description="The Secret holding the tenant's API keys; it must carry the label slaq.dev/tenant=<this tenant's name> and live in a namespace the operator reads key Secrets in (the chart's rbac.secretNamespaces).")]
+    max_keys: Annotated[int, Field(ge=1, le=1000, description="Most API keys the Secret may hold; beyond it the keys accepted before stay in force and the tenant is Degraded (TooManyKeys). Bounds the tenant's share of a pool's table.")] = 100
     kv_erase: Annotated[KvErase, Field(description="When the engine zeroes KV blocks that held this tenant's data: onReuse (before another tenant gets them; keeps the prefix cache) or onFree (as soon as freed; no prefix cache).")] = KvErase.ON_REUSE
     prefix_cache_group: Annotated[str | None, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="Tenants naming the same group share prefix-cache blocks; unset keeps the tenant's cache private.")] = None
 

@@ -96,7 +96,23 @@ class LocalStack:
             "--engine-url", f"http://127.0.0.1:{self.engine_port}",
             "--tenant-table", str(opts.tenant_table), "--drain-timeout", str(SIDECAR_DRAIN_S),
             "--served-model-name", self.served_model_name,
+            # The engine's context bounds max_tokens and the body; request limits are the pool's defaults, as in a pod.
+            "--max-model-len", str(self.max_model_len),
         ) + self._scheduler_args()
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's context length: its --max-model-len, or the tiny model's."""
+        from slaq.engine.launcher import TINY_MAX_MODEL_LEN
+        from slaq.sidecar.fields import MAX_TOKENS_LIMIT
+
+        args = list(self.options.engine_args)
+        for i, arg in enumerate(args):
+            if arg == "--max-model-len" and i + 1 < len(args):
+                return int(args[i + 1])
+            if arg.startswith("--max-model-len="):
+                return int(arg.split("=", 1)[1])
+        return TINY_MAX_MODEL_LEN if self.options.model in (None, "slaq-tiny") else MAX_TOKENS_LIMIT
 
     def start(self, progress: Callable[[float, str], None] | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Start the engine (and sidecar), wait until ready; on failure everything started is stopped."""

@@ -17,7 +17,7 @@ from typing import Sequence
 from slaq.api.common import API_VERSION, Tier
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import ENGINE_TABLE_KEY
-from slaq.api.table import EngineTable, TenantTable, hash_api_key
+from slaq.api.table import EngineTable, TenantTable, derive_key_hash_key, hash_api_key
 from slaq.api.tenant import TenantSLA
 from slaq.local.errors import TenantFileError
 from slaq.manifests import ManifestError, read_tenant_keys
@@ -39,11 +39,16 @@ class LocalTenants:
         return name, self.keys[name][0]
 
 
+LOCAL_POOL_LABELS = {"slaq.dev/tenancy": "shared"}  # what crds/examples/tenants.yaml select
+
+
 def local_pool(model_name: str) -> InferencePool:
-    """The one pool of a local run; its empty tenant selector takes every tenant that selects it."""
+    """The one pool of a local run; its empty tenant selector takes every tenant that selects it:
+    by the label the examples' tenants select (LOCAL_POOL_LABELS), or by an empty poolSelector
+    (its namespace is open to those, plan_local_table)."""
     return InferencePool.model_validate({
         "apiVersion": API_VERSION, "kind": "InferencePool",
-        "metadata": {"name": LOCAL_POOL_NAME, "namespace": LOCAL_POOL_NAMESPACE},
+        "metadata": {"name": LOCAL_POOL_NAME, "namespace": LOCAL_POOL_NAMESPACE, "labels": dict(LOCAL_POOL_LABELS)},
         "spec": {"model": {"name": model_name}, "engine": {"device": "cpu"}, "resources": {"gpus": 0}},
     })
 
@@ -61,8 +66,11 @@ def plan_local_table(local: LocalTenants, pool: InferencePool, salt_key: bytes |
     """The pool's tenant table, as the operator would write it for one replica."""
     from slaq.operator.tables import plan_tables, pool_key
 
-    hashes = {name: [hash_api_key(k) for k in values] for name, values in local.keys.items()}
-    plan = plan_tables([pool], local.tenants, hashes, salt_key or os.urandom(32), {pool_key(pool): 1}, {})
+    salt_key = salt_key or os.urandom(32)
+    hash_key = derive_key_hash_key(salt_key)
+    hashes = {name: [hash_api_key(k, hash_key) for k in values] for name, values in local.keys.items()}
+    plan = plan_tables([pool], local.tenants, hashes, salt_key, {pool_key(pool): 1}, {},
+                       open_namespaces=frozenset({pool.metadata.namespace or ""}))
     table = plan.tables[pool_key(pool)]
     if not table.tenants:
         raise TenantFileError(f"no tenant selects the local pool {pool_key(pool)} (check spec.poolSelector)")

@@ -10,7 +10,6 @@ from slaq.bench.pool_profile import PoolProfile, load_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 SAMPLE_TRACE = DATA / "azure_llm_conv_2023_first300.csv"
-SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_conv_2023.csv"
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import asyncio
 import json
 from typing import Any
 
-from tests.support.asgi import answer_lifespan, read_body
+from slaq.testing.asgi import answer_lifespan, read_body
 
 
 class FakeOpenAI:

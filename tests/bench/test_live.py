@@ -11,7 +11,7 @@ from slaq.api.common import Tier
 from slaq.bench.errors import LiveError
 from slaq.bench.live import credentials_from_keys, credentials_from_manifests
 from slaq.cli import main
-from tests.support.fake_upstream import ServerThread
+from slaq.testing.fake_engine import ServerThread
 
 from .conftest import SAMPLE_TRACE
 from .fake_openai import FakeOpenAI

@@ -22,7 +22,7 @@ from slaq.bench.workload import (
     with_bursts,
 )
 
-from .conftest import SAMPLE_TRACE, SHARED_TRACE
+from .conftest import SAMPLE_TRACE
 
 
 def test_sample_trace_reads_in_order_from_zero() -> None:
@@ -33,11 +33,6 @@ def test_sample_trace_reads_in_order_from_zero() -> None:
     assert (rows[0].prompt_tokens, rows[0].output_tokens) == (374, 44)
     # 2023-11-16 18:15:46.6805900 -> 18:15:50.9951690
     assert rows[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
-
-
-@pytest.mark.skipif(not SHARED_TRACE.is_file(), reason="shared trace not beside the checkout")
-def test_shared_trace_starts_like_the_sample() -> None:
-    assert read_trace(SHARED_TRACE, limit=300) == read_trace(SAMPLE_TRACE)
 
 
 def test_bad_traces_name_the_problem(tmp_path: Path) -> None:

@@ -211,3 +211,30 @@ def test_mixed_load_finishes_and_frees_every_block(scheduler_cls: type) -> None:
         ledger = scheduler.block_manager.ledger
         assert not ledger.holdings and not ledger.reserved_by_tenant and sum(ledger.blocks_by_tier) == 0
         assert len(scheduler.waiting) == 0
+
+
+def _escalated(tier: Tier, **kwargs):
+    """A request whose vLLM priority a tenant forged (the `X-Vllm-Priority` header vLLM reads)."""
+    request = make_request(tier, **kwargs)
+    request.priority = -1_000_000
+    return request
+
+
+def test_a_forged_priority_is_replaced_by_the_tier_from_vllm_xargs() -> None:
+    scheduler = build_scheduler()
+    forged = _escalated(Tier.BATCH, tenant="free")
+    scheduler.add_request(forged)
+    assert forged.priority == Tier.BATCH.rank
+
+
+def test_kv_exhaustion_preempts_the_forged_batch_decode_not_the_critical_one() -> None:
+    # 14 blocks of 16 tokens: two 48-token prompts decoding 100 tokens each cannot both fit,
+    # so vLLM's own KV-exhaustion preemption (inside schedule()) must pick a victim by priority.
+    driver = Driver(build_scheduler(max_num_seqs=2, num_blocks=14))
+    vip = make_request(Tier.CRITICAL, tenant="vip", prompt_tokens=48, max_tokens=100)
+    flood = _escalated(Tier.BATCH, tenant="free", prompt_tokens=48, max_tokens=100)
+    driver.add(flood, vip)
+    driver.run_until_idle()
+    preempted = set().union(*driver.preempted)
+    assert flood.request_id in preempted
+    assert vip.request_id not in preempted

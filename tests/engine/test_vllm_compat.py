@@ -355,3 +355,9 @@ def test_stock_async_scheduler_strands_or_serves_bad_output_after_a_load_failure
             break
         delivered += _answer(scheduler, scheduler.schedule())
     assert scheduler.has_requests() or delivered != [7] * 5
+
+
+def test_set_priority_is_what_vllms_ordering_reads() -> None:
+    request = make_request(Tier.BATCH)
+    vc.set_priority(request, 7)
+    assert request.priority == 7

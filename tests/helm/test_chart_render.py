@@ -38,12 +38,12 @@ def test_helm_lint_strict_passes_with_every_option_on(tmp_path) -> None:
 
 def test_renders_by_default_the_operator_its_rbac_and_the_crds() -> None:
     objects = render()
-    assert kinds(objects) == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    assert kinds(objects) == {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment",
+                              "Role", "RoleBinding", "NetworkPolicy"}  # Secret reads in the release namespace; pool pods fenced
     assert {c["metadata"]["name"] for c in of_kind(objects, "CustomResourceDefinition")} == {"inferencepools.slaq.dev", "tenantslas.slaq.dev"}
     named(objects, "Deployment", OPERATOR)
     named(objects, "ServiceAccount", OPERATOR)
     assert [r["metadata"]["name"] for r in of_kind(objects, "ClusterRole")] == [OPERATOR]
-    assert not {"Role", "RoleBinding"} & kinds(objects)
     for obj in objects:
         if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
@@ -105,6 +105,17 @@ def test_existing_service_account_needs_a_name() -> None:
     assert "serviceAccount.name is required" in render_failure({"serviceAccount": {"create": False}})
 
 
+def test_secret_reads_are_confined_to_roles_by_default() -> None:
+    objects = render()
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in of_kind(objects, "Role")] == [
+        (NAMESPACE, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}])]
+    (cluster_role,) = of_kind(objects, "ClusterRole")
+    assert not {"get", "list", "watch"} & {v for r in cluster_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
+    args = named(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--key-secret-namespaces", "--open-namespaces"))]
+    assert "It may read API-key Secrets only in: slaq-system;" in notes({})
+
+
 def test_secret_namespaces_confine_secret_reads_to_roles() -> None:
     objects = render({"rbac": {"secretNamespaces": ["tenants", NAMESPACE]}})
     roles = of_kind(objects, "Role")
@@ -118,9 +129,11 @@ def test_secret_namespaces_confine_secret_reads_to_roles() -> None:
     (cluster_role,) = of_kind(objects, "ClusterRole")
     secret_verbs = {v for r in cluster_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
     assert "get" not in secret_verbs
-    (default_role,) = of_kind(render(), "ClusterRole")
-    assert "get" in {v for r in default_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
     assert "It may read API-key Secrets only in: tenants, slaq-system;" in notes({"rbac": {"secretNamespaces": ["tenants"]}})
+    args = named(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--key-secret-namespaces=tenants,slaq-system" in args  # the operator refuses key Secrets elsewhere
+    opened = named(render({"binding": {"openNamespaces": ["shared-pools"]}}), "Deployment", OPERATOR)
+    assert "--open-namespaces=shared-pools" in opened["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_operator_args() -> None:
@@ -130,8 +143,10 @@ def test_operator_args() -> None:
     assert extra[-1] == "--x=1"
 
 
-def test_network_policy_absent_by_default() -> None:
-    assert "NetworkPolicy" not in kinds(render())
+def test_network_policy_rendered_by_default_and_absent_when_disabled() -> None:
+    (policy,) = of_kind(render(), "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert "NetworkPolicy" not in kinds(render({"networkPolicy": {"enabled": False}}))
 
 
 def test_network_policy_admits_only_the_sidecar_ports_in_each_pool_namespace() -> None:

@@ -37,21 +37,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_stop_ends_the_child_and_its_grandchild(tmp_path: Path) -> None:
+def _forker(tmp_path: Path):
+    """A started FORKING child and its grandchild's pid."""
     pid_file = tmp_path / "grandchild.pid"
     child = start_child("forker", [sys.executable, "-c", FORKING, str(pid_file)], tmp_path / "f.log", "http://127.0.0.1:1/")
     deadline = time.monotonic() + 20
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    grandchild = int(pid_file.read_text())
+    return child, int(pid_file.read_text())
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_stop_ends_the_child_and_its_grandchild(tmp_path: Path) -> None:
+    child, grandchild = _forker(tmp_path)
     assert child.running() and _alive(grandchild)
     child.stop(timeout_s=5)
     assert not child.running()
-    deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(grandchild)
+    _wait_gone(grandchild)
 
 
 def test_a_child_that_exits_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
@@ -73,3 +82,15 @@ def test_a_child_that_never_gets_ready_times_out_and_is_named(tmp_path: Path) ->
     finally:
         child.stop(timeout_s=5)
     assert not child.running()
+
+
+def test_a_child_killed_alone_still_takes_its_grandchild_down_when_stopped(tmp_path: Path) -> None:
+    """The engine's server killed by a fault leaves vLLM's EngineCore behind in its group: stop() ends it."""
+    import signal
+
+    child, grandchild = _forker(tmp_path)
+    os.kill(child.pid, signal.SIGKILL)  # the server process alone, as a fault would
+    child.process.wait(timeout=10)
+    assert _alive(grandchild)
+    child.stop(timeout_s=5)
+    _wait_gone(grandchild)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slaq.api.table import EngineTable, TenantTable, hash_api_key
+from slaq.api.table import EngineTable, TenantTable, derive_key_hash_key, hash_api_key
 from slaq.cli import repo_root
 from slaq.local.errors import TenantFileError
 from slaq.local.tenants import engine_table_beside, local_pool, plan_local_table, read_tenants, write_table
@@ -27,7 +27,7 @@ def test_examples_give_three_tenants_with_hashed_keys_only(tmp_path: Path) -> No
             assert key not in text
     loaded = TenantTable.model_validate_json(text)
     by_name = {t.name: t for t in loaded.tenants}
-    assert by_name["vip"].key_hashes == [hash_api_key("sk-demo-vip-0123456789abcdef")]
+    assert by_name["vip"].key_hashes == [hash_api_key("sk-demo-vip-0123456789abcdef", derive_key_hash_key(b"k" * 32))]
     assert by_name["vip"].ttft_ms == 50 and by_name["free"].ttft_ms is None
     assert by_name["vip"].share.requests_per_minute == 600  # one replica: the whole quota
     assert loaded.revision  # set by plan_tables, so the sidecar sees changes
@@ -35,7 +35,7 @@ def test_examples_give_three_tenants_with_hashed_keys_only(tmp_path: Path) -> No
     # The engine's file beside it (what `slaq up` hands the engine): shares and erase modes, no hashes.
     engine = EngineTable.model_validate_json(engine_table_beside(path).read_text())
     assert engine.kv_shares() == {"free": 0.2, "standard": 0.4, "vip": 0.5} and engine.revision == loaded.revision
-    assert "sha256:" not in engine_table_beside(path).read_text()
+    assert "sha256:" not in engine_table_beside(path).read_text() and "keyHashKey" not in engine_table_beside(path).read_text()
 
 
 def test_example_key_prefers_the_critical_tier() -> None:

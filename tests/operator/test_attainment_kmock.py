@@ -15,7 +15,7 @@ from slaq.api.runtime import UsageReport
 from slaq.operator.attainment import OutcomeCounter
 from slaq.operator.usage import PodObservation, StaticUsageSource
 from tests.operator.test_operator_kmock import TENANTS, operator, seed
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 POOL = "inference/llama3-8b"

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from tests.operator.test_operator_kmock import create, docs, eventually
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 
 
 async def test_slaq_operator_command_reconciles_through_the_kubeconfig(kube: KubeEmulator) -> None:

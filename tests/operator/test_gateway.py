@@ -14,7 +14,7 @@ from slaq.api.pool import InferencePool
 from slaq.operator.children import render_deployment
 from slaq.operator.gateway import render_gateway_inference_pool
 from tests.operator.test_operator_kmock import POOLS, create, docs, merge_patch, operator
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import base64
 
 from slaq.api.table import hash_api_key
 from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
-from tests.operator.test_operator_kmock import create, entries, merge_patch, operator
-from tests.support.kube import Call, KubeEmulator
+from tests.operator.test_operator_kmock import create, entries, merge_patch, operator, table
+from slaq.testing.kube import Call, KubeEmulator
 from tests.support.polling import eventually
 
 POOLS, MODELS, TENANTS = 3, 3, 9  # tenant j is served by pool j % 3 only
@@ -68,10 +68,11 @@ async def test_a_rotated_key_rewrites_only_its_tenants_pools(kube: KubeEmulator)
         await eventually(lambda: kube.read("slaq.dev/v1alpha1/tenantslas", None, tenant_name(4)).get("status", {}).get("pools"))
         mark = await quiet(kube)
         new_key = "sk-rotated-0123456789abcdef"
+        hash_key = table(kube, POOL_NAMESPACE, pool_name(4 % POOLS)).hash_key()
         await merge_patch(kube, f"/api/v1/namespaces/{KEY_NAMESPACE}/secrets/{tenant_name(4)}-keys",
                           {"data": {"key": base64.b64encode(new_key.encode()).decode()}})
         pool = pool_name(4 % POOLS)
-        await eventually(lambda: entries(kube, POOL_NAMESPACE, pool)[tenant_name(4)].key_hashes == [hash_api_key(new_key)],
+        await eventually(lambda: entries(kube, POOL_NAMESPACE, pool)[tenant_name(4)].key_hashes == [hash_api_key(new_key, hash_key)],
                          what="the rotated key's hash in the table")
         await quiet(kube)
         calls = operator_calls(kube.calls[mark:])

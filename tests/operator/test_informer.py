@@ -7,7 +7,7 @@ import asyncio
 
 from slaq.operator.client import Connection, KubeClient
 from slaq.operator.informer import Informer
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 CM = "/api/v1/namespaces/ns/configmaps"

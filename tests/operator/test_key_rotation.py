@@ -21,8 +21,8 @@ from slaq.api.runtime import READY_PATH, TENANT_TABLE_KEY
 from slaq.local.processes import free_port, slaq_command, start_child, wait_ready
 from slaq.operator.names import table_secret_name
 from tests.operator.test_operator_kmock import create, docs, entries, merge_patch, operator
-from tests.support.fake_upstream import FakeEngine
-from tests.support.kube import KubeEmulator
+from slaq.testing.fake_engine import FakeEngine
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 OLD_KEY = "sk-demo-vip-0123456789abcdef"

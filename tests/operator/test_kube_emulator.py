@@ -1,4 +1,4 @@
-"""The test Kubernetes API emulator (tests/support/kube.py) answers like an API server."""
+"""The test Kubernetes API emulator (slaq/testing/kube.py) answers like an API server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from tests.support.kube import KubeEmulator, label_selector_matches
+from slaq.testing.kube import KubeEmulator, label_selector_matches
 
 POOLS = "/apis/slaq.dev/v1alpha1/namespaces/ns/inferencepools"
 CM = "/api/v1/namespaces/ns/configmaps"

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.operator.test_operator_kmock import create, docs, eventually, operator
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 
 KUBECTL = shutil.which("kubectl")
 

@@ -1,4 +1,4 @@
-"""The kopf operator, run in-process against the Kubernetes API emulator (tests/support/kube.py)."""
+"""The kopf operator, run in-process against the Kubernetes API emulator (slaq/testing/kube.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from slaq.api.runtime import TENANT_TABLE_KEY, TenantUsage, UsageReport
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.bench.scale_objects import KEY_NAMESPACE
+from slaq.api.table import TenantTable, derive_key_hash_key, hash_api_key
 from slaq.operator.client import Connection
 from slaq.operator.names import SALT_SECRET_NAME
 from slaq.operator.runner import OperatorOptions, OperatorThread
 from slaq.operator.usage import PodObservation, StaticUsageSource
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
@@ -28,10 +29,13 @@ TENANTS = "slaq.dev/v1alpha1/tenantslas"
 
 
 @asynccontextmanager
-async def operator(kube: KubeEmulator, usage: StaticUsageSource | None = None, interval: float = 0.3) -> AsyncIterator[None]:
+async def operator(kube: KubeEmulator, usage: StaticUsageSource | None = None, interval: float = 0.3,
+                   **settings: Any) -> AsyncIterator[None]:
     """The operator on a loop of its own (OperatorThread); the test's loop, serving the emulator,
-    is never blocked: it only polls and awaits."""
+    is never blocked: it only polls and awaits. Key Secrets may live in its namespace and in the
+    scale objects' KEY_NAMESPACE; `settings`: further OperatorOptions."""
     options = OperatorOptions(namespace="slaq-system", observe_interval_s=interval, retry_delay_s=0.2,
+                              **{"key_secret_namespaces": (KEY_NAMESPACE,), **settings},
                               tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,
                                     # One discovery at start: fewer watch restarts in a short test.
                                     "scanning.disabled": True})
@@ -100,8 +104,12 @@ async def test_pool_and_three_tenants_give_owned_children_and_tables(kube: KubeE
             assert [(r["kind"], r["name"], r["uid"], r["controller"]) for r in refs] == [("InferencePool", "llama3-8b", uid, True)]
         got = await eventually(lambda: len(entries(kube, "inference", "llama3-8b")) == 3 and entries(kube, "inference", "llama3-8b"),
                                what="three tenants in the table")
-        assert got["vip"].key_hashes == [hash_api_key("sk-demo-vip-0123456789abcdef")]
-        assert got["free"].key_hashes == [hash_api_key("sk-demo-free-0123456789abcdef")]
+        # Keyed hashes: HMAC-SHA256 under a key derived from the operator's secret, which the table carries.
+        pepper = base64.b64decode(kube.read("v1/secrets", "slaq-system", SALT_SECRET_NAME)["data"]["key"])
+        hash_key = table(kube, "inference", "llama3-8b").hash_key()
+        assert hash_key == derive_key_hash_key(pepper)
+        assert got["vip"].key_hashes == [hash_api_key("sk-demo-vip-0123456789abcdef", hash_key)]
+        assert got["free"].key_hashes == [hash_api_key("sk-demo-free-0123456789abcdef", hash_key)]
         # One replica: it holds the whole cluster-wide quota.
         assert got["vip"].share.requests_per_minute == 600 and got["vip"].share.max_concurrency == 32
         assert got["standard"].share.tokens_per_minute == 1_200_000
@@ -169,9 +177,10 @@ async def test_restart_mid_way_converges_without_duplicates(kube: KubeEmulator) 
 
 
 async def test_api_conflicts_and_server_errors_are_retried(kube: KubeEmulator) -> None:
+    # A child is first created (POST), then server-side applied (PATCH) once it is known to be the pool's.
     faults = [
-        kube.fail("PATCH", "apps/v1/deployments", 500, times=2),
-        kube.fail("PATCH", "v1/secrets", 409, name="llama3-8b-tenants"),
+        kube.fail("POST", "apps/v1/deployments", 500, times=2),
+        kube.fail("POST", "v1/services", 409),  # "exists", then not found by the ownership test: tried again
         kube.fail("PATCH", "v1/services", 409),
     ]
     async with operator(kube):

@@ -111,7 +111,9 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
     assert sidecar_args(gpu_pool) == [
         "--port", "8000", "--metrics-port", "9090", "--engine-url", "http://127.0.0.1:8001", "--tenant-table", f"{TENANT_TABLE_DIR}/{TENANT_TABLE_KEY}",
         "--max-queue-depth", "1024", "--drain-timeout", "60",
-        "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True), "--served-model-name", "llama3-8b",
+        "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True),
+        "--request-limits", json.dumps(gpu_pool.spec.sidecar.request_limits.to_wire(), sort_keys=True),
+        "--max-model-len", "8192", "--served-model-name", "llama3-8b",
     ]
     assert engine_args(gpu_pool) == [
         "--host", "127.0.0.1", "--port", "8001", "--model", "meta-llama/Meta-Llama-3-8B-Instruct", "--device", "gpu",
@@ -125,14 +127,24 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
     assert "nvidia.com/gpu" not in engine["resources"]["limits"]
 
 
-def test_optional_flags_and_extra_engine_args_go_last(gpu_pool: InferencePool) -> None:
+def test_optional_flags_then_the_separator_and_vllm_flags_go_last(gpu_pool: InferencePool) -> None:
     pool = gpu_pool.model_copy(deep=True)
     pool.spec.model.revision = "abc123"
     pool.spec.model.extra_engine_args = ["--enforce-eager"]
     pool.spec.engine.enable_prefix_caching = False
     pool.spec.sidecar.trust_gateway_headers = True
-    assert engine_args(pool)[-4:] == ["--revision", "abc123", "--enforce-eager", "--no-enable-prefix-caching"]
+    assert engine_args(pool)[-5:] == ["--revision", "abc123", "--", "--enforce-eager", "--no-enable-prefix-caching"]
     assert "--trust-gateway-headers" in sidecar_args(pool)
+
+
+def test_the_pools_request_limits_reach_the_sidecar_as_it_parses_them(gpu_pool: InferencePool) -> None:
+    from slaq.sidecar.server import parse_request_limits
+
+    pool = gpu_pool.model_copy(deep=True)
+    pool.spec.sidecar.request_limits.max_n = 2
+    pool.spec.sidecar.request_limits.allow_beam_search = True
+    args = sidecar_args(pool)
+    assert parse_request_limits(args[args.index("--request-limits") + 1]) == pool.spec.sidecar.request_limits
 
 
 def test_deployment_service_pdb_select_the_same_pods(gpu_pool: InferencePool) -> None:

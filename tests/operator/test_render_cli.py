@@ -21,7 +21,7 @@ from slaq.cli import main
 from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
-from tests.support.kube import KubeEmulator
+from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
 KUBECTL = shutil.which("kubectl")
@@ -57,7 +57,7 @@ def test_the_cpu_example_renders_the_pools_objects_with_key_hashes_only(capsys: 
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered] == [
         ("Secret", "tiny-cpu-tenants"), ("Service", "tiny-cpu"), ("PodDisruptionBudget", "tiny-cpu"), ("Deployment", "tiny-cpu")]
     table = table_of(rendered[0])
-    assert {t.name: t.key_hashes for t in table.tenants} == {n: [hash_api_key(k)] for n, k in DEMO_KEYS.items()}
+    assert {t.name: t.key_hashes for t in table.tenants} == {n: [hash_api_key(k, table.hash_key())] for n, k in DEMO_KEYS.items()}
     assert not any(key in out for key in DEMO_KEYS.values())
     # The examples hold two pools binding every tenant: each pool's table carries half of a quota.
     assert {t.name: t.share.requests_per_minute for t in table.tenants} == {"vip": 300, "standard": 600, "free": 60}

@@ -15,7 +15,7 @@ from slaq.operator.tables import part_of
 from slaq.table_file import TableFile
 from tests.operator.test_indexed_reconcile import quiet
 from tests.operator.test_operator_kmock import merge_patch, operator
-from tests.support.kube import MAX_SECRET_SIZE, KubeEmulator
+from slaq.testing.kube import MAX_SECRET_SIZE, KubeEmulator
 from tests.support.polling import eventually
 
 TENANTS = 2500  # about 1.7 MB of table: more than one Secret holds

@@ -11,8 +11,8 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import METRICS_PATH, USAGE_PATH, TenantUsage, UsageReport
 from slaq.operator.attainment import OutcomeCounter
 from slaq.operator.client import Connection, KubeClient
-from slaq.operator.usage import HttpUsageSource, PodObservation, mean_sla_risk, parse_sla_risk, sum_usage
-from tests.support.kube import KubeEmulator
+from slaq.operator.usage import HttpUsageSource, PodObservation, bound_only, mean_sla_risk, parse_sla_risk, sum_usage
+from slaq.testing.kube import KubeEmulator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 METRICS = ("# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\nslaq_sla_risk 0.75\n"
@@ -20,11 +20,11 @@ METRICS = ("# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\n
            "slaq_slo_outcomes_created{outcome=\"met\",tenant=\"vip\",tier=\"critical\"} 1.7e+09\n")
 
 
-async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) -> None:
-    report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=12.0, refused_per_minute=3.0)})
+async def observe_stand_in(kube: KubeEmulator, report: UsageReport, metrics: str, **limits: int) -> list[PodObservation]:
+    """HttpUsageSource over one Running pod (and two it must skip) whose sidecar answers `report` and `metrics`."""
     app = aiohttp.web.Application()
     app.router.add_get(USAGE_PATH, lambda _: aiohttp.web.json_response(report.to_wire()))
-    app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=METRICS))
+    app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=metrics))
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
@@ -40,14 +40,34 @@ async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) ->
         for name, pod_labels, phase, ip in pods:
             status = {"phase": phase, **({"podIP": ip} if ip else {})}
             resp = await kube.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": name, "labels": pod_labels}, "status": status})
-            assert resp.status == 201
-        observations = await HttpUsageSource(api).observe(pool)
+            assert resp.status in (201, 409)  # 409: a second observation in the same emulator
+        return list(await HttpUsageSource(api, **limits).observe(pool))
     finally:
         await api.close()
         await runner.cleanup()
+
+
+async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) -> None:
+    report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=12.0, refused_per_minute=3.0)})
+    observations = await observe_stand_in(kube, report, METRICS)
     assert [(o.pod, o.sla_risk) for o in observations] == [("ready", 0.75)]
     assert observations[0].usage == report
     assert observations[0].outcomes == {("vip", "critical", "met"): OutcomeCounter(9.0, 1.7e9)}
+
+
+async def test_an_oversized_answer_is_refused_not_held(kube: KubeEmulator) -> None:
+    report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=12.0)})
+    flood = METRICS + "".join(f'slaq_slo_outcomes_total{{outcome="met",tenant="t{i}",tier="batch"}} 1.0\n' for i in range(2000))
+    [observation] = await observe_stand_in(kube, report, flood, max_metrics_bytes=len(METRICS) + 1000)
+    assert observation.usage == report and observation.sla_risk is None and observation.outcomes == {}  # metrics refused
+    assert await observe_stand_in(kube, report, METRICS, max_usage_bytes=20) == []  # the usage report refused: no observation
+
+
+def test_a_pods_report_counts_only_for_the_tenants_its_pool_serves() -> None:
+    report = UsageReport(pool="p", tenants={"mine": TenantUsage(requests_per_minute=5.0), "other": TenantUsage(requests_per_minute=9e6)})
+    outcomes = {("mine", "batch", "met"): OutcomeCounter(3.0), ("other", "critical", "ttft_missed"): OutcomeCounter(1e6)}
+    kept = bound_only(PodObservation("pod", report, 0.5, outcomes), {"mine"})
+    assert set(kept.usage.tenants) == {"mine"} and set(kept.outcomes) == {("mine", "batch", "met")} and kept.sla_risk == 0.5
 
 
 def test_pool_usage_is_the_sum_over_pods_and_risk_the_mean() -> None:

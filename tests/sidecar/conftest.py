@@ -12,9 +12,9 @@ import pytest
 
 from slaq.api.table import TenantTable
 from slaq.sidecar.app import SidecarApp
-from slaq.sidecar.server import PortRouter, SidecarOptions, bind, build_app
+from slaq.sidecar.server import PortRouter, SidecarOptions, bind, build_app, connection_settings
 from tests.sidecar.tables import abc_table
-from tests.support.fake_upstream import FakeEngine, ServerThread
+from slaq.testing.fake_engine import FakeEngine, ServerThread
 from tests.support.polling import wait_for
 
 
@@ -30,7 +30,7 @@ class SidecarThread(ServerThread):
     def __init__(self, app: SidecarApp) -> None:
         sockets = [bind("127.0.0.1", 0), bind("127.0.0.1", 0)]
         self.metrics_port = sockets[1].getsockname()[1]
-        super().__init__(PortRouter(app, self.metrics_port), port=sockets[0].getsockname()[1])
+        super().__init__(PortRouter(app, self.metrics_port), port=sockets[0].getsockname()[1], **connection_settings(app.connection_limits))
         self.thread = threading.Thread(target=self.server.run, args=(sockets,), name=f"sidecar-{self.port}", daemon=True)
 
 

@@ -9,6 +9,7 @@ import httpx
 
 from slaq.sidecar.access import AccessLog
 from tests.sidecar.tables import KEYS, abc_table, bearer
+from slaq.testing.fake_engine import fake_user
 from tests.support.polling import wait_for
 
 SECRET_PROMPT = "the-launch-code-is-4711"
@@ -46,9 +47,10 @@ def test_refusals_are_logged_with_their_reason(start_sidecar, fake_upstream) -> 
     buffer = capture(sidecar)
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-" + "x" * 20})
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
+    wait_for(lambda: len(lines(buffer)) == 2, what="the answered request's line")  # written after its response went out
     sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std"))
     sidecar.client.post("/v1/chat/completions", json={**CHAT, "model": "other"}, headers=bearer("vip"))
-    sidecar.client.post("/v1/chat/completions", json=CHAT, headers={**bearer("vip"), "x-fake-status": "400"})
+    sidecar.client.post("/v1/chat/completions", json={**CHAT, "user": fake_user(status=400)}, headers=bearer("vip"))
     wait_for(lambda: len(lines(buffer)) == 5, what="five access lines")
     got = [(line["tenant"], line["status"], line["reason"]) for line in lines(buffer)]
     assert got == [
@@ -70,14 +72,14 @@ def test_probes_are_not_logged_and_other_paths_are(sidecar) -> None:
     assert [(line["path"], line["status"], line["tenant"]) for line in lines(buffer)] == [("/metrics", 404, None), ("/v1/models", 200, "free")]
 
 
-async def _line_of_a_client_that_leaves(start_sidecar, fake_upstream, max_tokens: int, fake: dict[str, str], leaves_at) -> dict:
-    """vip streams a chat completion from the fake engine (`fake`: its x-fake-* headers) and closes
+async def _line_of_a_client_that_leaves(start_sidecar, fake_upstream, max_tokens: int, fake: str, leaves_at) -> dict:
+    """vip streams a chat completion from the fake engine (`fake`: its x-fake-* controls) and closes
     at the first line `leaves_at` accepts; the one access line the sidecar writes for it."""
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
     buffer = capture(sidecar)
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
-        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": max_tokens},
-                                 headers={**bearer("vip"), **fake}) as response:
+        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": max_tokens, "user": fake},
+                                 headers=bearer("vip")) as response:
             async for line in response.aiter_lines():
                 if leaves_at(line):
                     break
@@ -87,14 +89,14 @@ async def _line_of_a_client_that_leaves(start_sidecar, fake_upstream, max_tokens
 
 
 async def test_a_client_that_leaves_is_logged_as_499(start_sidecar, fake_upstream) -> None:
-    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 16, {"x-fake-delay-ms": "300"}, lambda _: True)
+    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 16, fake_user(delay_ms=300), lambda _: True)
     assert (line["tenant"], line["status"], line["reason"]) == ("vip", 499, "client_closed")
 
 
 async def test_a_client_that_leaves_after_the_done_event_was_answered_and_counts_for_its_slo(start_sidecar, fake_upstream) -> None:
     """OpenAI clients close at `data: [DONE]`, often before the engine's stream has ended: that request
     was answered (the e2e attainment test lost 4 of 25 of them to 499 this way)."""
-    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 3, {"x-fake-linger-ms": "2000"},
+    line = await _line_of_a_client_that_leaves(start_sidecar, fake_upstream, 3, fake_user(linger_ms=2000),
                                                lambda text: text == "data: [DONE]")
     assert (line["tenant"], line["status"], line["reason"], line["output_tokens"]) == ("vip", 200, None, 3)
     assert line["slo"] in ("met", "ttft_missed", "tpot_missed") and line["e2e_s"] < 2.0

@@ -13,7 +13,8 @@ import httpx
 from tests.sidecar.conftest import write_table
 from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
-from tests.support.fake_upstream import _free_port
+from slaq.local.processes import free_port
+from slaq.testing.fake_engine import fake_user
 
 
 def test_bad_scheduler_config_names_the_field(tmp_path: Path) -> None:
@@ -37,9 +38,9 @@ def test_scheduler_config_file_is_read(tmp_path: Path) -> None:
 def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> None:
     table = tmp_path / "tenants.json"
     write_table(table, abc_table())
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(_free_port()), "--engine-url", fake_upstream[1],
+        [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port()), "--engine-url", fake_upstream[1],
          "--tenant-table", str(table), "--drain-timeout", "20", "--served-model-name", "fake-model"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
@@ -53,7 +54,7 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> N
 
         wait_for(ready, 60.0, "sidecar process ready")
         body = {"model": "fake-model", "prompt": "x", "max_tokens": 16, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, headers={**bearer("std"), "x-fake-delay-ms": "150"}, timeout=30) as response:
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "user": fake_user(delay_ms=150)}, headers=bearer("std"), timeout=30) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
             process.send_signal(signal.SIGTERM)

@@ -16,12 +16,13 @@ import pytest
 from slaq.sidecar.server import SidecarOptions, build_app
 from tests.sidecar.conftest import RunningSidecar, write_table
 from tests.support.polling import wait_for
-from tests.sidecar.tables import abc_table, bearer
-from tests.support.fake_upstream import RecordingPassthrough, ServerThread
+from tests.sidecar.tables import KEYS, abc_table, bearer
+from slaq.testing.fake_engine import RecordingPassthrough, ServerThread
 
 pytestmark = pytest.mark.engine
 
 MODEL = "slaq-tiny"
+ENGINE_MAX_MODEL_LEN = 512  # tests/support/engine.py starts the shared engine with --max-model-len 512
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def real(tmp_path_factory, wiretap, slaq_engine) -> Iterator[RunningSidecar]:
     path = tmp_path_factory.mktemp("e2e") / "tenants.json"
     write_table(path, abc_table(std={"requests_per_minute": 600.0}))
     options = SidecarOptions(host="127.0.0.1", port=0, engine_url=wiretap.url, tenant_table=path,  # type: ignore[attr-defined]
-                             served_model_name=MODEL, tokenizer=str(ensure_tiny_model()), max_queue_depth=2)
+                             served_model_name=MODEL, tokenizer=str(ensure_tiny_model()), max_queue_depth=2, max_model_len=ENGINE_MAX_MODEL_LEN)
     app = build_app(options)
     running = RunningSidecar(app, path)
     running.client.timeout = httpx.Timeout(120.0)
@@ -87,21 +88,89 @@ def test_streaming_completion_and_chat(real, path: str, body: dict) -> None:
     assert "python_gc_objects_collected_total" not in metrics
 
 
-def test_client_priority_and_salt_never_reach_the_engine(real, wiretap) -> None:
+def test_client_scheduling_fields_are_refused_and_escalation_headers_never_reach_the_engine(real, wiretap, slaq_engine) -> None:
+    body = {"model": MODEL, "prompt": "jump the queue", "max_tokens": 3}
+    for field, value in (("priority", -1000), ("cache_salt", "guessed-salt"), ("vllm_xargs", {"slaq_tier": "critical"}), ("request_id", "mine"),
+                         ("kv_transfer_params", {"do_remote_prefill": True}), ("structured_outputs", "x")):
+        refused = real.client.post("/v1/completions", json={**body, field: value}, headers=bearer("free"))
+        assert refused.status_code == 400 and field in refused.json()["error"]["message"], refused.text
     wiretap.received.clear()
-    response = real.client.post(
-        "/v1/completions",
-        json={"model": MODEL, "prompt": "jump the queue", "max_tokens": 3, "priority": -1000, "cache_salt": "guessed-salt",
-              "vllm_xargs": {"slaq_tier": "critical", "slaq_tenant": "vip", "slaq_ttft_ms": 1}},
-        headers=bearer("free"),
-    )
+    wiretap.received_headers.clear()
+    hostile = {**bearer("free"), "x-vllm-priority": "-1000000", "x-request-id": "mine", "x-data-parallel-rank": "1",
+               "x-session-id": "s", "endpoint-load-metrics-format": "text"}
+    response = real.client.post("/v1/completions", json=body, headers=hostile)
     assert response.status_code == 200, response.text
-    [sent] = wiretap.received
+    [sent], [sent_headers] = wiretap.received, wiretap.received_headers
     free = next(t for t in abc_table().tenants if t.name == "free")
-    assert sent["priority"] == 2
-    assert sent["cache_salt"] == free.cache_salt
-    assert sent["vllm_xargs"]["slaq_tier"] == "batch" and sent["vllm_xargs"]["slaq_tenant"] == "free"
-    assert "slaq_ttft_ms" not in sent["vllm_xargs"]
+    assert sent["priority"] == 2 and sent["cache_salt"] == free.cache_salt
+    assert sent["vllm_xargs"]["slaq_tier"] == "batch" and sent["vllm_xargs"]["slaq_tenant"] == "free" and "slaq_ttft_ms" not in sent["vllm_xargs"]
+    assert not {"x-vllm-priority", "x-data-parallel-rank", "x-session-id", "endpoint-load-metrics-format"} & set(sent_headers)
+    # The sidecar's id is vLLM's request id (its response id), never the client's.
+    request_id = response.headers["x-request-id"]
+    assert sent_headers["x-request-id"] == request_id != "mine" and request_id in response.json()["id"]
+    assert "endpoint-load-metrics" not in response.headers
+    # Negative control: straight to vLLM, the same header gets the pod's load back.
+    direct = httpx.post(slaq_engine.base_url + "/v1/completions", json=body, headers={"endpoint-load-metrics-format": "text"}, timeout=60)
+    assert direct.status_code == 200 and "endpoint-load-metrics" in direct.headers
+
+
+def _out_tokens(real, tenant: str) -> float:
+    for line in real.metrics.get("/metrics").text.splitlines():
+        if line.startswith(f'slaq_tokens_total{{direction="out",tenant="{tenant}"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_stream_with_a_huge_stream_interval_is_charged_every_token(real) -> None:
+    before = _out_tokens(real, "std")
+    body = {"model": MODEL, "prompt": "count the tokens", "max_tokens": 32, "min_tokens": 32, "ignore_eos": True, "stream": True, "stream_interval": 1024}
+    with real.client.stream("POST", "/v1/completions", json=body, headers=bearer("std")) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and all('"usage"' not in e or '"usage":null' in e for e in events)  # usage not asked: not shown
+    assert len(events) < 32  # the engine sent the tokens in few events
+    wait_for(lambda: _out_tokens(real, "std") - before == 32, 30.0, "32 output tokens charged")
+
+
+def test_an_engine_refusal_gives_the_reservation_back(real) -> None:
+    write_table(real.table_path, abc_table("tokens", std={"tokens_per_minute": 1200.0, "requests_per_minute": 600.0}))
+    wait_for(lambda: real.metrics.get("/slaq/usage").json()["tableRevision"] == "tokens", what="reload")
+    try:
+        huge = {"model": MODEL, "prompt": [5] * 600, "n": 2, "max_tokens": 200}  # a prompt past the 512-token context: vLLM refuses it
+        for _ in range(4):  # each reserves 1000 tokens of 1200: without the refund the second waits 40 s
+            refused = real.client.post("/v1/completions", json=huge, headers=bearer("std"))
+            assert refused.status_code == 400 and refused.json()["reason"] == "engine_400", refused.text
+        assert real.client.post("/v1/completions", json={**huge, "max_tokens": 10**6}, headers=bearer("std")).json()["reason"] == "invalid_field"
+        assert real.client.post("/v1/completions", json={"model": MODEL, "prompt": "still served", "max_tokens": 2}, headers=bearer("std")).status_code == 200
+    finally:
+        write_table(real.table_path, abc_table("loose", std={"requests_per_minute": 600.0}))
+        wait_for(lambda: real.metrics.get("/slaq/usage").json()["tableRevision"] == "loose", what="reload")
+
+
+def test_the_official_openai_sdk_works_unchanged(real) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=real.url + "/v1", api_key=KEYS["vip"], timeout=120, max_retries=0)
+    completion = client.completions.create(model=MODEL, prompt="the quick brown fox", max_tokens=4, n=2)
+    assert len(completion.choices) == 2 and completion.usage.completion_tokens == 8
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
+                                          max_tokens=4, temperature=0.7, top_p=0.9, seed=1, stop=["\n\n"], user="sdk-test")
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 4
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True))
+    assert chunks and all(c.usage is None for c in chunks)
+    with_usage = list(client.completions.create(model=MODEL, prompt="hi", max_tokens=5, stream=True, stream_options={"include_usage": True}))
+    assert with_usage[-1].usage is not None and with_usage[-1].usage.completion_tokens == 5
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    tooled = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "weather in Paris?"}], max_tokens=4,
+                                            tools=tools, tool_choice="none")
+    assert tooled.choices[0].message.role == "assistant"
+    try:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"kv_transfer_params": {}})
+    except openai.BadRequestError as refused:
+        assert "kv_transfer_params" in str(refused)
+    else:
+        raise AssertionError("kv_transfer_params was accepted")
 
 
 def test_two_tenants_with_the_same_prompt_never_share_prefix_blocks(real, slaq_engine) -> None:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.sidecar.conftest import write_table
+from slaq.testing.fake_engine import fake_user
 from tests.support.polling import wait_for
 from tests.sidecar.tables import abc_table, bearer
 
@@ -26,15 +27,18 @@ def refusal(response: httpx.Response, status: int, reason: str) -> dict:
 
 def test_streaming_completion_passes_through_and_is_enriched(sidecar, fake_upstream) -> None:
     engine, _ = fake_upstream
-    body = {**COMPLETION, "stream": True, "priority": -50, "cache_salt": "mine", "vllm_xargs": {"slaq_tier": "critical"}}
-    with sidecar.client.stream("POST", "/v1/completions", json=body, headers=bearer("free")) as response:
+    body = {**COMPLETION, "stream": True}
+    with sidecar.client.stream("POST", "/v1/completions", json=body, headers={**bearer("free"), "x-vllm-priority": "-1000000", "x-request-id": "mine"}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
+        request_id = response.headers["x-request-id"]
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert len(events) == 6 and events[-1] == "data: [DONE]"
+    assert len(events) == 6 and events[-1] == "data: [DONE]"  # no usage chunk: the client did not ask for it
     sent = engine.received[-1]
-    assert sent["priority"] == 2 and sent["cache_salt"] != "mine" and sent["vllm_xargs"]["slaq_tier"] == "batch"
-    assert "authorization" not in engine.received_headers[-1]
+    assert sent["priority"] == 2 and sent["vllm_xargs"]["slaq_tier"] == "batch"
+    assert sent["stream_options"] == {"include_usage": True}  # the sidecar settles tokens from the engine's usage
+    assert set(engine.received_headers[-1]) <= {"content-type", "accept", "x-request-id", "host", "content-length", "accept-encoding", "connection", "user-agent"}
+    assert engine.received_headers[-1]["x-request-id"] == request_id != "mine" and "x-vllm-priority" not in engine.received_headers[-1]
 
 
 def test_non_streaming_chat(sidecar, fake_upstream) -> None:
@@ -95,7 +99,7 @@ async def test_concurrency_429_and_batch_shed_503_when_saturated(start_sidecar, 
     slow = {**CHAT, "stream": True}
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
         async def call(tenant: str, delay_ms: int = 1500) -> httpx.Response:
-            return await client.post("/v1/chat/completions", json=slow, headers={**bearer(tenant), "x-fake-delay-ms": str(delay_ms)})
+            return await client.post("/v1/chat/completions", json={**slow, "user": fake_user(delay_ms=delay_ms)}, headers=bearer(tenant))
 
         holders = [asyncio.create_task(call("std")) for _ in range(4)]  # 2 at the engine, 2 queued
         await asyncio.to_thread(wait_for, lambda: len(sidecar.app.core.queue) == 2, 10.0, "two queued")
@@ -112,7 +116,7 @@ async def test_concurrency_429_and_batch_shed_503_when_saturated(start_sidecar, 
 
 
 def test_engine_error_keeps_its_status_and_gains_a_reason(sidecar) -> None:
-    response = sidecar.client.post("/v1/chat/completions", json=CHAT, headers={**bearer("vip"), "x-fake-status": "400"})
+    response = sidecar.client.post("/v1/chat/completions", json={**CHAT, "user": fake_user(status=400)}, headers=bearer("vip"))
     body = refusal(response, 400, "engine_400")
     assert body["error"]["message"] == "fake engine refused"
 
@@ -121,7 +125,7 @@ def test_engine_error_keeps_its_status_and_gains_a_reason(sidecar) -> None:
 
 def test_a_stream_the_engine_breaks_ends_with_an_error_event_not_done(sidecar) -> None:
     body = {**COMPLETION, "stream": True}
-    with sidecar.client.stream("POST", "/v1/completions", json=body, headers={**bearer("vip"), "x-fake-break": "1"}) as response:
+    with sidecar.client.stream("POST", "/v1/completions", json={**body, "user": fake_user(**{"break": 1})}, headers=bearer("vip")) as response:
         assert response.status_code == 200
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert "[DONE]" not in events
@@ -152,8 +156,8 @@ def test_no_engine_listening_is_503_engine_unavailable(start_sidecar, fake_upstr
 
 
 def test_table_reload_keeps_in_flight_and_applies_to_new_requests(sidecar) -> None:
-    with sidecar.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True},
-                               headers={**bearer("vip"), "x-fake-delay-ms": "100"}) as response:
+    with sidecar.client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "user": fake_user(delay_ms=100)},
+                               headers=bearer("vip")) as response:
         lines = response.iter_lines()
         first = next(lines)
         table = abc_table("r2")
@@ -171,7 +175,7 @@ async def test_client_leaving_the_queue_frees_its_place(start_sidecar, fake_upst
     core = sidecar.app.core
     core.gate.max_in_flight = 1
     async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
-        holder = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={**bearer("std"), "x-fake-delay-ms": "800"}))
+        holder = asyncio.create_task(client.post("/v1/chat/completions", json={**CHAT, "stream": True, "user": fake_user(delay_ms=800)}, headers=bearer("std")))
         await asyncio.to_thread(wait_for, lambda: core.gate.in_flight == 1, 10.0, "holder released")
         leaver = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT, headers=bearer("std")))
         await asyncio.to_thread(wait_for, lambda: len(core.queue) == 1, 10.0, "queued")

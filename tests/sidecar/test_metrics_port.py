@@ -16,7 +16,8 @@ from slaq.sidecar.metrics_port import engine_families
 from slaq.sidecar.server import ConfigError, SidecarOptions, serve
 from tests.sidecar.conftest import write_table
 from tests.sidecar.tables import abc_table, bearer
-from tests.support.fake_upstream import _free_port
+from slaq.local.processes import free_port
+from slaq.testing.fake_engine import fake_user
 from tests.support.polling import wait_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -86,8 +87,8 @@ def test_usage_reports_slo_outcomes_per_tenant(start_sidecar, fake_upstream) -> 
     sidecar = start_sidecar(fake_upstream[1], abc_table(std={"ttft_ms": 100.0, "tpot_ms": 1000.0}), served_model_name="fake-model")
     for _ in range(2):
         assert sidecar.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=bearer("std")).status_code == 200
-    slow = {**bearer("std"), "x-fake-delay-ms": "400"}  # the first token after 400 ms misses the 100 ms TTFT
-    assert sidecar.client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=slow).status_code == 200
+    slow = {**CHAT, "stream": True, "user": fake_user(delay_ms=400)}  # the first token after 400 ms misses the 100 ms TTFT
+    assert sidecar.client.post("/v1/chat/completions", json=slow, headers=bearer("std")).status_code == 200
     std = sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]
     assert (std["sloMetPerMinute"], std["sloMissedPerMinute"]) == (2, 1)
     text = sidecar.metrics.get("/metrics").text
@@ -104,7 +105,7 @@ def test_the_process_keeps_metrics_off_the_tenant_port_and_logs_each_request(tmp
     """`slaq sidecar` as a pod runs it: two ports, and JSON access lines on standard output."""
     table = tmp_path / "tenants.json"
     write_table(table, abc_table())
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     out = open(tmp_path / "stdout", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
@@ -143,7 +144,7 @@ def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path, fake_upstream) ->
         taken.listen()
         busy = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(_free_port()),
+            [sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(free_port()),
              "--metrics-port", str(busy), "--engine-url", fake_upstream[1], "--tenant-table", str(table)],
             capture_output=True, text=True, timeout=60,
         )

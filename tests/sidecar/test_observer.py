@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from slaq.sidecar.proxy import EventFramer, ResponseObserver, broken_stream_event, forward_request_headers
+import httpx
+
+from slaq.sidecar.proxy import EventFramer, ResponseObserver, broken_stream_event, drop_usage_events, forward_request_headers, forward_response_headers
 
 
 def sse(*events: dict) -> bytes:
@@ -50,9 +52,25 @@ def test_non_streaming_reads_usage_and_counts_first_byte() -> None:
     assert observer.output_tokens() == 7 and observer.prompt_tokens() == 3
 
 
-def test_credentials_and_gateway_headers_are_not_forwarded() -> None:
-    forwarded = forward_request_headers({"authorization": "Bearer k", "x-llm-d-slo-ttft-ms": "1", "content-type": "application/json", "host": "x"})
-    assert forwarded == {"content-type": "application/json"}
+def test_only_allowlisted_headers_and_the_sidecars_request_id_are_forwarded() -> None:
+    forwarded = forward_request_headers({"authorization": "Bearer k", "x-llm-d-slo-ttft-ms": "1", "content-type": "application/json", "host": "x",
+                                         "x-vllm-priority": "-1000000", "x-request-id": "mine", "x-data-parallel-rank": "1",
+                                         "x-session-id": "s", "endpoint-load-metrics-format": "json", "traceparent": "00-ab-cd-01"}, "sidecar-id")
+    assert forwarded == {"content-type": "application/json", "traceparent": "00-ab-cd-01", "x-request-id": "sidecar-id"}
+
+
+def test_engine_response_headers_are_allowlisted() -> None:
+    headers = httpx.Headers({"content-type": "text/event-stream", "endpoint-load-metrics": "kv=0.9", "x-request-id": "engine", "server": "uvicorn"})
+    assert forward_response_headers(headers, "ours") == [(b"content-type", b"text/event-stream"), (b"x-request-id", b"ours")]
+
+
+def test_the_usage_chunk_the_client_did_not_ask_for_is_dropped() -> None:
+    body = sse({"choices": [{"text": "a"}]}, {"choices": [], "usage": {"completion_tokens": 1}}) + b"data: [DONE]\n\n"
+    assert drop_usage_events(body) == sse({"choices": [{"text": "a"}]}) + b"data: [DONE]\n\n"
+    compact = b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n'
+    assert drop_usage_events(compact) == b""
+    kept = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":3}}\n\n'  # continuous usage rides on a token chunk
+    assert drop_usage_events(kept) == kept
 
 
 def test_framer_forwards_whole_events_only() -> None:

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from slaq.api.contract import XARG_KEYS
-from slaq.sidecar.errors import DeadlineUnreachable, Draining, QueueFull, RequestRateExceeded, Shedding, Unauthorized
+from slaq.sidecar.errors import InvalidField, DeadlineUnreachable, Draining, QueueFull, RequestRateExceeded, Shedding, Unauthorized
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
 from tests.sidecar.tables import abc_table, bearer
 
-CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20,
-                   "priority": -100, "cache_salt": "client-salt", "vllm_xargs": {"slaq_tier": "critical"}, "stream": True}).encode()
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20, "stream": True}
+CHAT = json.dumps(CHAT_BODY).encode()
 
 
 class Clock:
@@ -30,7 +30,15 @@ def core(table=None, **config) -> tuple[SidecarCore, Clock]:
     return SidecarCore(CoreConfig(served_model_name="m", **config), TenantDirectory.from_table(table or abc_table()), clock=clock), clock
 
 
-async def test_client_scheduling_fields_are_replaced_by_the_tenants() -> None:
+@pytest.mark.parametrize("field", ["priority", "cache_salt", "vllm_xargs", "request_id"])
+async def test_client_scheduling_fields_are_refused_naming_the_field(field: str) -> None:
+    c, _ = core()
+    with pytest.raises(InvalidField) as refused:
+        await c.admit(c.identify(bearer("free")), "chat", json.dumps({**CHAT_BODY, field: {"slaq_tier": "critical"} if field == "vllm_xargs" else "x"}).encode())
+    assert refused.value.field == field and c.quotas.in_flight("free") == 0
+
+
+async def test_the_tenants_scheduling_fields_are_set_by_the_sidecar() -> None:
     c, _ = core()
     flight = await c.admit(c.identify(bearer("free")), "chat", CHAT)
     body = json.loads(c.enriched_body(flight))

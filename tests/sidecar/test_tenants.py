@@ -68,3 +68,38 @@ def test_table_reloads_on_change_and_keeps_last_good_on_error(tmp_path: Path) ->
     path.write_text('{"pool": "p", "tenants": [{"name": "x"}]}')
     assert not directory.refresh()
     assert directory.index.revision == "r2" and "invalid tenant table" in (directory.last_error or "")
+
+
+def keyed_table(key: str, *, hash_key: bytes | None) -> "TenantTable":
+    """One tenant `vip` holding `key`, hashed as the operator hashes it (hash_key) or as an earlier one did (None)."""
+    from slaq.api.table import TenantTable, hash_api_key
+    from tests.sidecar.tables import entry
+
+    vip = entry("vip", "critical", ttft_ms=50.0).model_copy(update={"key_hashes": [hash_api_key(key, hash_key)]})
+    return TenantTable(pool="ns/pool", revision="r", key_hash_key=hash_key.hex() if hash_key else None, tenants=[vip])
+
+
+def test_keys_are_looked_up_by_their_hmac_under_the_tables_key() -> None:
+    from slaq.api.table import derive_key_hash_key, hash_api_key
+
+    hash_key, key = derive_key_hash_key(b"operator pepper"), "sk-keyed-0123456789abcdefgh"
+    table = keyed_table(key, hash_key=hash_key)
+    assert table.tenants[0].key_hashes[0].startswith("hmac-sha256:")
+    assert Authenticator(TenantDirectory.from_table(table)).identify({"authorization": f"Bearer {key}"}).tenant.name == "vip"
+    # The bare SHA-256 of the key is not a valid entry of a keyed table: the sidecar does not try it.
+    # A table midway through the migration (one entry still bare SHA-256) reads both forms.
+    mixed = table.model_copy(update={"tenants": [table.tenants[0].model_copy(update={"key_hashes": [hash_api_key(key)]})]})
+    index = TenantDirectory.from_table(mixed).index
+    assert index.legacy_hashes and index.tenant_for_key(key) is not None
+    assert not TenantDirectory.from_table(table).index.legacy_hashes
+    other = keyed_table(key, hash_key=derive_key_hash_key(b"another pepper"))
+    with pytest.raises(Unauthorized):
+        Authenticator(TenantDirectory.from_table(other.model_copy(update={"key_hash_key": table.key_hash_key}))).identify(
+            {"authorization": f"Bearer {key}"})
+
+
+def test_a_table_of_an_earlier_operator_still_authenticates() -> None:
+    key = "sk-legacy-0123456789abcdefgh"
+    legacy = keyed_table(key, hash_key=None)
+    assert legacy.key_hash_key is None and legacy.tenants[0].key_hashes[0].startswith("sha256:")
+    assert Authenticator(TenantDirectory.from_table(legacy)).identify({"authorization": f"Bearer {key}"}).tenant.name == "vip"

@@ -16,7 +16,8 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["slaq.dev"]
   resources: ["inferencepools/status", "tenantslas/status"]
   verbs: ["patch"]
-# A pool's children are written by server-side apply, which needs `create` for the first write.
+# A pool's children are created when absent; one that exists is first checked to be the pool's
+# (a JSON-patch `test` of its owner reference: `patch`, no read) and then server-side applied.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "create", "patch"]
@@ -36,14 +37,6 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "patch", "delete"]
-{{- if not .Values.rbac.secretNamespaces }}
-# The cache-salt key is read by name; the API-key Secrets that TenantSLAs name are listed and
-# watched per namespace, so a rotated key reaches the tables at once (rbac.secretNamespaces
-# confines all three to named namespaces).
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "list", "watch"]
-{{- end }}
 # Each pool's running pods, whose sidecars report per-tenant usage and SLA risk.
 - apiGroups: [""]
   resources: ["pods"]
@@ -65,8 +58,9 @@ request these rules refuse and on a rule no request uses.
 {{- end }}
 
 {{/*
-Secret reads confined to named namespaces (rbac.secretNamespaces) plus the release namespace,
-which holds the operator's cache-salt key.
+Secret reads, only in the namespaces rbac.secretNamespaces names and the release namespace, which
+holds the operator's cache-salt key: the key Secrets are listed and watched per namespace, so a
+rotated key reaches the tables at once.
 */}}
 {{- define "slaq.rbac.secretReaderRules" -}}
 - apiGroups: [""]

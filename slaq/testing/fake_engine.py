@@ -3,8 +3,9 @@
 The fake answers /v1/completions and /v1/chat/completions in vLLM's wire format (SSE chunks,
 `data: [DONE]`, `usage` at the end of non-streaming bodies), /v1/models, /health and a /metrics
 with the `vllm:num_requests_waiting` gauge. It records every body it receives, so tests can see
-exactly what the sidecar forwarded. Per-request behaviour comes from `x-fake-*` headers (which the
-sidecar forwards like any other header):
+exactly what the sidecar forwarded. Per-request behaviour comes from `x-fake-*` controls, as headers
+(straight to the fake) or in the body's `user` field (`fake_user(...)`: through the sidecar, which
+forwards no such header):
 
     x-fake-tokens: N         completion tokens to produce (default: max_tokens, capped at 16)
     x-fake-delay-ms: D       delay before the first token and between tokens
@@ -19,16 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
-from tests.support.asgi import answer_lifespan, read_body
+from slaq.local.processes import free_port
+from slaq.testing.asgi import answer_lifespan, read_body
 
 
 class ServerThread:
@@ -36,7 +36,7 @@ class ServerThread:
 
     def __init__(self, app: Any, *, port: int = 0, **config: Any) -> None:
         self.app = app
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False, **config)
         self.server = uvicorn.Server(self.config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -66,10 +66,16 @@ class ServerThread:
         self.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def fake_user(**controls: Any) -> str:
+    """The `user` field that carries x-fake-* controls through the sidecar (which forwards no such
+    header): fake_user(delay_ms=150) is "x-fake-delay-ms=150"."""
+    return ";".join(f"x-fake-{name.replace('_', '-')}={value}" for name, value in controls.items())
+
+
+def controls_of(user: Any) -> dict[str, str]:
+    if not isinstance(user, str) or not user.startswith("x-fake-"):
+        return {}
+    return dict(item.split("=", 1) for item in user.split(";") if "=" in item)
 
 
 def _json_response(status: int, payload: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -131,6 +137,7 @@ class FakeEngine:
         await send({"type": "http.response.body", "body": body})
 
     async def _generate(self, send: Any, path: str, body: dict, headers: dict[str, str]) -> None:
+        headers = {**headers, **controls_of(body.get("user"))}
         if "x-fake-status" in headers:
             status = int(headers["x-fake-status"])
             await self._reply(send, *_json_response(status, {"error": {"message": "fake engine refused", "type": "BadRequestError", "code": status}}))
@@ -181,12 +188,13 @@ class FakeEngine:
 
 
 class RecordingPassthrough:
-    """Forwards every request to `target` and records the JSON bodies it forwarded (a wiretap
-    between the sidecar and a real engine)."""
+    """Forwards every request to `target` and records the JSON bodies and headers it forwarded (a
+    wiretap between the sidecar and a real engine)."""
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.received: list[dict[str, Any]] = []
+        self.received_headers: list[dict[str, str]] = []
         self.client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -209,6 +217,8 @@ class RecordingPassthrough:
             except ValueError:
                 pass
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"host", b"content-length")]
+        if raw:
+            self.received_headers.append({k.decode().lower(): v.decode() for k, v in headers})
         assert self.client is not None
         request = self.client.build_request(scope["method"], scope["path"], content=raw or None, headers=headers)
         response = await self.client.send(request, stream=True)
@@ -220,18 +230,3 @@ class RecordingPassthrough:
             await send({"type": "http.response.body", "body": b""})
         finally:
             await response.aclose()
-
-
-@pytest.fixture(scope="session")
-def _fake_upstream_server() -> Iterator[tuple[FakeEngine, ServerThread]]:
-    engine = FakeEngine()
-    with ServerThread(engine) as server:
-        yield engine, server
-
-
-@pytest.fixture
-def fake_upstream(_fake_upstream_server: tuple[FakeEngine, ServerThread]) -> tuple[FakeEngine, str]:
-    """(the fake engine, its base URL); its records are cleared for each test."""
-    engine, server = _fake_upstream_server
-    engine.reset()
-    return engine, server.url

@@ -1,6 +1,7 @@
-"""A Kubernetes API emulator for tests: kmock 0.8 plus the server-side behaviour kopf relies on.
+"""A Kubernetes API emulator: kmock 0.8 plus the server-side behaviour kopf relies on.
 
-Fixture API (pytest plugin, registered in the root conftest.py):
+The tests get a running one from the `kube` fixture (tests/support/fixtures.py, with slaq's CRDs
+and a kubeconfig); bench/operator_scale.py serves one in a child process. Its API:
 
     async def test_something(kube: KubeEmulator) -> None:
         kube.url                # http://127.0.0.1:<port> of the emulated API server
@@ -51,12 +52,10 @@ from typing import Any
 import aiohttp.web
 import jsonpatch
 import kmock
-import pytest_asyncio
 import yaml
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -92,6 +91,7 @@ class Fault:
     times: int
     name: str | None
     subresource: str | None
+    namespace: str | None = None
 
     def matches(self, request: rendering.Request) -> bool:
         return (
@@ -99,6 +99,7 @@ class Fault:
             and (self.method == "*" or request.method.value == self.method)
             and request.resource == self.resource
             and (self.name is None or request.name == self.name)
+            and (self.namespace is None or request.namespace == self.namespace)
             and request.subresource == self.subresource
         )
 
@@ -213,9 +214,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # ---------------------------------------------------------------- test-facing helpers
 
     def fail(self, method: str, resource: str, status: int, *, times: int = 1, name: str | None = None,
-             subresource: str | None = None) -> Fault:
-        """Answer the next `times` matching requests with `status`, changing nothing."""
-        fault = Fault(method.upper(), kmock.resource(resource), status, times, name, subresource)
+             subresource: str | None = None, namespace: str | None = None) -> Fault:
+        """Answer the next `times` matching requests (in `namespace`, or any) with `status`, changing nothing."""
+        fault = Fault(method.upper(), kmock.resource(resource), status, times, name, subresource, namespace)
         self._faults.append(fault)
         return fault
 
@@ -602,19 +603,3 @@ def write_kubeconfig(path: Path, url: str) -> Path:
     }
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
-
-
-@pytest_asyncio.fixture()
-async def kube(tmp_path: Path, monkeypatch: Any) -> AsyncIterator[KubeEmulator]:
-    """A running emulator with the built-in resources and slaq's CRDs, and a kubeconfig for it."""
-    async with KubeEmulator() as emulator, kmock.Server(emulator):
-        emulator.resources.load_bundled()
-        emulator.install_crds(sorted((REPO_ROOT / "crds").glob("*.yaml")))
-        emulator.kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(emulator.url).rstrip("/"))
-        monkeypatch.setenv("KUBECONFIG", str(emulator.kubeconfig))
-        try:  # the kubernetes client reads $KUBECONFIG once, at import
-            from kubernetes.config import kube_config
-            monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(emulator.kubeconfig))
-        except ImportError:
-            pass
-        yield emulator

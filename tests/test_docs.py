@@ -1,0 +1,173 @@
+"""The docs speak of the project as it is: no word of how it was written, no file or module that is not there.
+
+Checked in every doc (tests/support/docs.py says which files those are):
+- "session" only as a technical term (an HTTP or TLS session, a pytest session), never about
+  the work ("this session", "session 7");
+- every repository path it names exists: a path whose first folder is one of the repository's
+  top-level entries or of the doc's own folder, a path relative to the doc (`../x`), and a bare
+  file name (`queue.py`) of a kind the repository holds, looked up in the part of the repository
+  the doc describes (its own folder; for docs/NAME.md the folder NAME/ when there is one; the
+  whole repository for the others);
+- every dotted `slaq.…` name resolves to a package, a module, or a name a module defines.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.support.docs import NOT_DOCS, REPO_ROOT, inline_spans, repository_docs, split_code
+
+WORK_SESSION = re.compile(r"\bsessions?\b", re.IGNORECASE)
+TECHNICAL_SESSION = re.compile(
+    r"\b(?:https?|tls|ssl|ssh|tcp|grpc|pytest|browser|login|user|client)[ -]sessions?\b"
+    r"|\bsessions?[ -](?:affinity|cookies?|tokens?|tickets?|keys?|resumption|scope[sd]?|fixtures?|ids?)\b"
+    r"|scope=[\"']?session", re.IGNORECASE)
+CHECKED_SUFFIXES = (".py", ".md", ".sh", ".toml", ".txt", ".csv", ".tpl")
+PROSE_PATH = re.compile(r"(?<![\w./-])(?:\.\.?/)?[\w.-]+/[\w./{},-]*\.\w+")
+DOTTED = re.compile(r"(?<![\w./-])slaq(?:\.[A-Za-z_]\w*)+")
+API_GROUP = "slaq.dev"  # the CRDs' API group, a domain name, not a module
+
+
+def _top_level_entries() -> set[str]:
+    return {p.name for p in REPO_ROOT.iterdir() if p.name not in NOT_DOCS and not p.name.startswith(".")}
+
+
+def _scopes(doc: Path) -> list[Path]:
+    if doc.parent == REPO_ROOT / "docs":
+        component = REPO_ROOT / doc.stem
+        return [doc.parent, component] if component.is_dir() else [REPO_ROOT]
+    return [doc.parent]
+
+
+@functools.cache
+def _names_under(folder: Path) -> frozenset[str]:
+    return frozenset(p.name for p in folder.rglob("*") if not NOT_DOCS & set(p.relative_to(REPO_ROOT).parts))
+
+
+def _expand_braces(token: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", token)
+    if not match:
+        return [token]
+    return [expanded for choice in match.group(1).split(",")
+            for expanded in _expand_braces(token[:match.start()] + choice + token[match.end():])]
+
+
+def missing_path(doc: Path, token: str) -> str | None:
+    """The reason `token`, as `doc` names it, is not a file or folder of the repository (None: it is, or it is no repository path)."""
+    token = re.sub(r"[`'\",;:.)\]]+$", "", re.sub(r"^[`'\"(\[]+", "", token))
+    token = re.sub(r":\d+(?:-\d+)?$", "", token)
+    if not token or "://" in token or token.startswith(("/", "~", "$", "-")) or any(c in token for c in "<>*=|"):
+        return None
+    for name in _expand_braces(token):
+        path = name.rstrip("/")
+        if path.startswith(("./", "../")):
+            # beside the doc, or from the repository root, where the docs' commands run
+            targets = [(doc.parent / path).resolve(), (REPO_ROOT / path).resolve()]
+            if not any(t.is_relative_to(REPO_ROOT) for t in targets):
+                return f"{name} is outside the repository"
+            if not any(t.is_relative_to(REPO_ROOT) and t.exists() for t in targets):
+                return f"{name} does not exist"
+        elif "/" in path:
+            first = path.split("/", 1)[0]
+            if first in _top_level_entries():
+                if not (REPO_ROOT / path).exists():
+                    return f"{name} does not exist"
+            elif (doc.parent / first).exists() and not (doc.parent / path).exists():
+                return f"{name} does not exist beside {doc.relative_to(REPO_ROOT)}"
+        elif path.endswith(CHECKED_SUFFIXES) and not any(path in _names_under(scope) for scope in _scopes(doc)):
+            where = ", ".join(f"{scope.relative_to(REPO_ROOT)}/" if scope != REPO_ROOT else "the repository" for scope in _scopes(doc))
+            return f"{name} is in no folder the doc describes ({where})"
+    return None
+
+
+@functools.cache
+def _package_dirs() -> dict[str, Path]:
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: REPO_ROOT / folder for name, folder in config.items()}
+
+
+@functools.cache
+def _defined_names(module: Path) -> frozenset[str]:
+    names: set[str] = set()
+    for node in ast.parse(module.read_text(), str(module)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return frozenset(names)
+
+
+def unresolved_module(dotted: str) -> str | None:
+    """Why `slaq.x.y` names no package, module or module-level name of the repository (None: it does)."""
+    parts = dotted.split(".")
+    prefix = max((name for name in _package_dirs() if parts[:len(name.split("."))] == name.split(".")), key=len)
+    folder, rest = _package_dirs()[prefix], parts[len(prefix.split(".")):]
+    for index, name in enumerate(rest):
+        if (folder / name / "__init__.py").is_file():
+            folder = folder / name
+            continue
+        module = folder / f"{name}.py"
+        if module.is_file():
+            attributes = rest[index + 1:]
+            if attributes and attributes[0] not in _defined_names(module):
+                return f"{dotted}: {module.relative_to(REPO_ROOT)} defines no {attributes[0]}"
+            return None
+        if name not in _defined_names(folder / "__init__.py"):
+            return f"{dotted}: no module {'.'.join(parts[:len(parts) - len(rest) + index + 1])}"
+        return None
+    return None
+
+
+def problems(doc: Path) -> list[str]:
+    text = doc.read_text()
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        technical = {m.span() for m in TECHNICAL_SESSION.finditer(line)}
+        for match in WORK_SESSION.finditer(line):
+            if not any(start <= match.start() < end for start, end in technical):
+                found.append(f"{number}: says {line[max(0, match.start() - 20):match.end() + 10].strip()!r}")
+        for match in DOTTED.finditer(line):
+            name = match.group(0)
+            if name != API_GROUP and not name.startswith(API_GROUP + ".") and (reason := unresolved_module(name)):
+                found.append(f"{number}: {reason}")
+    code, prose = split_code(text)
+    candidates = [(line.number, token) for line in [*code, *inline_spans(prose)] for token in line.text.split()]
+    candidates += [(line.number, m.group(0)) for line in prose for m in PROSE_PATH.finditer(line.text)]
+    for number, token in candidates:
+        if reason := missing_path(doc, token):
+            found.append(f"{number}: {reason}")
+    return sorted(set(found), key=lambda item: int(item.split(":")[0]))
+
+
+@pytest.mark.parametrize("doc", repository_docs(), ids=lambda doc: str(doc.relative_to(REPO_ROOT)))
+def test_doc_speaks_of_the_project_as_it_is(doc: Path) -> None:
+    assert not problems(doc), f"{doc.relative_to(REPO_ROOT)}:\n" + "\n".join(problems(doc))
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    engine_doc = REPO_ROOT / "engine" / "README.md"
+    assert missing_path(engine_doc, "`fairness.py`") == "fairness.py is in no folder the doc describes (engine/)"
+    assert missing_path(engine_doc, "planner.py") is None  # engine/kv_security/planner.py
+    assert missing_path(REPO_ROOT / "README.md", "engine/fairness.py") == "engine/fairness.py does not exist"
+    assert missing_path(REPO_ROOT / "README.md", "(bench/README.md).") is None
+    assert missing_path(REPO_ROOT / "docs" / "DESIGN.md", "../../shared/traces/x.csv") == "../../shared/traces/x.csv is outside the repository"
+    assert missing_path(REPO_ROOT / "docs" / "sidecar.md", "tests/sidecar/test_{queue,nothing}.py") == "tests/sidecar/test_nothing.py does not exist"
+    assert missing_path(REPO_ROOT / "docs" / "operator.md", "handlers.py") is None  # operator/src/handlers.py
+    assert missing_path(REPO_ROOT / "README.md", "autoscaling/v2") is None and missing_path(REPO_ROOT / "README.md", "/etc/slaq") is None
+    assert unresolved_module("slaq.scoring") == "slaq.scoring: no module slaq.scoring"
+    assert unresolved_module("slaq.api.contract.RequestSLA.to_xargs") is None
+    assert unresolved_module("slaq.api.contract.NoSuchThing") == "slaq.api.contract.NoSuchThing: slaq/api/contract.py defines no NoSuchThing"
+    assert unresolved_module("slaq.engine.kv_security.seal_cost") is None and unresolved_module("slaq.operator") is None
+    said = ["(session 7)", "Until this session the", "in Session 5,"]
+    technical = ["an HTTP session", "a TLS session ticket", 'scope="session"', "session affinity", "aiohttp's ClientSession"]
+    assert all(WORK_SESSION.search(s) and not TECHNICAL_SESSION.search(s) for s in said)
+    assert all(not WORK_SESSION.search(s) or TECHNICAL_SESSION.search(s) for s in technical)
