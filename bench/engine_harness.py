@@ -119,6 +119,7 @@ def _seam_readers() -> dict[str, Any]:
         "step_has_tokens": offline.step_has_tokens, "deliveries": offline.deliveries, "connector_plan": offline.connector_plan,
         "preemptions": offline.preemptions, "engine_gauges": offline.engine_gauges,
         "preempted_ids": vc.preempted_ids, "scheduler_connector": vc.kv_connector,
+        "total_scheduled_tokens": vc.total_scheduled_tokens,
     }
 
 

@@ -9,9 +9,13 @@
   back instead of computing it (vLLM then counts those tokens as computed). Erase is off here: it
   changes no scheduling decision in the simulator, and its GPU time (a memory-bound store, about
   1 us per 2 MiB block on an H200, not measured) is not modelled.
-- Swap or recompute, per victim: the ledger's `SwapOrRecompute` rule, fed by the step-time model
-  (`StepCostModel.host_transfer_seconds` out and back against `recompute_seconds`); a victim the
-  host cache cannot hold is recomputed.
+- Swap or recompute, per victim: the engine's own rule (`slaq.engine.kv_security.swap.SwapOrRecompute`),
+  installed by the slaq scheduler as in a pod: its learned step-time model (from the simulated step
+  durations) prices the recompute, and the connector's `hostSealGbS`, which `transfer_config` sets to
+  the profile's host throughput (the link and, when the profile has `gpu.host_seal_gb_s`, the
+  sealing, one after the other), prices the seal and the open. A stock scheduler given the connector
+  (tests only: no pod ships that) gets the same rule with a step-time model this account teaches
+  from the simulated steps. A victim the host cache cannot hold is recomputed.
 - Cost: the connector's worker seals the step's victims and fills its readmitted requests' blocks
   before the forward pass, synchronously (`handle_preemptions`, `start_load_kv`;
   `wait_for_layer_load` returns at once), block after block: copy over the host link, then
@@ -29,7 +33,8 @@ from slaq.bench import engine_harness as harness
 from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.stepcost import StepCostModel
 from slaq.engine.kv_security.settings import KVSecuritySettings, transfer_config_json
-from slaq.engine.kv_security.swap import SwapLedger, SwapOrRecompute
+from slaq.engine.kv_security.swap import SwapLedger
+from slaq.engine.tpot_budget import StepTimeModel
 
 if TYPE_CHECKING:
     from slaq.bench.simulator import RequestRecord
@@ -37,14 +42,18 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
+def host_gb_s(profile: PoolProfile) -> float:
+    """GB/s of one direction of a swap: the host link and the sealing one after the other (see stepcost)."""
+    gpu = profile.gpu
+    return 1.0 / (1.0 / gpu.host_link_gb_s + (1.0 / gpu.host_seal_gb_s if gpu.host_seal_gb_s else 0.0))
+
+
 def transfer_config(profile: PoolProfile) -> str | None:
     """The `--kv-transfer-config` of an engine with the profile's host cache (None: 0 GiB, no swap)."""
     host_bytes = int(profile.engine.kv_host_cache_gib * GIB)
-    return transfer_config_json(KVSecuritySettings(erase=False, host_cache_bytes=host_bytes)) if host_bytes > 0 else None
-
-
-def swap_rule(cost: StepCostModel) -> SwapOrRecompute:
-    return SwapOrRecompute(transfer_seconds=cost.host_transfer_seconds, recompute_seconds=cost.recompute_seconds)
+    if host_bytes <= 0:
+        return None
+    return transfer_config_json(KVSecuritySettings(erase=False, host_cache_bytes=host_bytes, seal_gb_s=host_gb_s(profile)))
 
 
 @dataclass
@@ -54,6 +63,7 @@ class SwapAccount:
     cost: StepCostModel
     block_size: int
     ledger: SwapLedger  # the connector planner's (its refusal counts)
+    step_model: StepTimeModel | None = None  # the rule's, when this account teaches it (a stock scheduler)
     victims: int = 0
     swapped_victims: int = 0
     tokens_out: int = 0
@@ -62,16 +72,23 @@ class SwapAccount:
 
     @classmethod
     def install(cls, scheduler: Any, cost: StepCostModel) -> "SwapAccount":
-        """Give the scheduler's connector the cost rule; the account that follows its plans."""
+        """The account that follows the scheduler's connector's plans. The slaq scheduler installed the
+        swap rule itself; a stock scheduler's connector gets it here, with a model this account teaches."""
         connector = harness.scheduler_connector(scheduler)
         if connector is None or connector.planner is None or connector.planner.swap is None:
             raise ValueError("the scheduler has no KV connector with a host cache")
         ledger = connector.planner.swap
-        ledger.choice = swap_rule(cost)
-        return cls(cost, ledger.block_size, ledger)
+        step_model = None
+        if ledger.choice is None:
+            step_model = StepTimeModel()
+            connector.use_step_model(step_model)
+        return cls(cost, ledger.block_size, ledger, step_model)
 
-    def charge(self, output: Any, records: Mapping[str, "RequestRecord"]) -> float:
-        """Seconds the step's host transfers add to it; the tokens moved go on the requests' records."""
+    def charge(self, output: Any, records: Mapping[str, "RequestRecord"], compute_s: float = 0.0) -> float:
+        """Seconds the step's host transfers add to it; the tokens moved go on the requests' records.
+        `compute_s`: the step's own time, which the rule's step-time model learns when this account teaches it."""
+        if self.step_model is not None:
+            self.step_model.observe(harness.total_scheduled_tokens(output), compute_s)
         self.victims += len(harness.preempted_ids(output))
         plan = harness.connector_plan(output)
         if plan is None:
@@ -97,6 +114,9 @@ class SwapAccount:
             "host_cache_gib": profile.engine.kv_host_cache_gib,
             "host_link_gb_s": profile.gpu.host_link_gb_s,
             "host_seal_gb_s": profile.gpu.host_seal_gb_s,
+            "rule": None if self.ledger.choice is None else {
+                "seal_and_open_s_per_token": 2 * self.ledger.choice.transfer_seconds(1),
+                "recompute_s_per_token": self.ledger.choice.recompute_seconds(1)},
             "victims": self.victims,
             "swapped_victims": self.swapped_victims,
             "recomputed_victims": self.victims - self.swapped_victims,

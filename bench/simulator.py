@@ -255,7 +255,7 @@ class Simulator:
                 load, sampled = self._step_work(output)
                 seconds = self.cost.seconds(load)
                 if self.swap is not None:
-                    seconds += self.swap.charge(output, self.records)
+                    seconds += self.swap.charge(output, self.records, seconds)
                 start = max(clock.now, gpu_free_at)
                 gpu_free_at = start + seconds
                 busy += seconds

@@ -44,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-host-cache-gib", type=float, default=None, metavar="GIB",
                         help="host memory holding preempted requests' KV, sealed with AES-GCM, so readmission does not recompute it "
                         "(default 1; 0: recompute)")
+    parser.add_argument("--kv-seal-gb-s", type=float, default=None, metavar="GB_S",
+                        help="the host's seal and open throughput (GB/s each way) the swap rule charges a preempted request's KV "
+                        "(default: measured when the engine starts; python -m slaq.engine.kv_security.seal_cost measures it on a GPU)")
+    parser.add_argument("--kv-swap-choice", choices=("cost", "always"), default="cost",
+                        help="cost (default): seal a preempted request's KV to host memory only when sealing and restoring it cost less "
+                        "than recomputing it (the scheduler's learned step time against the seal throughput); always: every one that fits")
     parser.add_argument("--kv-test-hooks", default=None, metavar="JSON", help=argparse.SUPPRESS)  # tests only: inspectPath, tamperFlag
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
     parser.set_defaults(handler=_engine)
@@ -73,6 +79,8 @@ def engine_options(args: argparse.Namespace) -> "EngineOptions":
         scheduler=args.scheduler,
         kv_erase=args.kv_erase == "on",
         kv_host_cache_gib=KV_HOST_CACHE_GIB_DEFAULT if args.kv_host_cache_gib is None else args.kv_host_cache_gib,
+        kv_seal_gb_s=args.kv_seal_gb_s,
+        kv_swap_choice=args.kv_swap_choice,
         kv_test_hooks=json.loads(args.kv_test_hooks) if args.kv_test_hooks else {},
         extra=tuple(passthrough_args(args.vllm_args)),
     )

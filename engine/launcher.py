@@ -65,6 +65,8 @@ class EngineOptions:
     scheduler: str = "slaq"  # "stock": vLLM's own FCFS scheduler, for comparisons
     kv_erase: bool = True  # zero KV blocks before another tenant gets them (False: comparisons, negative controls)
     kv_host_cache_gib: float = KV_HOST_CACHE_GIB_DEFAULT  # host memory for preempted requests' sealed KV; 0: recompute instead
+    kv_seal_gb_s: float | None = None  # the swap rule's seal throughput; None: measured when the engine starts
+    kv_swap_choice: str = "cost"  # "always": swap every victim that fits, whatever the swap rule says (kv_security/swap.py)
     kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag: tests only
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
@@ -191,8 +193,13 @@ def kv_transfer_config(options: EngineOptions) -> str | None:
     if options.scheduler != "slaq" or (not options.kv_erase and host_bytes == 0):
         return None
     hooks = options.kv_test_hooks
-    settings = KVSecuritySettings(erase=options.kv_erase, host_cache_bytes=host_bytes,
-                                  inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"))  # type: ignore[arg-type]
+    try:
+        settings = KVSecuritySettings(erase=options.kv_erase, host_cache_bytes=host_bytes, seal_gb_s=options.kv_seal_gb_s,
+                                      swap_choice=options.kv_swap_choice,
+                                      inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"))  # type: ignore[arg-type]
+    except ValueError as exc:
+        flag = "--kv-seal-gb-s" if "hostSealGbS" in str(exc) else "--kv-swap-choice"
+        raise LaunchError(f"{flag}: {exc}") from exc
     return transfer_config_json(settings)
 
 

@@ -33,6 +33,9 @@ class EngineMetrics:
     table_reloads: Counter
     kv_erased_blocks: Counter
     kv_swap_blocks: Counter
+    kv_swap_victims: Counter
+    kv_swap_seal_seconds_per_token: Gauge
+    step_time_model: Gauge
     _prefix_children: dict = field(default_factory=dict, compare=False, repr=False)  # (id(counter), tier, tenant) -> label child
 
     def observe_step(self, seconds: float, queue_depth: Sequence[int], kv_blocks: Sequence[int]) -> None:
@@ -44,6 +47,11 @@ class EngineMetrics:
     @lru_cache(maxsize=1)
     def _tier_children(self) -> tuple:
         return tuple(self.queue_depth.labels(tier=t.value) for t in Tier) + tuple(self.kv_blocks_in_use.labels(tier=t.value) for t in Tier)
+
+    def observe_step_model(self, fixed_s: float, per_token_s: float, per_kv_token_s: float) -> None:
+        """The scheduler's learned step-time model (what the swap rule prices a recompute with)."""
+        for term, value in (("fixed", fixed_s), ("per_token", per_token_s), ("per_kv_token", per_kv_token_s)):
+            self.step_time_model.labels(term=term).set(value)
 
     def count_preemption(self, tier: Tier, reason: str) -> None:
         self.preemptions.labels(tier=tier.value, reason=reason).inc()
@@ -78,5 +86,8 @@ def engine_metrics() -> EngineMetrics:
         table_reloads=Counter(PREFIX + "tenant_table_reloads", "Changed tenant tables the scheduler read while running, by outcome (applied, kept_previous).", ["outcome"]),
         kv_erased_blocks=Counter(PREFIX + "kv_erased_blocks", "KV cache blocks zeroed before reuse, by reason (reuse: handed to another tenant; free: freed by an onFree tenant; tenant_removed; salt_changed).", ["reason"]),
         kv_swap_blocks=Counter(PREFIX + "kv_swap_blocks", "KV blocks of preempted requests sealed into host memory (out) or restored from it (in), by outcome (out: ok, refused when the host copy is full or empty, recompute when recomputing costs less; in: ordered, and failed when missing or tampered, then recomputed).", ["direction", "outcome"]),
+        kv_swap_victims=Counter(PREFIX + "kv_swap_victims", "Preempted requests whose KV was sealed into host memory (choice swapped) or left to recompute (recomputed), by tier and reason (cost: the swap rule compared sealing and opening against recomputing; always: swapChoice always; no_room: the host cache cannot hold it; no_rule, no_host_cache).", ["tier", "choice", "reason"]),
+        kv_swap_seal_seconds_per_token=Gauge(PREFIX + "kv_swap_seal_seconds_per_token", "What the swap rule charges per token for sealing a victim's KV and opening it again.", multiprocess_mode="mostrecent"),
+        step_time_model=Gauge(PREFIX + "step_time_model_seconds", "The scheduler's step-time model learned from measured steps: a step takes fixed + per_token x tokens + per_kv_token x KV tokens held (seconds per unit).", ["term"], multiprocess_mode="mostrecent"),
         info=Gauge(PREFIX + "scheduler_info", "The scheduler class serving this engine (value 1).", ["scheduler", "vllm"], multiprocess_mode="mostrecent"),
     )

@@ -38,13 +38,14 @@ from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuar
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.step_budget import BatchView, StepBudgetPolicy
-from slaq.engine.tpot_budget import PaceClock
+from slaq.engine.tpot_budget import PaceClock, StepTimeModel
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import RequestView
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
+STEP_MODEL_EXPORT_EVERY = 64  # timed steps between two exports of the step-time model to the metrics
 
 
 class SLAScheduler(vc.RecomputesLoadFailures):
@@ -76,6 +77,10 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims))
         self.step_budget: StepBudgetPolicy = self.pod_policy.step_budget()
         self.pace = PaceClock()
+        # The step budget's learned model, or one of the scheduler's own: it also prices a preempted
+        # request's recompute for the KV connector's swap rule (kv_security/swap.py).
+        self.step_model: StepTimeModel = getattr(self.step_budget, "model", None) or StepTimeModel()
+        self._feeds_step_model = self.step_model is not getattr(self.step_budget, "model", None)
         self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
         self._last_step_done: float | None = None
         self._step_s = 0.0  # EWMA of model step durations (urgent preemption's time-to-free estimate)
@@ -83,6 +88,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self.metrics = engine_metrics()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
+        self._install_swap_rule()
 
     def watch_engine_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> EngineTableWatcher:
         reloads = self.metrics.table_reloads
@@ -97,6 +103,13 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         connector = vc.kv_connector(self)
         if isinstance(connector, SlaqKVConnector):
             connector.apply_table(table)
+
+    def _install_swap_rule(self) -> None:
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            connector.use_step_model(self.step_model)
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
@@ -272,6 +285,11 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
             seconds = now - started
             self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+            if self._feeds_step_model:
+                self.step_model.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+            if self._steps_timed % STEP_MODEL_EXPORT_EVERY == 0:
+                model = self.step_model
+                self.metrics.observe_step_model(model.fixed_s, model.per_token_s, model.per_kv_token_s)
             self._step_s = seconds if not self._steps_timed else self._step_s + self.step_spec.step_time_alpha * (seconds - self._step_s)
             self._steps_timed += 1
         self._last_step_done = now

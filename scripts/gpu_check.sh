@@ -13,11 +13,17 @@
 # 4. seal cost:  the KV connector worker's seal and open of a Llama-3-8B block, device-to-host copies
 #                included, to calibrate the profile's gpu.host_seal_gb_s
 #                (python -m slaq.engine.kv_security.seal_cost)                          -> DIR/seal_cost.json
+# 5. pod:        the pod as shipped (scripts/gpu_pod_check.py): slaq engine with erase and swap on and
+#                the swap rule at its default (by cost, seal throughput measured at start) behind the
+#                sidecar, Llama-3-8B geometry with dummy weights, 512 blocks of 16 tokens, driven into
+#                preemption; prints the rule's decisions (victims swapped / recomputed by tier), its
+#                price per token on each side and the step-time model the scheduler learned -> DIR/pod.json
 #
 # --dry-run: no CUDA needed. Prints every command it would run and checks what can be checked on
 # CPU: the kernels against their references (small, reference path), both model directories are
 # written and read back by transformers as Llama-3-8B, the erase test's selection collects exactly
-# its two tests with the GPU flags in place, and the step-time script's arguments parse.
+# its two tests with the GPU flags in place, the step-time script's arguments parse, and the pod
+# check's plan (engine command and load) is the pod as shipped: GPU, dummy weights, swap on.
 # Figures go to --out DIR (default for a GPU run: gpu-check/<UTC time>/ in the repository, to commit).
 # Exit status: 0 when every step passed.
 set -euo pipefail
@@ -29,7 +35,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) DRY_RUN=1; shift ;;
     --out) OUT="${2:?--out needs a directory}"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (known: --dry-run, --out DIR)" >&2; exit 2 ;;
   esac
 done
@@ -71,6 +77,16 @@ if [[ $DRY_RUN == 0 ]]; then
 
   step seal-cost "$PYTHON" -m slaq.engine.kv_security.seal_cost --device cuda
   "$PYTHON" -m slaq.engine.kv_security.seal_cost --device cuda | tee "$OUT/seal_cost.json"
+
+  step pod "$PYTHON" scripts/gpu_pod_check.py "$ERASE_MODEL" --out "$OUT/pod.json"
+  "$PYTHON" scripts/gpu_pod_check.py "$ERASE_MODEL" --out "$OUT/pod.json"
+  "$PYTHON" - "$OUT/pod.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+for v in report["victims"]:
+    print(f"   swap rule: {v['tier']} victims {v['choice']} ({v['reason']}): {v['value']:.0f}")
+print("   price per token:", report["rule_s_per_token"], "; step-time model:", report["step_time_model"])
+EOF
   echo "gpu_check.sh: all steps passed; figures in $OUT"
   exit 0
 fi
@@ -124,5 +140,17 @@ import json, sys
 report = json.load(open(sys.argv[1]))
 assert report["seal_gb_s"] > 0 and report["open_gb_s"] > 0, report
 print("   seal cost: the worker's seal and open path runs on CPU")
+EOF
+step pod "$PYTHON" scripts/gpu_pod_check.py "$ERASE_MODEL" --out "$OUT/pod.json"
+"$PYTHON" scripts/gpu_pod_check.py "$ERASE_MODEL" --plan-only > "$WORK/pod-plan.json"
+"$PYTHON" - "$WORK/pod-plan.json" <<'EOF'
+import json, sys
+plan = json.loads(open(sys.argv[1]).read().splitlines()[0])
+engine = plan["engine"]
+ours = engine[:engine.index("--", engine.index("engine"))]
+assert ours[ours.index("--device") + 1] == "gpu" and ours[ours.index("--load-format") + 1] == "dummy", engine
+assert "--kv-host-cache-gib" not in ours and "--kv-swap-choice" not in ours and "--kv-erase" not in ours, engine  # as shipped: swap on, by cost
+assert "sidecar" in plan["sidecar"] and len(plan["load"]["batch"]) == 4 and plan["load"]["critical"], plan
+print("   pod: engine command", " ".join(engine[engine.index("engine"):]))
 EOF
 echo "gpu_check.sh --dry-run: passed (no GPU used)"

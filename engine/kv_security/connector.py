@@ -18,6 +18,7 @@ from typing import Any
 from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
+from slaq.engine.kv_security.swap import RecomputeModel, SwapOrRecompute
 from slaq.engine.kv_security.settings import CONNECTOR_MODULE, CONNECTOR_NAME, KVSecuritySettings, transfer_config_json
 from slaq.engine.kv_security.worker import KVSecurityWorker
 
@@ -42,17 +43,33 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
             from slaq.engine.metrics import engine_metrics
             import os
 
+            self.block_bytes = vc.kv_bytes_per_block(kv_cache_config)
             self.planner = KVSecurityPlanner(
                 num_blocks=num_blocks,
                 block_size=vc.config_block_size(vllm_config),
                 erase=settings.erase,
-                host_capacity_blocks=settings.host_cache_bytes // vc.kv_bytes_per_block(kv_cache_config),
+                host_capacity_blocks=settings.host_cache_bytes // self.block_bytes,
                 metrics=engine_metrics(),
                 inspect=settings.inspect_path is not None,
                 engine_table=engine_table_path(os.environ),
             )
         else:
             self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
+
+    def use_step_model(self, step_model: RecomputeModel) -> SwapOrRecompute | None:
+        """The scheduler's step-time model prices recomputing a victim: install the swap rule (swap.py)
+        with the seal throughput of the settings, or measured here once (None without a host cache)."""
+        assert self.planner is not None
+        if self.planner.swap is None:
+            return None
+        if self.settings.seal_gb_s is not None:
+            seconds_per_byte = 1.0 / (self.settings.seal_gb_s * 1e9)
+        else:
+            from slaq.engine.kv_security.seal_cost import host_seal_seconds_per_byte
+
+            seconds_per_byte = host_seal_seconds_per_byte(self.block_bytes)
+        return self.planner.use_swap_rule(step_model, bytes_per_token=self.block_bytes / self.planner.ownership.block_size,
+                                          seal_seconds_per_byte=seconds_per_byte, always=self.settings.swap_choice == "always")
 
     @property
     def requires_kv_delivery(self) -> bool:

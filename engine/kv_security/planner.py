@@ -22,7 +22,7 @@ from slaq.engine import vllm_compat as vc
 from slaq.engine.config import read_engine_table
 from slaq.engine.errors import SchedulerConfigError
 from slaq.engine.kv_security.ownership import REASON_SALT_CHANGED, REASON_TENANT_REMOVED, BlockOwnership, Reassignment
-from slaq.engine.kv_security.swap import LoadOrder, SaveOrder, SwapLedger
+from slaq.engine.kv_security.swap import NO_HOST_CACHE, NO_ROOM, NO_RULE, BY_COST, LoadOrder, RecomputeModel, SaveOrder, SwapLedger, SwapOrRecompute
 from slaq.engine.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class KVSecurityPlanner:
                  metrics: EngineMetrics, inspect: bool = False, engine_table: Path | None = None) -> None:
         self.ownership = BlockOwnership(num_blocks, block_size, erase_on_reuse=erase)
         self.swap = SwapLedger(host_capacity_blocks, block_size) if host_capacity_blocks > 0 else None
+        self._tier_of: dict[str, str] = {}
         self.erase_enabled = erase
         self.metrics = metrics
         self.inspect = inspect
@@ -87,9 +88,20 @@ class KVSecurityPlanner:
         self._evict()
 
     # -- requests --------------------------------------------------------------------------------
+    def use_swap_rule(self, step_model: RecomputeModel, *, bytes_per_token: float, seal_seconds_per_byte: float,
+                      always: bool = False) -> SwapOrRecompute | None:
+        """Give the ledger its swap-or-recompute rule (the scheduler calls this with its step-time model)."""
+        if self.swap is None:
+            return None
+        self.swap.choice = SwapOrRecompute(step_model, bytes_per_token, seal_seconds_per_byte, always)
+        self.metrics.kv_swap_seal_seconds_per_token.set(2 * self.swap.choice.transfer_seconds(1))
+        return self.swap.choice
+
     def arrived(self, request: vc.Request) -> None:
-        tenant = RequestSLA.from_extra_args(vc.extra_args(request)).tenant
+        sla = RequestSLA.from_extra_args(vc.extra_args(request))
+        tenant = sla.tenant
         self._tenant_of[request.request_id] = tenant
+        self._tier_of[request.request_id] = sla.tier.value
         if self.erase_enabled and tenant in self.ownership.erase_when_freed:
             vc.skip_prefix_cache_reads(request)
 
@@ -112,6 +124,7 @@ class KVSecurityPlanner:
         if self.swap is not None and self.swap.forget(request_id):
             self._drops.append(request_id)
         self._tenant_of.pop(request_id, None)
+        self._tier_of.pop(request_id, None)
         self._evict()  # before the next schedule() can hit a block about to be zeroed
 
     def load_failed(self, block_ids: set[int]) -> None:
@@ -124,13 +137,19 @@ class KVSecurityPlanner:
         self._loads, self._drops = [], []
         for request_id in vc.preempted_ids(output):
             held = self.ownership.released(request_id)
-            if held is None or self.swap is None:
+            if held is None:
+                continue
+            if self.swap is None:
+                self._count_victim(request_id, "recomputed", NO_HOST_CACHE)
                 continue
             order = self.swap.preempted(request_id, held)
             if isinstance(order, SaveOrder):
                 plan.saves.append(order)
+                self._count_victim(request_id, "swapped", self.swap.choice.reason if self.swap.choice is not None else BY_COST)
             else:
                 self.metrics.kv_swap_blocks.labels(direction="out", outcome=order).inc(max(1, held.computed_tokens // self.ownership.block_size))
+                reason = NO_ROOM if order == NO_ROOM else (BY_COST if self.swap.choice is not None else NO_RULE)
+                self._count_victim(request_id, "recomputed", reason)
         tenant_of = self._tenant_of
         for request_id, block_ids, computed, scheduled, replaces in vc.scheduled_blocks(output):
             tenant = tenant_of.get(request_id)
@@ -149,6 +168,10 @@ class KVSecurityPlanner:
             self.metrics.kv_swap_blocks.labels(direction="in", outcome="ordered").inc(sum(len(l.block_ids) for l in plan.loads))
         self._evict()
         return plan
+
+    def _count_victim(self, request_id: str, choice: str, reason: str) -> None:
+        tier = self._tier_of.get(request_id, "standard")
+        self.metrics.kv_swap_victims.labels(tier=tier, choice=choice, reason=reason).inc()
 
     def _evict(self) -> None:
         evictions = self.ownership.take_evictions()

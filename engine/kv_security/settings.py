@@ -6,8 +6,11 @@ vLLM) picks its value store when first imported; imported earlier, vLLM's own `v
 would stay in the API server's memory and never reach `/metrics`.
 
 Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them):
-`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), and the test hooks
-`inspectPath` and `tamperFlag` (see worker.py).
+`erase` (bool, default true), `hostCacheBytes` (int, default 0: no swap), `hostSealGbS` (the
+host's seal and open throughput in GB/s, each way, that the swap rule charges a victim; default:
+measured with the worker's own `Vault` when the engine starts, see swap.py), `swapChoice` (`cost`,
+default: swap a victim only when that costs less than recomputing it; `always`: every victim that
+fits), and the test hooks `inspectPath` and `tamperFlag` (see worker.py).
 """
 
 from __future__ import annotations
@@ -20,28 +23,43 @@ CONNECTOR_NAME = "SlaqKVConnector"
 CONNECTOR_MODULE = "slaq.engine.kv_security.connector"
 
 
+SWAP_CHOICES = ("cost", "always")
+
+
 @dataclass(frozen=True)
 class KVSecuritySettings:
     erase: bool = True
     host_cache_bytes: int = 0
+    seal_gb_s: float | None = None  # None: measured at start
+    swap_choice: str = "cost"
     inspect_path: str | None = None
     tamper_flag: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.swap_choice not in SWAP_CHOICES:
+            raise ValueError(f"{CONNECTOR_NAME}: swapChoice must be one of {', '.join(SWAP_CHOICES)}, not {self.swap_choice!r}")
+        if self.seal_gb_s is not None and not self.seal_gb_s > 0:
+            raise ValueError(f"{CONNECTOR_NAME}: hostSealGbS must be above 0 (GB/s), not {self.seal_gb_s!r}")
+
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
-        known = {"erase", "hostCacheBytes", "inspectPath", "tamperFlag"}
+        known = {"erase", "hostCacheBytes", "hostSealGbS", "swapChoice", "inspectPath", "tamperFlag"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
         return cls(
             erase=bool(extra.get("erase", True)),
             host_cache_bytes=int(extra.get("hostCacheBytes", 0)),
+            seal_gb_s=None if extra.get("hostSealGbS") is None else float(extra["hostSealGbS"]),
+            swap_choice=str(extra.get("swapChoice", "cost")),
             inspect_path=extra.get("inspectPath"),
             tamper_flag=extra.get("tamperFlag"),
         )
 
     def to_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes}
+        extra: dict[str, Any] = {"erase": self.erase, "hostCacheBytes": self.host_cache_bytes, "swapChoice": self.swap_choice}
+        if self.seal_gb_s is not None:
+            extra["hostSealGbS"] = self.seal_gb_s
         if self.inspect_path:
             extra["inspectPath"] = self.inspect_path
         if self.tamper_flag:

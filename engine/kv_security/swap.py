@@ -8,16 +8,21 @@ when the request finishes first. A request whose copy cannot be loaded (the work
 missing or its tag broken) is recomputed by vLLM from the first block that failed
 (`kv_load_failure_policy=recompute`).
 
-Which victims are swapped: every one whose full blocks fit in the host cache, or, with a
-`SwapOrRecompute` rule, only those whose transfer out and back costs less than computing their
-KV again (the benchmark's simulator gives it its step-time model; the engine has no cost model
-for it yet and swaps whatever fits).
+Which victims are swapped: `SwapOrRecompute` decides, one rule for the engine and the benchmark's
+simulator (both run the same connector and scheduler; the scheduler installs the rule at start,
+`SLAScheduler._install_swap_rule` -> `SlaqKVConnector.use_step_model`). A victim is sealed only when sealing it and opening it again cost less than
+computing its tokens again: seal and open at the measured host throughput (`seal_seconds_per_byte`:
+the `hostSealGbS` setting, or measured with the worker's own `Vault` when the engine starts), against
+the scheduler's own step-time model (`StepTimeModel.per_token_s`, learned online from the steps'
+measured durations). A victim the host cache cannot hold is recomputed. `always=True` (the
+`swapChoice: always` setting) swaps every victim that fits: for tests of the swap path on hardware
+where the rule would recompute (an H200 behind a CPU that seals at ~1 GB/s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 from slaq.engine.kv_security.ownership import HeldBlocks
 
@@ -41,29 +46,51 @@ class LoadOrder:
     block_ids: tuple[int, ...]
 
 
+class RecomputeModel(Protocol):
+    """What the rule reads of the scheduler's step-time model (`tpot_budget.StepTimeModel`)."""
+
+    per_token_s: float
+
+
 @dataclass(frozen=True)
 class SwapOrRecompute:
-    """Swap a victim's KV when moving it to host memory and back is cheaper than recomputing it.
+    """Swap a victim's KV when sealing it to host memory and opening it again costs less than
+    recomputing it: 2 x tokens x `bytes_per_token` x `seal_seconds_per_byte` against tokens x the
+    step-time model's marginal cost of a token (read at each decision: the model keeps learning)."""
 
-    `transfer_seconds(tokens)`: one direction over the host link; `recompute_seconds(tokens)`: the
-    compute that positions 0..tokens cost again on readmission."""
+    step_model: RecomputeModel
+    bytes_per_token: float
+    seal_seconds_per_byte: float  # one way (seal, or open), host link included where it was measured
+    always: bool = False
 
-    transfer_seconds: Callable[[int], float]
-    recompute_seconds: Callable[[int], float]
+    def transfer_seconds(self, tokens: int) -> float:
+        return tokens * self.bytes_per_token * self.seal_seconds_per_byte
+
+    def recompute_seconds(self, tokens: int) -> float:
+        return tokens * self.step_model.per_token_s
 
     def swaps(self, tokens: int) -> bool:
-        return 2 * self.transfer_seconds(tokens) < self.recompute_seconds(tokens)
+        return self.always or 2 * self.transfer_seconds(tokens) < self.recompute_seconds(tokens)
+
+    @property
+    def reason(self) -> str:
+        return SWAP_ALWAYS if self.always else BY_COST
 
 
 NO_ROOM = "refused"  # nothing to save, or the host cache cannot hold it
 CHEAPER_TO_RECOMPUTE = "recompute"
+# Why a victim was swapped or recomputed (slaq_engine_kv_swap_victims_total{reason}).
+BY_COST = "cost"  # the rule compared the costs
+SWAP_ALWAYS = "always"  # swapChoice: always
+NO_RULE = "no_rule"  # no rule installed yet: recomputed (the scheduler installs one at start)
+NO_HOST_CACHE = "no_host_cache"  # the connector runs for erase only (hostCacheBytes 0)
 
 
 @dataclass
 class SwapLedger:
     capacity_blocks: int
     block_size: int
-    choice: SwapOrRecompute | None = None  # None: swap every victim that fits
+    choice: SwapOrRecompute | None = None  # None: recompute every victim (NO_RULE)
     _copies: dict[str, tuple[str, int]] = field(default_factory=dict)  # request -> (tenant, full blocks copied)
     _queried: dict[str, int] = field(default_factory=dict)  # request -> local tokens it was asked about
     used_blocks: int = 0
@@ -71,12 +98,12 @@ class SwapLedger:
 
     def preempted(self, request_id: str, held: HeldBlocks) -> SaveOrder | str:
         """A save order for the full blocks with KV, or why there is none (`NO_ROOM`: nothing to
-        save or no room; `CHEAPER_TO_RECOMPUTE`: the choice rule prefers recomputing them)."""
+        save or no room; `CHEAPER_TO_RECOMPUTE`: the rule prefers recomputing them, or there is no rule)."""
         blocks = min(held.computed_tokens // self.block_size, len(held.blocks))
         refusal = None
         if blocks <= 0 or self.used_blocks + blocks > self.capacity_blocks:
             refusal = NO_ROOM
-        elif self.choice is not None and not self.choice.swaps(blocks * self.block_size):
+        elif self.choice is None or not self.choice.swaps(blocks * self.block_size):
             refusal = CHEAPER_TO_RECOMPUTE
         if refusal is not None:
             self.refusals[refusal] = self.refusals.get(refusal, 0) + 1

@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh --dry-run: on CPU it names every GPU step and checks what CPU can check (the
 kernels against their references, the Llama-3-8B model directories, the erase test's selection and
-engine flags). The GPU run itself needs CUDA and is not run here."""
+engine flags, the pod check's plan: the pod as shipped, swap on). The GPU run itself needs CUDA and is not run here."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def test_dry_run_names_each_gpu_step_and_its_cpu_checks_pass(tmp_path: Path) -> 
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     steps = [line.split(":")[0] for line in out.splitlines() if line.startswith("== ")]
-    assert steps == ["== kernels", "== erase-test", "== step-times", "== seal-cost"], out
+    assert steps == ["== kernels", "== erase-test", "== step-times", "== seal-cost", "== pod"], out
+    assert "gpu_pod_check.py" in out and "pod: engine command engine" in out
     assert "seal_cost --device cuda" in out and (tmp_path / "seal_cost-cpu.json").exists()
     assert "slaq.kernels.check --device cuda" in out and "gpu_step_times.py" in out
     assert "erase test: 2 tests selected" in out and "--device gpu" in out and "--block-size 128" in out

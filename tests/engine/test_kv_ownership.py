@@ -10,9 +10,12 @@ from slaq.engine.kv_security.ownership import (
     BlockOwnership,
     HeldBlocks,
 )
-from slaq.engine.kv_security.swap import NO_ROOM, SaveOrder, SwapLedger
+from slaq.engine.kv_security.swap import NO_ROOM, SaveOrder, SwapLedger, SwapOrRecompute
+from slaq.engine.tpot_budget import StepTimeModel
 
 BS = 4
+
+SWAP_EVERY_VICTIM = SwapOrRecompute(StepTimeModel(), bytes_per_token=1.0, seal_seconds_per_byte=1.0, always=True)
 
 
 def test_a_block_handed_to_another_tenant_is_erased_and_one_handed_back_to_its_writer_is_not() -> None:
@@ -91,7 +94,7 @@ def test_retiring_a_tenant_erases_free_blocks_now_and_held_ones_when_freed() -> 
 
 
 def test_swap_ledger_saves_full_blocks_restores_once_and_respects_capacity() -> None:
-    ledger = SwapLedger(capacity_blocks=4, block_size=BS)
+    ledger = SwapLedger(capacity_blocks=4, block_size=BS, choice=SWAP_EVERY_VICTIM)
     order = ledger.preempted("r1", HeldBlocks("acme", [5, 6, 7], 10))  # 10 tokens: 2 full blocks
     assert isinstance(order, SaveOrder) and order.block_ids == (5, 6) and ledger.used_blocks == 2
     assert ledger.preempted("r2", HeldBlocks("bolt", [1, 2, 3], 12)) == NO_ROOM  # 2 + 3 > 4: recompute
@@ -104,7 +107,7 @@ def test_swap_ledger_saves_full_blocks_restores_once_and_respects_capacity() -> 
 
 
 def test_swap_ledger_always_leaves_a_token_to_compute_and_forgets_finished_requests() -> None:
-    ledger = SwapLedger(capacity_blocks=8, block_size=BS)
+    ledger = SwapLedger(capacity_blocks=8, block_size=BS, choice=SWAP_EVERY_VICTIM)
     ledger.preempted("r1", HeldBlocks("acme", [1, 2], 8))
     assert ledger.matched_tokens("r1", 0, 8) == 4  # 8 tokens in all: the last block is recomputed
     assert ledger.forget("r1") and ledger.used_blocks == 0

@@ -225,3 +225,19 @@ def test_the_sidecar_knows_the_pinned_vllm_servers_keep_alive_timeout(monkeypatc
 
     monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
     assert vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == ENGINE_KEEP_ALIVE_S > IDLE_CONNECTION_EXPIRY_S
+
+
+def test_the_swap_rule_settings_reach_the_connector_and_bad_values_are_refused_by_flag() -> None:
+    from slaq.engine.kv_security.settings import KVSecuritySettings
+    from slaq.engine.launcher import kv_transfer_config
+
+    default = KVSecuritySettings.from_extra(json.loads(kv_transfer_config(EngineOptions()))["kv_connector_extra_config"])
+    assert default.swap_choice == "cost" and default.seal_gb_s is None  # measured when the engine starts
+    chosen = json.loads(kv_transfer_config(EngineOptions(kv_seal_gb_s=1.26, kv_swap_choice="always")))["kv_connector_extra_config"]
+    assert chosen["hostSealGbS"] == 1.26 and chosen["swapChoice"] == "always"
+    with pytest.raises(LaunchError, match="--kv-seal-gb-s.*hostSealGbS must be above 0"):
+        kv_transfer_config(EngineOptions(kv_seal_gb_s=0.0))
+    with pytest.raises(LaunchError, match="--kv-swap-choice.*swapChoice must be one of cost, always"):
+        kv_transfer_config(EngineOptions(kv_swap_choice="sometimes"))
+    with pytest.raises(ValueError, match="swapChoice must be one of"):
+        KVSecuritySettings.from_extra({"swapChoice": "maybe"})
