@@ -57,7 +57,7 @@ from slaq.local.demo_report import (
 )
 from slaq.local.errors import LocalError, ScenarioError, StartupError
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, run_in_subprocess, stream_one
-from slaq.local.scenario45 import BACKGROUND_TENANT, BLOCK_SIZE, KV_BLOCKS, MAX_MODEL_LEN, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
+from slaq.local.scenario45 import BACKGROUND_TENANT, BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
 
@@ -103,7 +103,7 @@ TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
 # A small batch and a small KV cache: queues form at demo rates, and scenario 4.5's "KV nearly
 # exhausted" holds (scenario45.KvPlan checks the arithmetic).
 MAX_NUM_SEQS = 8
-ENGINE_ARGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN))  # scenario 4.5's background is the longest request
+ENGINE_ARGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "768")
 CAPACITY_IN_FLIGHT = 2 * MAX_NUM_SEQS  # the capacity run's closed loop: a full batch and a full batch queued
 # Tokens after the first are streamed 8 at a time (vLLM sends the first at once, so TTFT is not
 # delayed): on two cores every streamed chunk costs CPU in the API server and the sidecar, beside
@@ -456,7 +456,7 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
                   workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
     print()
     print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a standard-tier load holds all but "
-          f"{KvPlan().free_blocks(background_done=False)} of {KvPlan().usable_blocks} usable KV blocks; order = first tokens back")
+          f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
     print(scenario_block(scenario))
     print()
     print(f"loaded run: {len(workload)} requests at {rate:.2f}/s ({rate / capacity_rps:.0%} of capacity), "

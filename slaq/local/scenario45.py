@@ -8,20 +8,10 @@ priority serves A and C (C's short prompt fits beside A in the KV cache left) an
 aging guarding it against starvation.
 
 Here: the prompts are divided by 10 (100 / 500 / 10 tokens); the engine's KV cache is
-`KV_BLOCKS` blocks of `BLOCK_SIZE` tokens (one of them vLLM's reserved null block); a standard-tier
-load (`BACKGROUND`: one long request of B's own tenant, `BACKGROUND_TENANT`) is running and holds
-nearly all of it: what is left fits A and C but not B until it finishes (`KvPlan` checks that
-arithmetic, slaq's critical headroom included). The state does not depend on how fast the machine
-runs: from its admission to its end the background holds between 48 and 55 blocks, so B never fits
-beside it and A and C always do, and it decodes for `BACKGROUND[0].output_tokens` steps after its
-first token is back (several seconds here), however late A, B and C reach the engine within that
-time. A background of several shorter requests would leave a window of a few dozen steps: each
-grows by a block every `BLOCK_SIZE` tokens, and the room between "B does not fit" and "A and C fit"
-is eleven blocks. Open: against one slaq stack (`python -m e2e.scenario45_loop --runs 20`) 14 of
-20 runs passed; in 4 C started together with B, seconds later, when the background ended, though
-it fits beside it all along (C held with B, most likely in the sidecar, whose gate stops at the
-first request it holds: issue 24, item 1), one run lost C, one was never sent together. The load is
-of B's tier on purpose: slaq preempts only strictly lower tiers, so a batch-tier load would be
+`KV_BLOCKS` blocks of `BLOCK_SIZE` tokens; a standard-tier load of `BACKGROUND` requests (earlier
+requests of B's own tenant, `BACKGROUND_TENANT`) is running and holds nearly all of it: what is
+left fits A and C but not B until one of them finishes (`KvPlan` checks that arithmetic). The load
+is of B's tier on purpose: slaq preempts only strictly lower tiers, so a batch-tier load would be
 preempted to start B at once (A, B and C in one step), which is not the question the report asks. Then B, A and C are sent `ARRIVAL_GAP_S` apart, in that order
 (B first: the report's bad case for FCFS), and the order of their first tokens is recorded.
 Nothing here knows the expected answer except `REPORT_ORDER`, printed beside what was observed.
@@ -35,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from slaq.api.pool import SchedulerSpec
 from slaq.local.errors import ScenarioError
 from slaq.local.loadgen import Outcome, PlannedRequest, stream_one
 
@@ -45,7 +34,7 @@ class NotTogether(ScenarioError):
 
 
 BLOCK_SIZE = 32  # the CPU backend's preferred multiple
-KV_BLOCKS = 64  # --num-gpu-blocks-override: vLLM keeps one of them (the null block), 63 hold KV
+KV_BLOCKS = 64
 ARRIVAL_ORDER = ("B", "A", "C")
 ARRIVAL_GAP_S = 0.005
 TOGETHER_S = 0.03
@@ -70,31 +59,22 @@ class Sized:
 
 
 REQUESTS: dict[str, Sized] = {"A": Sized(100, 8), "B": Sized(500, 16), "C": Sized(10, 16)}
-# Running when A, B and C arrive: 1,505 prompt tokens take 48 blocks (with 31 free slots in the
-# last one), 255 output tokens take it to 1,760 tokens, 55 blocks.
-BACKGROUND = (Sized(47 * BLOCK_SIZE + 1, 255),)
-MAX_MODEL_LEN = max(s.prompt_tokens + s.output_tokens for s in BACKGROUND)  # the engine's --max-model-len
+BACKGROUND = (Sized(544, 64),) * 3  # running when A, B and C arrive
 BACKGROUND_TENANT = "B"  # whose key (and stock priority) the background is sent with: B's tier, see the module doc
 
 
 @dataclass(frozen=True)
 class KvPlan:
-    """The block arithmetic the scenario rests on, for stock vLLM and for slaq (whose lower tiers
-    leave the critical tier's headroom free when they are admitted, engine/blocks.py)."""
+    """The block arithmetic the scenario rests on."""
 
     kv_blocks: int = KV_BLOCKS
     requests: Mapping[str, Sized] = field(default_factory=lambda: dict(REQUESTS))
     background: tuple[Sized, ...] = BACKGROUND
-    critical_headroom: float = SchedulerSpec().critical_kv_headroom
-
-    @property
-    def usable_blocks(self) -> int:
-        return self.kv_blocks - 1  # vLLM's null block
 
     def free_blocks(self, background_done: bool) -> int:
         """Blocks left by the running background: at its admission (most left) or when it has decoded everything."""
         held = sum(s.blocks_when_done() if background_done else s.blocks_at_admission() for s in self.background)
-        return self.usable_blocks - held
+        return self.kv_blocks - held
 
     def problems(self) -> list[str]:
         """Why this plan would not pose the report's question (empty: it does)."""
@@ -102,14 +82,10 @@ class KvPlan:
         a, b, c = (self.requests[x] for x in "ABC")
         if a.blocks_when_done() + c.blocks_when_done() > self.free_blocks(background_done=True):
             out.append("A and C do not both fit beside the background")
-        else:
-            headroom = math.ceil(self.critical_headroom * self.usable_blocks)
-            if self.free_blocks(background_done=True) - a.blocks_when_done() - c.blocks_at_admission() < max(0, headroom - a.blocks_when_done()):
-                out.append("C does not fit beside the background and A under slaq's critical headroom")
         if b.blocks_at_admission() <= self.free_blocks(background_done=False):
             out.append("B fits beside the background: nothing waits")
         held_when_done = [s.blocks_when_done() for s in self.background]
-        if b.blocks_at_admission() > self.usable_blocks - sum(held_when_done) + min(held_when_done):
+        if b.blocks_at_admission() > self.kv_blocks - sum(held_when_done) + min(held_when_done):
             out.append("B does not fit even once one background request is done")
         return out
 
