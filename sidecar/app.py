@@ -25,6 +25,7 @@ from slaq.sidecar.connections import ConnectionLimits
 from slaq.sidecar.errors import (
     BodyTimeout,
     BodyTooLarge,
+    EngineTimeout,
     EngineUnavailable,
     MethodNotAllowed,
     NotFound,
@@ -253,7 +254,8 @@ class SidecarApp:
             refund = status >= 400 and entry.reason != "engine_stream_broken"
         except EngineUnavailable as error:
             self.core.refused(error, identity)
-            status, refund = 503, True
+            # Unreachable: the engine never had it. Timed out: it may have worked on it all along.
+            status, refund = http_status(error), not isinstance(error, EngineTimeout)
             raise
         except asyncio.CancelledError:
             # The client went away; one that read the closing [DONE] first (and may well close before

@@ -21,6 +21,7 @@
         ├── DeadlineUnreachable       ttft_unreachable (+ Retry-After)
         ├── Draining                  draining
         └── EngineUnavailable         engine_unavailable
+            └── EngineTimeout         engine_timeout  504 (the engine took the request and went silent: its reservation stands)
 
 Tenant-level refusals are 429 because the tenant's own rate is the cause; pod-level ones are 503
 because the pod, not the tenant, is the cause and a gateway may retry on another replica.
@@ -129,6 +130,13 @@ class EngineUnavailable(Unavailable):
     reason = "engine_unavailable"
 
 
+class EngineTimeout(EngineUnavailable):
+    """The engine took the request and sent nothing back for the engine-idle timeout: unlike an
+    unreachable engine it may have worked on it all that while, so the reservation is not refunded."""
+
+    reason = "engine_timeout"
+
+
 # The only mapping from refusals to HTTP status codes; the most specific class wins.
 _STATUS: dict[type[SidecarError], int] = {
     SidecarError: 500,
@@ -136,6 +144,7 @@ _STATUS: dict[type[SidecarError], int] = {
     UnknownModel: 404,
     BodyTooLarge: 413,
     BodyTimeout: 408,
+    EngineTimeout: 504,
     UnsupportedMediaType: 415,
     NotFound: 404,
     MethodNotAllowed: 405,

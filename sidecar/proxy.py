@@ -16,7 +16,7 @@ from typing import Mapping
 
 import httpx
 
-from slaq.sidecar.errors import EngineUnavailable
+from slaq.sidecar.errors import EngineTimeout, EngineUnavailable
 
 # A completion chunk is a token even with an empty text: vLLM streams a token that detokenizes to
 # nothing yet (part of a UTF-8 character) with its token id and text "", and its own benchmark counts
@@ -27,6 +27,7 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s?(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s?(\d+)')
 _DONE_EVENT = b"data: [DONE]"
 TAIL_BYTES = 4096
+USAGE_OVERLAP_BYTES = 64  # longer than any `"completion_tokens": N`
 
 # Headers are allowlisted both ways. Towards the engine only what it needs to parse the body and
 # trace context: every other header vLLM reads (X-Request-Id, X-data-parallel-rank, X-Session-ID,
@@ -44,7 +45,7 @@ _USAGE_OBJECT = re.compile(rb'"usage":\s?\{')
 class ResponseObserver:
     """Watches response bytes: first token time, streamed token count, usage from the tail."""
 
-    __slots__ = ("streaming", "first_token", "token_events", "answered", "_carry", "_tail")
+    __slots__ = ("streaming", "first_token", "token_events", "answered", "_carry", "_tail", "_completion_tokens", "_prompt_tokens")
 
     def __init__(self, streaming: bool) -> None:
         self.streaming = streaming
@@ -52,12 +53,21 @@ class ResponseObserver:
         self.token_events = 0
         self.answered = False  # the stream's closing `data: [DONE]` went past: the client has the whole answer
         self._carry = b""
-        self._tail = b""
+        self._tail = b""  # the end of the bytes seen, so a count cut between two chunks is still read
+        self._completion_tokens: int | None = None  # the last usage counts that went past
+        self._prompt_tokens: int | None = None
 
     def feed(self, chunk: bytes) -> bool:
         """Note a chunk; True when this chunk carried the response's first token."""
         was_first = self.first_token
-        self._tail = (self._tail + chunk)[-TAIL_BYTES:]
+        # Usage is read as it goes past, not from the body's end: vLLM writes fields after it
+        # (prompt_token_ids, prompt_logprobs) that a tenant can make longer than any tail.
+        window = self._tail + chunk
+        if (found := _COMPLETION_TOKENS.findall(window)):
+            self._completion_tokens = int(found[-1])
+        if (found := _PROMPT_TOKENS.findall(window)):
+            self._prompt_tokens = int(found[-1])
+        self._tail = window[-USAGE_OVERLAP_BYTES:]
         if not self.streaming:
             self.first_token = True
             return not was_first
@@ -74,14 +84,12 @@ class ResponseObserver:
 
     def output_tokens(self) -> int | None:
         """vLLM's own count when the body carried usage, else the streamed token events (None if neither)."""
-        found = _COMPLETION_TOKENS.findall(self._tail)
-        if found:
-            return int(found[-1])
+        if self._completion_tokens is not None:
+            return self._completion_tokens
         return self.token_events if self.streaming else None
 
     def prompt_tokens(self) -> int | None:
-        found = _PROMPT_TOKENS.findall(self._tail)
-        return int(found[-1]) if found else None
+        return self._prompt_tokens
 
 
 class EventFramer:
@@ -200,7 +208,9 @@ class EngineClient:
         request = client.build_request(method, path, content=body, headers=headers)
         try:
             return await client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout, httpx.WriteError) as exc:
+        except httpx.ReadTimeout as exc:
+            raise EngineTimeout(f"engine at {self.base_url} sent no answer within its idle timeout", retry_after_s=1.0) from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise EngineUnavailable(f"engine at {self.base_url} unreachable: {type(exc).__name__}", retry_after_s=1.0) from exc
 
     async def get(self, path: str, timeout_s: float) -> httpx.Response:

@@ -52,6 +52,18 @@ def test_non_streaming_reads_usage_and_counts_first_byte() -> None:
     assert observer.output_tokens() == 7 and observer.prompt_tokens() == 3
 
 
+def test_non_streaming_usage_is_read_when_prompt_token_ids_follow_it() -> None:
+    """vLLM writes prompt_token_ids and prompt_logprobs after `usage`: a tenant asking for them (a
+    long prompt, return_token_ids) must not push its usage out of what the sidecar reads."""
+    body = json.dumps({"id": "x", "choices": [{"index": 0, "message": {"content": "hi"}}],
+                       "usage": {"prompt_tokens": 3000, "completion_tokens": 17, "total_tokens": 3017},
+                       "prompt_token_ids": list(range(3000))}).encode()
+    observer = ResponseObserver(streaming=False)
+    for start in range(0, len(body), 1000):  # cut anywhere, the count included
+        observer.feed(body[start:start + 1000])
+    assert (observer.output_tokens(), observer.prompt_tokens()) == (17, 3000)
+
+
 def test_only_allowlisted_headers_and_the_sidecars_request_id_are_forwarded() -> None:
     forwarded = forward_request_headers({"authorization": "Bearer k", "x-llm-d-slo-ttft-ms": "1", "content-type": "application/json", "host": "x",
                                          "x-vllm-priority": "-1000000", "x-request-id": "mine", "x-data-parallel-rank": "1",

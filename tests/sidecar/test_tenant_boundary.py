@@ -187,6 +187,18 @@ def test_an_unreachable_engine_refunds_the_reservation(start_sidecar, fake_upstr
     assert _tokens_left(sidecar.app.core, "std") > 590
 
 
+def test_an_engine_that_times_out_keeps_the_reservation(start_sidecar, fake_upstream) -> None:
+    """Past the engine-idle timeout the engine may have worked on the request all along (a long
+    non-streamed answer): 504, and the reservation is charged, not refunded as for an unreachable engine."""
+    slow_engine = ConnectionLimits(header_s=5.0, body_s=5.0, write_idle_s=5.0, engine_idle_s=0.3, max_connections=64)
+    sidecar = start_sidecar(fake_upstream[1], abc_table(std={"tokens_per_minute": 600.0}), served_model_name="fake-model",
+                            connection_limits=slow_engine)
+    response = sidecar.client.post("/v1/completions", json={**COMPLETION, "max_tokens": 250, "user": fake_user(delay_ms=1500)},
+                                   headers=bearer("std"))
+    assert response.status_code == 504 and response.json()["reason"] == "engine_timeout", response.text
+    assert _tokens_left(sidecar.app.core, "std") < 450  # 250 reserved (a refund would leave > 590)
+
+
 def test_a_client_that_leaves_while_queued_is_refunded(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1], abc_table(std={"tokens_per_minute": 6000.0}), served_model_name="fake-model")
     core = sidecar.app.core
