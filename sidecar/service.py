@@ -22,7 +22,7 @@ from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, http_status
+from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -235,8 +235,10 @@ class SidecarCore:
             reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
         except SidecarError as error:
-            if isinstance(error, BadRequest):
-                self.quotas.charge_refused_body(identity.tenant, now)  # a body refused after reading it still costs a request
+            if isinstance(error, (BadRequest, TokenRateExceeded)):
+                # A body read, parsed and counted, then refused, still costs a request of the rate:
+                # else a tenant makes the pod parse megabytes for free, as often as it likes.
+                self.quotas.charge_refused_body(identity.tenant, now)
             self.refused(error, identity)
             raise
         self.usage.admitted(tenant.name, now)

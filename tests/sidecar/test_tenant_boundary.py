@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from slaq.api.pool import RequestLimitsSpec
 from slaq.sidecar.connections import ConnectionLimits
-from slaq.sidecar.errors import InvalidField
+from slaq.sidecar.errors import InvalidField, SidecarError
 from slaq.sidecar.fields import ALLOWLISTS, BodyLimits, allowlist_markdown, salted_uuid
 from slaq.sidecar.payload import parse_payload
 from slaq.sidecar.proxy import ENGINE_REQUEST_HEADERS, REQUEST_ID_HEADER, forward_request_headers
@@ -107,6 +107,21 @@ _HEADER_NAMES = st.one_of(st.sampled_from(["x-vllm-priority", "x-request-id", "x
 
 def _core() -> SidecarCore:
     return SidecarCore(CoreConfig(limits=limits()), TenantDirectory.from_table(abc_table()))
+
+
+def test_a_body_refused_for_the_token_rate_costs_a_request_of_the_rate() -> None:
+    """Refused for its tokens only once it was parsed and counted: without a request charged for it, a
+    tenant out of tokens could have the pod parse its bodies for free, as often as it liked."""
+    core = SidecarCore(CoreConfig(limits=limits()), TenantDirectory.from_table(abc_table(free={"requests_per_minute": 3.0, "tokens_per_minute": 100.0})))
+    identity = core.identify(bearer("free"))
+    body = json.dumps({**COMPLETION, "max_tokens": 90}).encode()
+    core.check_in(identity, "completions", body)  # admitted: the bucket is nearly empty now
+    reasons = []
+    for _ in range(3):
+        with pytest.raises(SidecarError) as refused:
+            core.check_in(identity, "completions", body)
+        reasons.append(refused.value.reason)
+    assert reasons == ["token_rate", "token_rate", "request_rate"]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
