@@ -33,7 +33,11 @@ MAX_TOKENS_LIMIT = 1_048_576  # the largest context any pool may configure (Mode
 MIN_BODY_BYTES = 64 * 1024
 MAX_STRING_CHARS = 1024  # one stop string, one bad word, a user id, a suffix's bound is the body cap
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
-CONTENT_PART_TYPES = frozenset({"text", "image_url", "input_audio", "video_url", "audio_url", "file", "refusal", "image_embeds"})
+# image_embeds is not among them: tensors a tenant sends would be deserialised in the engine.
+CONTENT_PART_TYPES = frozenset({"text", "image_url", "input_audio", "video_url", "audio_url", "file", "refusal"})
+# Media by URL must come inline (data:): the engine would otherwise fetch an http(s) or file URL
+# from inside the pod on the tenant's behalf (cluster-internal addresses, the pod's own ports).
+URL_PART_TYPES = frozenset({"image_url", "video_url", "audio_url"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +342,12 @@ def check_messages(messages: list[Any], cache_salt: str | None = None) -> None:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in CONTENT_PART_TYPES:
                 raise InvalidField(f"{where}.content[{j}]", f"must be an object whose type is one of {sorted(CONTENT_PART_TYPES)}")
+            kind = part["type"]
+            if kind in URL_PART_TYPES:
+                media = part.get(kind)
+                url = media.get("url") if isinstance(media, dict) else media
+                if not isinstance(url, str) or not url.startswith("data:"):
+                    raise InvalidField(f"{where}.content[{j}].{kind}.url", "must be a data: URL (the engine fetches no URL on a tenant's behalf)")
             uuid = part.get("uuid")
             if uuid is not None:
                 if not isinstance(uuid, str) or len(uuid) > MAX_STRING_CHARS:

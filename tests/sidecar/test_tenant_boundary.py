@@ -81,11 +81,27 @@ def test_n_times_prompts_is_the_number_of_completions() -> None:
 
 
 def test_multimodal_uuids_are_rewritten_under_the_tenants_salt() -> None:
-    part = {"type": "image_url", "image_url": {"url": "https://example.invalid/cat.png"}, "uuid": "cat"}
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}, "uuid": "cat"}
     body = json.dumps({**CHAT, "messages": [{"role": "user", "content": [part]}]}).encode()
     a = parse_payload(body, "chat", None, limits(), cache_salt="salt-a").body["messages"][0]["content"][0]["uuid"]
     b = parse_payload(body, "chat", None, limits(), cache_salt="salt-b").body["messages"][0]["content"][0]["uuid"]
     assert a == salted_uuid("cat", "salt-a") and b == salted_uuid("cat", "salt-b") and a != b and "cat" not in (a, b)
+
+
+@pytest.mark.parametrize("kind", ["image_url", "video_url", "audio_url"])
+@pytest.mark.parametrize("url", ["https://example.invalid/cat.png", "http://127.0.0.1:9090/slaq/usage", "file:///etc/passwd"])
+def test_media_by_url_must_be_inline_the_engine_fetches_nothing_for_a_tenant(kind: str, url: str) -> None:
+    part = {"type": kind, kind: {"url": url}}
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": [part]}]}).encode()
+    with pytest.raises(InvalidField) as refused:
+        parse_payload(body, "chat", None, limits())
+    assert refused.value.field == f"messages[0].content[0].{kind}.url"
+
+
+def test_embeddings_as_content_parts_are_refused() -> None:
+    part = {"type": "image_embeds", "image_embeds": "AAAA"}
+    with pytest.raises(InvalidField, match=r"messages\[0\]\.content\[0\]"):
+        parse_payload(json.dumps({**CHAT, "messages": [{"role": "user", "content": [part]}]}).encode(), "chat", None, limits())
 
 
 def test_the_docs_table_is_the_allowlist() -> None:
