@@ -771,7 +771,7 @@ class Reconciler:
         if desired is None:
             self._gateway.pop(key, None)
             self._objectives.pop(key, None)
-            await self._delete_gateway_object(GIE_PLURAL, name, namespace)
+            await self._delete_gateway_object(GIE_PLURAL, name, namespace, body)
             for tier in Tier:
                 await self._delete_gateway_object(OBJECTIVE_PLURAL, objective_name(name, tier), namespace, body)
             return
@@ -825,13 +825,11 @@ class Reconciler:
         return GatewayOutcome(True, "Applied", f"{OBJECTIVE_API_VERSION} InferenceObjectives {priorities}; a request names one in "
                               f"the {OBJECTIVE_HEADER} header")
 
-    async def _delete_gateway_object(self, plural: str, name: str, namespace: str, owner: dict[str, Any] | None = None) -> None:
-        """Delete a gateway object the pool no longer wants; with `owner`, only if it is the owner's."""
+    async def _delete_gateway_object(self, plural: str, name: str, namespace: str, owner: dict[str, Any]) -> None:
+        """Delete a gateway object the pool no longer wants, only if it is the pool's (a foreign one of
+        that name stays; none, or the API not served, is fine)."""
         try:
-            if owner is not None:
-                await self._delete_owned(plural, name, namespace, owner)
-            else:
-                await self.api.delete(plural, name, namespace)  # a 404 (none, or the API not served) is fine
+            await self._delete_owned(plural, name, namespace, owner)
         except ApiError as exc:
             if exc.status != 403:
                 raise
