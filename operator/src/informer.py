@@ -38,12 +38,13 @@ class Informer(Generic[Value]):
 
     def __init__(self, api: KubeClient, plural: str, transform: Callable[[dict[str, Any]], Value], *,
                  namespace: str | None = None, on_change: OnChange[Value] | None = None,
-                 on_synced: OnSynced | None = None) -> None:
+                 on_synced: OnSynced | None = None, on_error: OnSynced | None = None) -> None:
         self._api = api
         self.plural, self.namespace = plural, namespace
         self._transform = transform
         self._on_change = on_change
         self._on_synced = on_synced  # called with the namespace once the first listing is stored
+        self._on_error = on_error  # called with the namespace when the listing or watch fails for a new reason
         self.last_error: str | None = None  # why the last listing or watch failed (None: it did not)
         self.relist_s = RELIST_S
         self.store: dict[str, Value] = {}
@@ -89,8 +90,10 @@ class Informer(Generic[Value]):
             except TimeoutError:
                 continue  # time to list again (see RELIST_S)
             except Exception as exc:  # noqa: BLE001 - the watch must outlive any one failure
-                self.last_error = str(exc)
+                error, self.last_error = self.last_error, str(exc)
                 self.tried.set()
+                if self._on_error is not None and self.last_error != error:
+                    await self._on_error(self.namespace)  # what reads last_error can say why now
                 log.warning("watching %s in %s: %s; listing again in %.0f s", self.plural, self.namespace or "all namespaces", exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
 

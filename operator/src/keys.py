@@ -4,7 +4,8 @@ The operator never reads a key Secret per event. For each namespace that some Te
 `spec.apiKeySecretRef` names (and the operator may read: `--key-secret-namespaces`, the chart's
 rbac.secretNamespaces), it lists the namespace's Secrets once and then watches them (informer.py).
 A changed Secret calls `on_change(namespace, name)` at once, so a rotated key reaches the tenant
-tables within seconds; a namespace whose first listing completes calls `on_synced(namespace)`.
+tables within seconds; a namespace whose first listing completes, or whose listing fails for a
+new reason, calls `on_synced(namespace)` (its tenants' status can say so).
 Nothing here waits for a listing: a namespace not listed yet (or that the operator may not
 list) is a problem the tenant's status names, never a wait. Only hashes are kept (HMAC-SHA256
 under the key-hash key, slaq.api.table); the keys themselves are dropped on arrival, and a key
@@ -111,7 +112,7 @@ class KeyWatch:
             self._informers[namespace] = Informer(
                 self._api, "secrets", lambda body: key_set(namespace, body["metadata"]["name"], body.get("data") or {}, self._hash_key,
                                                            (body.get("metadata") or {}).get("labels")),
-                namespace=namespace, on_change=self._changed, on_synced=self._synced)
+                namespace=namespace, on_change=self._changed, on_synced=self._synced, on_error=self._synced)
             self._informers[namespace].start()
         return self._informers[namespace]
 

@@ -303,7 +303,8 @@ class Reconciler:
         return namespace in self.key_secret_namespaces
 
     async def _key_namespace_synced(self, namespace: str) -> None:
-        """A key namespace is listed (perhaps after failing): its tenants are planned again."""
+        """A key namespace is listed (perhaps after failing), or failed to list for a new reason: its
+        tenants are planned again, so their status says which."""
         users = {name for (ns, _), names in self._key_users.items() if ns == namespace for name in names}
         for name in users:
             self._pending.setdefault(name, False)

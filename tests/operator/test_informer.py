@@ -36,3 +36,31 @@ async def test_lists_then_follows_and_a_relist_drops_what_the_watch_missed(kube:
     finally:
         await informer.close()
         await api.close()
+
+
+async def test_a_failing_listing_calls_on_error_once_per_new_reason_and_on_synced_when_it_lists(
+        kube: KubeEmulator, monkeypatch) -> None:
+    from slaq.operator import informer as module
+    monkeypatch.setattr(module, "RETRY_S", 0.05)
+    await kube.post(CM, json={"metadata": {"name": "a"}, "data": {"v": "1"}})
+    kube.fail("GET", "v1/configmaps", 403, times=5, namespace="ns")
+    api = KubeClient(Connection(server=str(kube.url).rstrip("/")))
+    calls: list[tuple[str, str | None]] = []
+
+    async def failed(namespace: str | None) -> None:
+        calls.append(("error", informer.last_error))
+
+    async def synced(namespace: str | None) -> None:
+        calls.append(("synced", namespace))
+
+    informer = Informer(api, "configmaps", lambda body: dict(body.get("data") or {}), namespace="ns",
+                        on_synced=synced, on_error=failed)
+    try:
+        informer.start()
+        await asyncio.wait_for(informer.synced.wait(), 20)
+        # five failures of one reason: one call, made after last_error names it (what a status reads)
+        assert [kind for kind, _ in calls] == ["error", "synced"] and "403" in calls[0][1]
+        assert informer.last_error is None and informer.store == {"ns/a": {"v": "1"}}
+    finally:
+        await informer.close()
+        await api.close()
