@@ -233,3 +233,20 @@ def test_the_record_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "0008-two-rules.md: the first line is not '# 0008: <the decision>'",
         "0008-two-rules.md: sections ['Context', 'Decision'], not ['Context', 'Decision', 'Consequences', 'Measurement']",
     ]
+
+
+FIRST_SCREEN_LINES = 30
+
+
+def test_the_readme_first_screen_says_what_it_is_how_to_try_install_and_what_it_costs() -> None:
+    first_screen = "\n".join((REPO_ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN_LINES])
+    answers = {
+        "what it is": "SLA-aware priority scheduling",
+        "how to try it": "slaq up --demo",
+        "how to install it on a cluster": "helm install slaq ./helm/slaq",
+        "what it costs in latency": "**What it costs**",
+        "the picture": "](docs/demo-ttft.png)",
+    }
+    missing = [question for question, text in answers.items() if text not in first_screen]
+    assert not missing, f"README.md's first {FIRST_SCREEN_LINES} lines do not say {', '.join(missing)}"
+    assert re.search(r"\*\*What it costs\*\*[^\n]*\n?[^\n]*\d+(?:\.\d+)? ms", first_screen), "the cost line gives no figure in ms"
