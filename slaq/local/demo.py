@@ -37,6 +37,7 @@ systems serve the same traffic and face the same KV state.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import statistics
@@ -51,7 +52,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
 from slaq.bench.metrics import percentile
-from slaq.local.cores import pin_beside_workers
+from slaq.local.cores import descendants, pin_beside_workers
 from slaq.local.demo_report import (
     TenantFigures, bucket_delta, buckets_by_label, client_late_ms, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
 )
@@ -60,6 +61,7 @@ from slaq.local.loadgen import Outcome, Plan, PlannedRequest, run_in_subprocess,
 from slaq.local.scenario45 import BACKGROUND_TENANT, BLOCK_SIZE, KV_BLOCKS, REQUESTS, KvPlan, NotTogether, ScenarioRun, run_scenario
 from slaq.local.stack import LocalStack, StackOptions, StatusLine, describe_failure, new_workdir
 from slaq.local.tenants import LocalTenants, local_pool, plan_local_table, read_tenants, write_table
+from slaq.sidecar.monitor import gauge_sum
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ SCENARIO = (
 )
 STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lower runs earlier
 # Of stock's measured capacity for the mix. At 95 % (the report's load in scenario 4.5) the two
-# systems were decided by the machine, not the scheduling (session 6, with 25 / 25 / 50 %: VIP met
+# systems were decided by the machine, not the scheduling (measured with 25 / 25 / 50 %: VIP met
 # slaq 90 % against stock 59 %, then 99 % against 38 %; standard 87 / 74 %, then 72 / 88 %): the
 # slaq pod's sidecar takes CPU from the same two cores, so the pod's own capacity is below stock's
 # and 95 % of stock's is about the pod's 100 %.
@@ -414,8 +416,8 @@ def run_demo(options: DemoOptions) -> int:
         with paused(slaq_stack):
             print("3/5 scenario 4.5 on stock vLLM: FCFS (no priority sent), then static priority (A 0, B 1, C 2)")
             t0 = time.monotonic()
-            scenario = [_scenario(stock.url, model, keys, "fcfs", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 1)),
-                        _scenario(stock.url, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
+            scenario = [_scenario(stock, model, keys, "fcfs", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 1)),
+                        _scenario(stock, model, keys, "priority", {p.letter: STOCK_PRIORITY[p.tier] for p in SCENARIO},
                                   STOCK_PRIORITY[_tier_of(BACKGROUND_TENANT)], scenario_seed(options.seed, 2))]
             timings["scenario_stock_s"] = time.monotonic() - t0
             print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in a process of its own")
@@ -428,7 +430,7 @@ def run_demo(options: DemoOptions) -> int:
         _wait_ready(slaq_stack)
         time.sleep(TABLE_POLL_S)  # the sidecar looks at the table file (the objectives) every second
         t0 = time.monotonic()
-        scenario.append(_scenario(slaq_stack.url, model, keys, "slaq", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 3)))
+        scenario.append(_scenario(slaq_stack, model, keys, "slaq", {x: None for x in "ABC"}, None, scenario_seed(options.seed, 3)))
         timings["scenario_slaq_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         metrics_url = sidecar_metrics_url(slaq_stack)
@@ -487,12 +489,85 @@ def _tier_of(letter: str) -> Tier:
     return next(p.tier for p in SCENARIO if p.letter == letter)
 
 
-def _scenario(url: str, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],
+class EngineHold:
+    """The demo's hold on a stack's engine for scenario 4.5 (`scenario45.run_scenario`): it tells
+    when the engine holds the background's blocks, from the engine's own counters, and stops its
+    scheduler while A, B and C arrive.
+
+    `holding` waits until the engine has admitted the background (vLLM's prefix-cache lookups, one
+    per admitted prompt: a counter, so an earlier run's last value does not answer) and holds its
+    blocks (`vllm:kv_cache_usage_perc`, read in the same or a later step's stats). `stopped`
+    stops the engine core: its API server's descendants (vLLM's engine core and model workers)
+    get SIGSTOP, and SIGCONT whatever happens; the API server (and the sidecar) keep taking
+    requests and hand them to the engine core's input queue, where its first step after the hold
+    finds them all."""
+
+    QUERIES = "vllm:prefix_cache_queries_total"
+    KV_USAGE = "vllm:kv_cache_usage_perc"
+    POLL_S = 0.005
+
+    def __init__(self, stack: LocalStack) -> None:
+        if stack.engine is None:
+            raise ScenarioError("the stack has no engine to hold")
+        self.stack = stack
+        self.metrics_url = f"http://127.0.0.1:{stack.engine_port}/metrics"
+        self._queries = 0.0
+
+    async def _read(self, client: Any) -> tuple[float, float]:
+        text = (await client.get(self.metrics_url, timeout=10.0)).text
+        queries, usage = gauge_sum(text, self.QUERIES), gauge_sum(text, self.KV_USAGE)
+        if queries is None or usage is None:
+            raise ScenarioError(f"the engine's /metrics has no {self.QUERIES} or {self.KV_USAGE}: cannot tell when it holds the background")
+        return queries, usage
+
+    async def arm(self) -> None:
+        """Read the counter before the background is sent."""
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            self._queries = (await self._read(client))[0]
+
+    async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+        """Until the engine admitted `prompt_tokens` more prompt tokens and holds `blocks` blocks."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient() as client:
+            while True:
+                queries, usage = await self._read(client)
+                if queries >= self._queries + prompt_tokens and usage * KV_BLOCKS >= blocks - 0.5:
+                    return
+                if time.monotonic() > deadline:
+                    raise NotTogether(f"the engine did not hold the background's {blocks} blocks within {timeout_s:g} s "
+                                      f"(admitted {queries - self._queries:.0f} of {prompt_tokens} prompt tokens, KV use {usage:.0%})")
+                await asyncio.sleep(self.POLL_S)
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        pids = descendants(self.stack.engine.pid)  # type: ignore[union-attr]
+        if not pids:
+            raise ScenarioError(f"the engine (pid {self.stack.engine.pid}) has no engine core process to hold")  # type: ignore[union-attr]
+        stopped: list[int] = []
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            yield
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+
+def _scenario(stack: LocalStack, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],
               background_priority: int | None, seed: int, attempts: int = 3) -> ScenarioRun:
     for attempt in range(attempts):
         try:
             # Each attempt's prompts are new (seed + 300 per attempt stays within the run's 1,000 seeds).
-            run = asyncio.run(run_scenario(system, url, model, keys, priorities, seed + 300 * attempt, keys[BACKGROUND_TENANT], background_priority))
+            run = asyncio.run(run_scenario(system, stack.url, model, keys, priorities, seed + 300 * attempt, keys[BACKGROUND_TENANT],
+                                           background_priority, hold=EngineHold(stack)))
         except NotTogether as exc:
             print(f"  {system}: {exc}; again", flush=True)
             continue

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from slaq.local.errors import ScenarioError
 from slaq.local.loadgen import Outcome, PlannedRequest, stream_one
@@ -38,6 +39,13 @@ KV_BLOCKS = 64
 ARRIVAL_ORDER = ("B", "A", "C")
 ARRIVAL_GAP_S = 0.005
 TOGETHER_S = 0.03
+# With a `hold` (the engine's scheduler stopped): how long A, B and C are given to reach the
+# engine's input queue before it continues; a run where one was sent later than half of it is
+# run again. The sidecar and the API server have the CPU to themselves meanwhile: handing a
+# request over takes milliseconds. Not longer: the objectives' clocks run from the sidecar's
+# arrival stamp, and a hold past half of B's (about 1 s in the demo) would end the backfill
+# window the report's answer rests on (C passes B only while B can still wait).
+SETTLE_S = 0.1
 REPORT_ORDER = {"fcfs": ("B", "A", "C"), "priority": ("A", "B", "C"), "slaq": ("A", "C", "B")}
 REPORT_ANSWER = {
     "fcfs": "arrival order: B first holds the KV cache, A and C wait (A's SLO lost)",
@@ -94,6 +102,7 @@ class KvPlan:
 class ScenarioRun:
     system: str
     outcomes: dict[str, Outcome]  # by letter: A, B, C
+    held_until: float | None = None  # when the engine continued after a `hold` (seconds since the run's origin)
 
     @property
     def order(self) -> list[str]:
@@ -118,8 +127,14 @@ class ScenarioRun:
         return out
 
     def ttft_ms(self, letter: str) -> float | None:
-        ttft = self.outcomes[letter].ttft_s
-        return None if ttft is None else round(ttft * 1000.0, 1)
+        """From its send, or, under a hold, from when the engine continued (the wait for the hold is
+        the scenario's set-up, not the scheduler's doing)."""
+        outcome = self.outcomes[letter]
+        if outcome.ttft_s is None or outcome.first_token_at is None:
+            return None
+        if self.held_until is None:
+            return round(outcome.ttft_s * 1000.0, 1)
+        return round((outcome.first_token_at - max(outcome.sent_at, self.held_until)) * 1000.0, 1)
 
     def finished(self, letter: str) -> bool:
         return self.outcomes[letter].finished
@@ -142,36 +157,69 @@ def scenario_requests(seed: int, keys: Mapping[str, str], priorities: Mapping[st
     return out
 
 
+class Hold(Protocol):
+    """What stops the engine's scheduler for a run (the demo's `EngineHold`)."""
+
+    async def arm(self) -> None:
+        """Called before the background is sent."""
+
+    async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+        """Return once the engine admitted `prompt_tokens` more prompt tokens and holds `blocks` blocks."""
+
+    def stopped(self) -> AbstractContextManager[object]:
+        """The engine's scheduler does not run inside it; requests sent meanwhile reach its input queue."""
+
+
 async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str], priorities: Mapping[str, int | None],
                        seed: int, background_key: str, background_priority: int | None = None,
-                       timeout_s: float = 60.0) -> ScenarioRun:
+                       timeout_s: float = 60.0, hold: Hold | None = None) -> ScenarioRun:
     """Fill the KV cache with the background, then send B, A, C together; `keys`/`priorities` by letter.
+
+    With a `hold` (the demo's): once the engine itself says it holds the background's blocks
+    (`KvPlan`'s count at admission), its scheduler is stopped, A, B and C are sent and given
+    `SETTLE_S` to reach its input queue, so its first step after the hold finds all three beside the
+    background however slowly this machine streams tokens or hands requests over. Without one, the
+    background holds its blocks once its first tokens are back, and the three are sent
+    `ARRIVAL_GAP_S` apart and must leave within `TOGETHER_S`.
 
     `seed` picks fresh prompt tokens: a run must not hit the prefix cache an earlier run left."""
     requests = scenario_requests(seed, keys, priorities, background_key, background_priority)
     background, trio_requests = requests[:len(BACKGROUND)], requests[len(BACKGROUND):]
+    if hold is not None:
+        await hold.arm()
     origin = time.monotonic()
     decoding = [asyncio.Event() for _ in background]
     running = [asyncio.create_task(stream_one(url, model, r, origin, event)) for r, event in zip(background, decoding)]
-    # The background holds its KV blocks once it decodes: its first token is back.
-    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
-    if ended := [t.result() for t in running if t.done()]:
-        raise NotTogether(f"a background request ended before A, B and C were sent (status {ended[0].status}, "
-                          f"{'finished' if ended[0].finished else 'not finished'})")
+    if hold is not None:
+        await hold.holding(sum(r.prompt_tokens for r in background), KV_BLOCKS - KvPlan().free_blocks(background_done=False), timeout_s)
+    else:  # the background holds its KV blocks once it decodes: its first token is back
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
     trio: dict[str, asyncio.Task] = {}
-    for n, request in enumerate(trio_requests):
-        if n:
-            await asyncio.sleep(ARRIVAL_GAP_S)
-        # A new connection is made by the kernel's handshake alone (the server accepts it when it
-        # gets to it), so sending on one costs no more than on an open one.
-        trio[request.letter] = asyncio.create_task(stream_one(url, model, request, origin))
+    held_until: float | None = None
+    with hold.stopped() if hold is not None else nullcontext():
+        if ended := [t.result() for t in running if t.done()]:
+            raise NotTogether(f"a background request ended before A, B and C were sent (status {ended[0].status}, "
+                              f"{'finished' if ended[0].finished else 'not finished'})")
+        for n, request in enumerate(trio_requests):
+            if n:
+                await asyncio.sleep(ARRIVAL_GAP_S)
+            # A new connection is made by the kernel's handshake alone (the server accepts it when it
+            # gets to it), so sending on one costs no more than on an open one.
+            trio[request.letter] = asyncio.create_task(stream_one(url, model, request, origin))
+        if hold is not None:
+            await asyncio.sleep(SETTLE_S)
+            held_until = time.monotonic() - origin
     await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
     sent = [task.result().sent_at for task in trio.values()]
-    if max(sent) - min(sent) > TOGETHER_S:
+    if held_until is not None and max(sent) > held_until - SETTLE_S / 2:
+        raise NotTogether(f"a request was sent {1000 * (held_until - max(sent)):.0f} ms before the engine continued, "
+                          f"less than half of the {SETTLE_S:g} s it is given to arrive")
+    if held_until is None and max(sent) - min(sent) > TOGETHER_S:
         # This client's event loop was held up between two sends (it happens on a busy machine):
         # the three did not arrive together, so the run does not pose the report's question.
         raise NotTogether(f"A, B and C were sent {1000 * (max(sent) - min(sent)):.0f} ms apart, not together")
-    return ScenarioRun(system, {x: trio[x].result() for x in "ABC"})
+    return ScenarioRun(system, {x: trio[x].result() for x in "ABC"}, held_until)
+
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 1)

@@ -302,6 +302,56 @@ def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: d
     return asyncio.run(go())
 
 
+def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_counts_from_there() -> None:
+    """The demo's hold (the engine core stopped): the fake engine answers nothing of A, B and C until
+    the hold ends, however late the client's loop sent them, and the background keeps its stream."""
+    from contextlib import contextmanager
+
+    from slaq.local.scenario45 import BACKGROUND, SETTLE_S, run_scenario
+
+    background = BACKGROUND[0].prompt_tokens
+    first_token_after_s = {100: 0.01, 500: 0.2, 10: 0.06}
+    seen: list[int] = []
+
+    async def go() -> ScenarioRun:
+        released = asyncio.Event()
+
+        class Hold:
+            async def arm(self) -> None:
+                pass
+
+            async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+                assert prompt_tokens == 3 * background and blocks == 3 * BACKGROUND[0].blocks_at_admission()
+                await asyncio.sleep(0.05)  # the fake background streams for 0.3 s
+
+            @contextmanager
+            def stopped(self):
+                yield
+                released.set()
+
+        async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
+            n = len(body["prompt"])
+            if n != background:
+                seen.append(n)
+                time.sleep(0.2 if n == 500 else 0.0)  # reading B holds the loop up: no matter under a hold
+                await released.wait()
+            await asyncio.sleep(0.0 if n == background else first_token_after_s[n])
+            await stream_sse(writer, [chunk(sse_event("x"))])
+            await asyncio.sleep(0.3 if n == background else 0.0)
+            writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+        server, url, _ = await serve(handler)
+        async with server:
+            return await run_scenario("slaq", url, "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k", hold=Hold())
+
+    run = asyncio.run(go())
+    assert sorted(seen) == [10, 100, 500] and run.held_until is not None and run.held_until >= SETTLE_S
+    assert run.order == ["A", "C", "B"]
+    assert run.ttft_ms("A") == round(1000 * (run.outcomes["A"].first_token_at - run.held_until), 1)  # from the hold's end
+    assert run.outcomes["A"].ttft_s > SETTLE_S  # (from the send, it includes the hold)
+    assert all(run.outcomes[x].first_token_at > run.held_until for x in "ABC")
+
+
 def test_a_scenario_run_orders_by_first_tokens_once_the_background_decodes() -> None:
     run = _scenario_on_a_fake_engine({100: 0.01, 500: 0.2, 10: 0.06}, {})
     assert run.order == ["A", "C", "B"] and run.groups == [["A"], ["C"], ["B"]]
