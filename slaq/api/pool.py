@@ -208,7 +208,7 @@ class ScoreWeights(ApiModel):
 class QueueSpec(ApiModel):
     """The queue discipline both the sidecar queue and the engine queue host (`slaq.policy.discipline`)."""
 
-    aged_share: Annotated[float, Field(ge=0.0, le=1.0, description="Share of contested choices a request waiting past the aging bound is guaranteed; beyond it, it yields to the best attainable request of a higher tier.")] = 0.25
+    aged_share: Annotated[float, Field(ge=0.0, le=1.0, description="Share of contested choices a request waiting past the aging bound is guaranteed; beyond it, it yields to the best attainable request of a higher tier. Under an overload that lasts, the lowest tier's backlog is always past the bound, so this is the share of admissions it takes from the protected tiers.")] = 0.05
     aged_share_alpha: Annotated[float, Field(gt=0.0, le=1.0, description="Weight of one choice in the running starving share (0.05: about the last 20 choices).")] = 0.05
     rekey_head: Annotated[int, Field(ge=1, le=1024, description="Requests per tier whose tenant-fairness credit is refreshed each step or release round.")] = 4
     lead_exempt_tiers: Annotated[int, Field(ge=0, le=2, description="Tiers from the top (1: critical) whose waiting requests count as missed only once their deadline has passed, not already when it is nearer than the time to a first token.")] = 1

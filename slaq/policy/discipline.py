@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Iterator, TypeVar
 
 from slaq.api.common import Tier
-from slaq.api.pool import SchedulerSpec
+from slaq.api.pool import QueueSpec, SchedulerSpec
 from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking, Rank, deadline
 from slaq.policy.views import PoolView, RequestView
 
@@ -48,14 +48,17 @@ TIERS = tuple(Tier)
 LeadTime = Callable[[RequestView], float]  # seconds from its admission to its first token
 
 
+_QUEUE = QueueSpec()  # the defaults, documented in the CRD
+
+
 @dataclass(frozen=True)
 class Discipline:
-    """The discipline's constants, from the pool's `spec.scheduler.queue` (today's values as defaults)."""
+    """The discipline's constants, from the pool's `spec.scheduler.queue` (its defaults as defaults)."""
 
-    aged_share: float = 0.25
-    aged_share_alpha: float = 0.05
-    rekey_head: int = 4
-    lead_exempt_tiers: int = 1
+    aged_share: float = _QUEUE.aged_share
+    aged_share_alpha: float = _QUEUE.aged_share_alpha
+    rekey_head: int = _QUEUE.rekey_head
+    lead_exempt_tiers: int = _QUEUE.lead_exempt_tiers
 
     @classmethod
     def from_spec(cls, spec: SchedulerSpec) -> "Discipline":
