@@ -1,4 +1,4 @@
-"""The engine's audit trail: one JSON line per request when it leaves the scheduler (`slaq.engine.requests`).
+"""The engine's audit trail: one JSON line per request when it leaves the scheduler (`slaq.engine.request_log`).
 
 The sidecar's access line says what the tenant saw; this line says what the engine did to the
 request on the way, and both carry the sidecar's `request_id` (`vllm_xargs.slaq_request_id`), so
@@ -37,7 +37,7 @@ REQUEST_LOG_FORMATS: tuple[RequestLogFormat, ...] = ("json", "off")
 # json or off. `slaq engine` sets it (json unless --request-log off); a scheduler embedded without it
 # (the simulator, the standalone driver, benchmarks) writes no lines.
 REQUEST_LOG_ENV = "SLAQ_ENGINE_REQUEST_LOG"
-LOGGER_NAME = "slaq.engine.requests"
+LOGGER_NAME = "slaq.engine.request_log"
 EVENT = "engine_request"
 
 
@@ -111,7 +111,7 @@ def new_facts(*, request_id: str | None, engine_request_id: str, tenant: str, ti
 
 
 class RequestLog:
-    """Writes one line per finished request through the `slaq.engine.requests` logger, on standard
+    """Writes one line per finished request through the `slaq.engine.request_log` logger, on standard
     output of the engine core process (the engine container's log, beside vLLM's own)."""
 
     def __init__(self, fmt: RequestLogFormat = "json", stream: TextIO | None = None) -> None:
