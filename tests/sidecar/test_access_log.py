@@ -128,11 +128,15 @@ def test_the_request_id_is_the_clients_x_request_id_and_reaches_the_engine_in_he
 
 def test_the_key_fingerprint_is_stable_per_key_and_neither_the_key_nor_its_hash(sidecar) -> None:
     buffer = capture(sidecar)
+    ids = []
     for name in ("std", "std", "vip"):
-        assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer(name)).status_code == 200
-    sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-unknown-0123456789"})
-    wait_for(lambda: len(lines(buffer)) == 4, what="four access lines")
-    std, std_again, vip, unknown = (line["key_fingerprint"] for line in lines(buffer))
+        answer = sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer(name))
+        assert answer.status_code == 200
+        ids.append(answer.headers["x-request-id"])
+    ids.append(sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-unknown-0123456789"}).headers["x-request-id"])
+    wait_for(lambda: len(lines(buffer)) == 4, what="four access lines")  # each written once its answer went out: any order
+    by_id = {line["request_id"]: line["key_fingerprint"] for line in lines(buffer)}
+    std, std_again, vip, unknown = (by_id[request_id] for request_id in ids)
     stored = hash_api_key(KEYS["std"])  # the test table's entries hold this (no key-hash key)
     assert std == std_again == key_fingerprint(stored)  # what an operator computes from the key
     assert vip == key_fingerprint(hash_api_key(KEYS["vip"])) and vip != std and unknown is None

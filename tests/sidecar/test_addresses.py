@@ -41,3 +41,14 @@ def test_a_malformed_entry_stops_the_walk_and_no_header_leaves_the_peer() -> Non
 def test_a_bad_network_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'10.0.0.300'"):
         TrustedProxies.parse("10.0.0.0/24,10.0.0.300")
+
+
+def test_the_sidecar_refuses_to_start_with_a_bad_trusted_proxy(tmp_path) -> None:
+    from pathlib import Path
+
+    from slaq.sidecar.server import ConfigError, SidecarOptions, build_app
+
+    options = SidecarOptions(host="127.0.0.1", port=0, engine_url="http://127.0.0.1:1", tenant_table=Path(tmp_path) / "t.json",
+                             trusted_proxies="gateway.local")
+    with pytest.raises(ConfigError, match="--trusted-proxies: not an IP address or network: 'gateway.local'"):
+        build_app(options)
