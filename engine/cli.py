@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-swap-choice", choices=("cost", "always"), default="cost",
                         help="cost (default): seal a preempted request's KV to host memory only when sealing and restoring it cost less "
                         "than recomputing it (the scheduler's learned step time against the seal throughput); always: every one that fits")
+    parser.add_argument("--request-log", choices=("json", "off"), default="json",
+                        help="json (default): one JSON line per finished request on standard output (event engine_request: the "
+                        "sidecar's request_id, queue waits, preemptions by reason, KV blocks erased and swapped); off: none")
     parser.add_argument("--kv-test-hooks", default=None, metavar="JSON", help=argparse.SUPPRESS)  # tests only: inspectPath, tamperFlag
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
     parser.set_defaults(handler=_engine)
@@ -82,6 +85,7 @@ def engine_options(args: argparse.Namespace) -> "EngineOptions":
         kv_seal_gb_s=args.kv_seal_gb_s,
         kv_swap_choice=args.kv_swap_choice,
         kv_test_hooks=json.loads(args.kv_test_hooks) if args.kv_test_hooks else {},
+        request_log=args.request_log,
         extra=tuple(passthrough_args(args.vllm_args)),
     )
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, MutableMapping, Sequence
 
 from slaq.api.pool import ENGINE_OWNED_FLAGS, owned_engine_flag
 from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, SCHEDULER_CONFIG_ENV
+from slaq.engine.request_log import REQUEST_LOG_ENV
 from slaq.engine.errors import LaunchError
 
 SCHEDULER_CLS = "slaq.engine.scheduler.SLAScheduler"
@@ -68,6 +69,7 @@ class EngineOptions:
     kv_seal_gb_s: float | None = None  # the swap rule's seal throughput; None: measured when the engine starts
     kv_swap_choice: str = "cost"  # "always": swap every victim that fits, whatever the swap rule says (kv_security/swap.py)
     kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag: tests only
+    request_log: str = "json"  # the scheduler's audit line per finished request (request_log.py); "off": none
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
 
@@ -127,6 +129,7 @@ def plan_launch(options: EngineOptions, model_path: str | None = None, environ: 
     argv += list(options.extra)
     if options.scheduler_config is not None:
         environ[SCHEDULER_CONFIG_ENV] = options.scheduler_config
+    environ[REQUEST_LOG_ENV] = options.request_log
     if device == "cpu":
         environ.setdefault(CPU_KV_CACHE_ENV, CPU_KV_CACHE_GIB_DEFAULT)
         if kv_security:

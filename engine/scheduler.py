@@ -15,6 +15,10 @@ failure recovery made to finish under async scheduling: `vllm_compat.RecomputesL
    block manager, then charges the scheduled tokens to the tenants' fairness counters and
    records metrics.
 
+Per request it keeps the facts of the engine's audit line (queue waits, preemptions by reason;
+the KV connector adds erased and swapped blocks) and writes the line when vLLM frees the request
+(`request_log.py`, `vllm_compat.ReportsFreedRequests`).
+
 Use it through vLLM: `scheduler_cls="slaq.engine.scheduler.SLAScheduler"`,
 `scheduling_policy="priority"` (`slaq engine` sets both).
 """
@@ -36,6 +40,7 @@ from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
 from slaq.engine.queue import SLARequestQueue
+from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.step_budget import BatchView, StepBudgetPolicy
 from slaq.engine.tpot_budget import PaceClock, StepTimeModel
@@ -48,7 +53,7 @@ TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 STEP_MODEL_EXPORT_EVERY = 64  # timed steps between two exports of the step-time model to the metrics
 
 
-class SLAScheduler(vc.RecomputesLoadFailures):
+class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     # Tests and embedders may set this before construction; vLLM constructs the class itself.
     config_override: EngineSchedulerConfig | None = None
 
@@ -86,6 +91,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
         self._step_s = 0.0  # EWMA of model step durations (urgent preemption's time-to-free estimate)
         self._steps_timed = 0
         self.metrics = engine_metrics()
+        self.request_log = RequestLog.from_environment()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
         self._install_swap_rule()
@@ -119,6 +125,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
 
     # -- request facts -----------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        sla = None
         if vc.attached_info(request) is None:
             sla = RequestSLA.from_extra_args(vc.extra_args(request))
             # Whatever priority arrived (a header, a body field, a future vLLM path), vLLM's own
@@ -135,7 +142,32 @@ class SLAScheduler(vc.RecomputesLoadFailures):
                 ),
             )
             self.metrics.count_arrival(sla.tier)
-        super().add_request(request)
+        super().add_request(request)  # tells the KV connector, which starts its count for the request
+        if sla is not None and self.request_log.enabled:
+            self.info_of(request).facts = self._new_facts(request, sla)
+
+    def _new_facts(self, request: Request, sla: RequestSLA) -> RequestFacts:
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        facts = new_facts(request_id=sla.request_id, engine_request_id=request.request_id, tenant=sla.tenant, tier=sla.tier.value)
+        connector = vc.kv_connector(self)
+        if isinstance(connector, SlaqKVConnector):
+            facts.kv = connector.request_facts(request.request_id)
+        return facts
+
+    def request_freed(self, request: Request) -> None:
+        """The request left the scheduler: its audit line, once."""
+        info = vc.attached_info(request)
+        facts = info.facts if info is not None else None
+        if facts is None:
+            return
+        info.facts = None
+        self.request_log.write(facts.record(finish=vc.finish_reason(request), prompt_tokens=vc.prompt_tokens(request),
+                                            output_tokens=vc.output_tokens(request), now=time.monotonic()))
+
+    def _facts_of(self, request: Request) -> RequestFacts | None:
+        info = vc.attached_info(request)
+        return info.facts if info is not None else None
 
     @staticmethod
     def info_of(request: Request) -> RequestInfo:
@@ -227,6 +259,8 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             self.guard.protect(preemption.victim, info)
             vc.preempt(self, preemption.victim, now)
             self.metrics.count_preemption(info.tier, preemption.reason)
+            if info.facts is not None:
+                info.facts.preempted(preemption.reason, time.monotonic())
         return {p.victim.request_id for p in plan}
 
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
@@ -297,12 +331,21 @@ class SLAScheduler(vc.RecomputesLoadFailures):
 
     def _after_step(self, output: SchedulerOutput, ours: set[str]) -> None:
         self._charge_decodes()
+        now = time.monotonic()
         for request_id in vc.preempted_ids(output) - ours:
             request = vc.request_by_id(self, request_id)
             if request is not None:
                 info = self.info_of(request)
                 self.guard.protect(request, info)
                 self.metrics.count_preemption(info.tier, REASON_KV_EXHAUSTED)
+                if info.facts is not None:
+                    info.facts.preempted(REASON_KV_EXHAUSTED, now)
+        if self.request_log.enabled:
+            for request_id in vc.admitted_ids(output):
+                request = vc.request_by_id(self, request_id)
+                facts = self._facts_of(request) if request is not None else None
+                if facts is not None:
+                    facts.scheduled(now)
         self._export_prefix_counts()
 
     def _export_prefix_counts(self) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
+from slaq.engine.request_log import RequestFacts
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class RequestInfo:
     preemptions: int = 0
     held_back_steps: int = 0  # consecutive steps its prefill sat out for an urgent arrival
     pace_anchor: tuple[float, int, int] | None = None  # (time, tokens delivered, preemptions): see tpot_budget.PaceClock
+    facts: RequestFacts | None = None  # its audit line's facts while it is in the engine; None with the log off
 
 
 def request_info(sla: RequestSLA, *, arrival: float, prompt_tokens: int, max_tokens: int, aging_bound_s: float) -> RequestInfo:

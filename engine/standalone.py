@@ -54,13 +54,16 @@ def make_request(
     tpot_ms: float | None = None,
     arrival: float | None = None,
     prompt_seed: int | None = None,
+    request_id: str | None = None,
 ) -> Request:
-    """A request as the sidecar would send it: vLLM priority by tier, SLA facts in extra_args."""
+    """A request as the sidecar would send it: vLLM priority by tier, SLA facts in extra_args
+    (`request_id`: the sidecar's id, which the engine's audit line carries)."""
     number = next(_ids)
     seed = number if prompt_seed is None else prompt_seed
     if ttft_ms is None and tier is Tier.CRITICAL:
         ttft_ms = 500.0
-    sla = RequestSLA(tenant=tenant, tier=tier, ttft_ms=ttft_ms, tpot_ms=tpot_ms, arrival=arrival, predicted_output=max_tokens)
+    sla = RequestSLA(tenant=tenant, tier=tier, ttft_ms=ttft_ms, tpot_ms=tpot_ms, arrival=arrival, predicted_output=max_tokens,
+                     request_id=request_id)
     return offline.new_request(
         f"{tier.value}-{tenant}-{number}",
         [(seed * 31 + i) % 500 + 3 for i in range(prompt_tokens)],

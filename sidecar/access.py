@@ -1,13 +1,21 @@
 """The audit log: one JSON line per request the sidecar answers or refuses, on standard output.
 
-A line says who asked (tenant, tier), what became of it (status, reason, SLO outcome) and what
-it cost and took (tokens, queue wait, TTFT, TPOT, end to end). It never holds prompt or output
-text, nor the key: a tenant's complaint can be checked against it without it leaking anything.
+A line says who asked (tenant, tier, the key's fingerprint, the client's address), what became
+of it (status, reason, SLO outcome) and what it cost and took (tokens, queue wait, TTFT, TPOT, end
+to end). It never holds prompt or output text, nor the key or its stored hash: a tenant's
+complaint can be checked against it without it leaking anything.
 
     {"time": "2026-12-01T00:12:03.120Z", "event": "request", "request_id": "3f2a…", "tenant": "vip", "tier": "critical",
+     "key_fingerprint": "5be0c1d2a3f49e77", "client": "10.0.3.7", "peer": "10.0.3.7",
      "method": "POST", "path": "/v1/completions", "status": 200, "reason": null, "stream": true,
      "prompt_tokens": 12, "output_tokens": 16, "queue_wait_s": 0.0, "ttft_s": 0.041,
      "tpot_s": 0.012, "e2e_s": 0.22, "slo": "met"}
+
+`request_id` is the sidecar's: the client gets it as `x-request-id`, and the engine's own line for
+the request (`slaq.engine.request_log`, event `engine_request`: engine/request_log.py) carries it too,
+with what the engine did to the request (queue wait, preemptions, KV blocks erased and swapped).
+`key_fingerprint` is `slaq.api.table.key_fingerprint` of the key's stored hash; `client` is the
+peer unless the peer is a trusted proxy (addresses.py), `peer` the TCP peer.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ class AccessEntry:
     status: int = 500
     reason: str | None = None
     request_id: str | None = None  # the sidecar's own id: the client's `x-request-id` and the engine's request id
+    client: str | None = None  # the client's address (the peer, or what a trusted proxy reports)
+    peer: str | None = None  # the TCP peer's address
 
     def record(self) -> dict[str, Any]:
         tenant = self.identity.tenant if self.identity else None
@@ -50,6 +60,9 @@ class AccessEntry:
             "request_id": self.request_id,
             "tenant": tenant.name if tenant else None,
             "tier": tenant.tier.value if tenant else None,
+            "key_fingerprint": self.identity.key_fingerprint if self.identity else None,
+            "client": self.client,
+            "peer": self.peer,
             "method": self.method,
             "path": self.path,
             "status": self.status,

@@ -21,6 +21,7 @@ import httpx
 
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
 from slaq.sidecar.access import AccessEntry, AccessLog
+from slaq.sidecar.addresses import TrustedProxies, peer_address
 from slaq.sidecar.connections import ConnectionLimits
 from slaq.sidecar.errors import (
     BodyTimeout,
@@ -122,11 +123,13 @@ class SidecarApp:
         monitor_interval_s: float = 0.25,
         access: AccessLog | None = None,
         connection_limits: ConnectionLimits = ConnectionLimits(),
+        trusted_proxies: TrustedProxies = TrustedProxies(),
     ) -> None:
         self.core = core
         self.engine = engine
         self.max_body_bytes = max_body_bytes or core.config.limits.max_body_bytes
         self.connection_limits = connection_limits
+        self.trusted_proxies = trusted_proxies
         self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s)
         self.access = access or AccessLog()
         self.metrics_app = MetricsApp(core, engine)
@@ -138,7 +141,9 @@ class SidecarApp:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            entry = AccessEntry(scope["method"], scope["path"], self.core.clock(), request_id=uuid.uuid4().hex)
+            peer = peer_address(scope)
+            entry = AccessEntry(scope["method"], scope["path"], self.core.clock(), request_id=uuid.uuid4().hex,
+                                client=self.trusted_proxies.client(peer, scope["headers"]), peer=peer)
             try:
                 await self._route(scope, receive, send, entry)
             except SidecarError as error:
@@ -280,7 +285,8 @@ class SidecarApp:
         # The sidecar's own share of TTFT: its work before the request leaves (queue wait excluded)
         # plus forwarding the first token; everything else is the engine's or the network's.
         before_engine = time.perf_counter() - started - flight.entry.queue_wait_s
-        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight), headers=forward_request_headers(headers, request_id))
+        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight, request_id),
+                                          headers=forward_request_headers(headers, request_id))
         try:
             if response.status_code >= 400:
                 await self._engine_error(send, response, request_id)

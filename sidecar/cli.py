@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tenant-table", type=Path, default=Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY, help="Tenant table JSON file; reloaded when it changes.")
     parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
     parser.add_argument("--drain-timeout", type=_seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
+    parser.add_argument("--trusted-proxies", default=None, metavar="CIDR[,CIDR...]",
+                        help="Proxies (addresses or networks) whose X-Forwarded-For names the client in the access log; "
+                        "default none: the client is the TCP peer, whatever the request says.")
     parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
     parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
     parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
@@ -95,6 +98,7 @@ def _run(args: argparse.Namespace) -> int:
             max_queue_depth=args.max_queue_depth,
             drain_timeout_s=args.drain_timeout,
             trust_gateway_headers=args.trust_gateway_headers,
+            trusted_proxies=args.trusted_proxies,
             served_model_name=args.served_model_name,
             scheduler=scheduler,
             tokenizer=args.tokenizer,

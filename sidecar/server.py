@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from slaq.api.pool import RequestLimitsSpec, SchedulerSpec
 from slaq.api.runtime import METRICS_PORT
 from slaq.sidecar.access import AccessLog, AccessLogFormat
+from slaq.sidecar.addresses import TrustedProxies
 from slaq.sidecar.app import SidecarApp
 from slaq.sidecar.connections import ConnectionLimits, HeadTimeoutProtocol
 from slaq.sidecar.fields import MAX_TOKENS_LIMIT, BodyLimits
@@ -62,6 +63,7 @@ class SidecarOptions:
     max_num_seqs: int = 256  # the load's slot count
     max_num_batched_tokens: int = 8192  # the first-token lead's step size
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    trusted_proxies: str | None = None  # `--trusted-proxies`: whose X-Forwarded-For names the client (addresses.py); none by default
 
 
 def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
@@ -117,8 +119,12 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
     )
     core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
     limits = options.connection_limits
+    try:
+        proxies = TrustedProxies.parse(options.trusted_proxies)
+    except ValueError as exc:
+        raise ConfigError(f"--trusted-proxies: {exc}") from exc
     return SidecarApp(core, EngineClient(options.engine_url, engine_idle_s=limits.engine_idle_s), access=AccessLog(options.access_log),
-                      connection_limits=limits)
+                      connection_limits=limits, trusted_proxies=proxies)
 
 
 class PortRouter:
@@ -164,8 +170,11 @@ class DrainingServer(uvicorn.Server):
 
 
 def connection_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """uvicorn.Config arguments that bound connections: the head timeout's protocol and the connection limit."""
-    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections}
+    """uvicorn.Config arguments for the sidecar's connections: the head timeout's protocol, the
+    connection limit, and no proxy headers: the client's address is the peer unless
+    --trusted-proxies says otherwise (addresses.py), where uvicorn's default would believe
+    X-Forwarded-For from 127.0.0.1 or $FORWARDED_ALLOW_IPS and rewrite the peer itself."""
+    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections, "proxy_headers": False}
 
 
 def serve(options: SidecarOptions) -> None:

@@ -279,7 +279,8 @@ class SidecarCore:
         self.engine_kv_usage = kv_usage
         self.dispatcher.pump()
 
-    def enriched_body(self, flight: Flight) -> bytes:
+    def enriched_body(self, flight: Flight, request_id: str | None = None) -> bytes:
+        """The body for the engine; `request_id` (the access line's) goes into `vllm_xargs` for the engine's audit line."""
         identity = flight.identity
         sla = RequestSLA(
             tenant=identity.tenant.name,
@@ -288,6 +289,7 @@ class SidecarCore:
             tpot_ms=identity.tpot_ms,
             arrival=flight.arrival,
             predicted_output=flight.predicted_output,
+            request_id=request_id,
         )
         body = enrich_body(flight.payload.body, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
         if flight.payload.stream:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from slaq.api.common import Tier
-from slaq.api.table import LEGACY_KEY_HASH_PREFIX, TenantEntry, TenantTable, hash_api_key
+from slaq.api.table import LEGACY_KEY_HASH_PREFIX, TenantEntry, TenantTable, hash_api_key, key_fingerprint
 from slaq.sidecar.errors import Unauthorized
 from slaq.table_file import TableFile
 
@@ -77,12 +77,21 @@ class TenantIndex:
         return cls(pool="", revision="", by_key_hash={}, by_name={})
 
     def tenant_for_key(self, key: str) -> Tenant | None:
-        """The tenant holding `key`: hashed as the operator hashes it (HMAC-SHA256 under the table's
-        key), and as bare SHA-256 only while the table still holds such entries."""
-        tenant = self.by_key_hash.get(hash_api_key(key, self.hash_key)) if self.hash_key is not None else None
-        if tenant is None and self.legacy_hashes:
-            tenant = self.by_key_hash.get(hash_api_key(key))
-        return tenant
+        found = self.match_key(key)
+        return found[0] if found is not None else None
+
+    def match_key(self, key: str) -> tuple[Tenant, str] | None:
+        """The tenant holding `key` and the stored hash it matched: hashed as the operator hashes it
+        (HMAC-SHA256 under the table's key), and as bare SHA-256 only while the table still holds such entries."""
+        if self.hash_key is not None:
+            key_hash = hash_api_key(key, self.hash_key)
+            if (tenant := self.by_key_hash.get(key_hash)) is not None:
+                return tenant, key_hash
+        if self.legacy_hashes:
+            key_hash = hash_api_key(key)
+            if (tenant := self.by_key_hash.get(key_hash)) is not None:
+                return tenant, key_hash
+        return None
 
 
 class TenantDirectory:
@@ -127,6 +136,7 @@ class Identity:
     tenant: Tenant
     ttft_ms: float | None
     tpot_ms: float | None
+    key_fingerprint: str | None = None  # the bearer key's `key_fingerprint`; None when a trusted gateway named the tenant
 
 
 class Authenticator:
@@ -140,15 +150,17 @@ class Authenticator:
         """`headers` has lower-case names. Raises Unauthorized for a missing or unknown key."""
         index = self.directory.index
         tenant: Tenant | None = None
+        fingerprint: str | None = None
         authorization = headers.get("authorization")
         if authorization is not None:
             scheme, _, key = authorization.partition(" ")
             key = key.strip()
             if scheme.lower() != "bearer" or not key:
                 raise Unauthorized("Authorization must be 'Bearer <api key>'")
-            tenant = index.tenant_for_key(key)
-            if tenant is None:
+            found = index.match_key(key)
+            if found is None:
                 raise Unauthorized("unknown API key")
+            tenant, fingerprint = found[0], key_fingerprint(found[1])
         elif self.trust_gateway_headers and FAIRNESS_ID_HEADER in headers:
             # Behind a trusted gateway the gateway authenticated the caller and names the tenant.
             tenant = index.by_name.get(headers[FAIRNESS_ID_HEADER])
@@ -160,7 +172,7 @@ class Authenticator:
         if self.trust_gateway_headers:
             ttft_ms = _header_ms(headers, SLO_TTFT_HEADER, ttft_ms)
             tpot_ms = _header_ms(headers, SLO_TPOT_HEADER, tpot_ms)
-        return Identity(tenant=tenant, ttft_ms=ttft_ms, tpot_ms=tpot_ms)
+        return Identity(tenant=tenant, ttft_ms=ttft_ms, tpot_ms=tpot_ms, key_fingerprint=fingerprint)
 
 
 def _header_ms(headers: Mapping[str, str], name: str, default: float | None) -> float | None:

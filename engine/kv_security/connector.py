@@ -21,6 +21,7 @@ from slaq.engine.kv_security.planner import KVSecurityPlan, KVSecurityPlanner
 from slaq.engine.kv_security.swap import RecomputeModel, SwapOrRecompute
 from slaq.engine.kv_security.settings import CONNECTOR_MODULE, CONNECTOR_NAME, KVSecuritySettings, transfer_config_json
 from slaq.engine.kv_security.worker import KVSecurityWorker
+from slaq.engine.request_log import KVRequestFacts
 
 __all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "KVSecuritySettings", "SlaqKVConnector", "SlaqKVMetadata", "transfer_config_json"]
 
@@ -105,6 +106,10 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
         assert self.planner is not None
         self.planner.finished(request)
         return False, None
+
+    def request_facts(self, request_id: str) -> KVRequestFacts | None:
+        """The blocks erased and swapped for a live request, counted as the steps go (the scheduler's audit line)."""
+        return self.planner.request_facts(request_id) if self.planner is not None else None
 
     def apply_table(self, table: EngineTable) -> None:
         """The engine table changed (the scheduler's watcher read it)."""

@@ -16,7 +16,7 @@ Erase reasons (the `reason` label of `slaq_engine_kv_erased_blocks_total`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 REASON_REUSE = "reuse"
@@ -33,6 +33,7 @@ class HeldBlocks:
     tenant: str
     blocks: list[int]
     computed_tokens: int
+    erased: dict[str, int] = field(default_factory=dict)  # blocks ordered zeroed when it let them go, by reason (`released`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +59,11 @@ class BlockOwnership:
         self.erase_when_freed: set[str] = set()  # onFree tenants
 
     # -- what the scheduler did ----------------------------------------------------------------
-    def scheduled(self, request_id: str, tenant: str, block_ids: Sequence[int], num_computed: int, num_scheduled: int, *, replaces: bool) -> None:
+    def scheduled(self, request_id: str, tenant: str, block_ids: Sequence[int], num_computed: int, num_scheduled: int, *, replaces: bool) -> int:
         """A request was scheduled for `num_scheduled` tokens. `replaces`: `block_ids` is its whole
         block list (a new or resumed request, whose first `num_computed` tokens are prefix-cache
-        hits it only reads); otherwise the blocks appended this step (all written)."""
+        hits it only reads); otherwise the blocks appended this step (all written). Returns how
+        many blocks are to be zeroed for it (another tenant wrote them last)."""
         held = self._held.get(request_id)
         if replaces or held is None:
             if held is not None:
@@ -76,22 +78,28 @@ class BlockOwnership:
             for block in block_ids:
                 self._holders[block] += 1
         held.computed_tokens = num_computed + num_scheduled
-        self.written(tenant, fresh)
+        return self.written(tenant, fresh)
 
-    def written(self, tenant: str, block_ids: Iterable[int]) -> None:
-        """`tenant`'s data goes into these blocks this step (a forward pass, or a load from a host copy)."""
+    def written(self, tenant: str, block_ids: Iterable[int]) -> int:
+        """`tenant`'s data goes into these blocks this step (a forward pass, or a load from a host copy).
+        Returns how many of them are newly ordered zeroed first (`reuse`)."""
         owner = self._owner
+        erase = self._erase
+        ordered = 0
         for block in block_ids:
             previous = owner[block]
             if previous is not None and previous != tenant:
                 self._reassigned.append(Reassignment(block, previous, tenant))
-                if self.erase_on_reuse:
-                    self._erase.setdefault(block, REASON_REUSE)
+                if self.erase_on_reuse and block not in erase:
+                    erase[block] = REASON_REUSE
+                    ordered += 1
             owner[block] = tenant
+        return ordered
 
     def released(self, request_id: str) -> HeldBlocks | None:
         """A request freed its blocks (finished, aborted or preempted): blocks of an onFree tenant
-        and doomed blocks are erased once nobody holds them. Returns what it held."""
+        and doomed blocks are erased once nobody holds them. Returns what it held, with the erase
+        orders its release made (`HeldBlocks.erased`)."""
         held = self._held.pop(request_id, None)
         if held is None:
             return None
@@ -100,6 +108,7 @@ class BlockOwnership:
             reason = self._doomed.pop(block, REASON_FREE if on_free and self._owner[block] == held.tenant else None)
             if reason is not None:
                 self._order_erase(block, reason)
+                held.erased[reason] = held.erased.get(reason, 0) + 1
         return held
 
     def retire(self, tenant: str, reason: str) -> int:

@@ -6,6 +6,10 @@ to zero (ownership.py), preempted requests to seal into host memory and readmitt
 from there (swap.py). Tenants' erase modes come from the engine table (`kvErase`); a tenant that
 leaves the table or whose cache salt changes has all its blocks erased (the engine table carries
 only a fingerprint of each salt, to notice the change).
+
+Per request it counts the blocks zeroed for it and the blocks of its KV sealed and restored
+(`KVRequestFacts`, which the scheduler's audit line reads: request_log.py); the count lives while
+the request does.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from slaq.api.table import EngineTable
 from slaq.engine import vllm_compat as vc
 from slaq.engine.config import read_engine_table
 from slaq.engine.errors import SchedulerConfigError
-from slaq.engine.kv_security.ownership import REASON_SALT_CHANGED, REASON_TENANT_REMOVED, BlockOwnership, Reassignment
+from slaq.engine.kv_security.ownership import REASON_REUSE, REASON_SALT_CHANGED, REASON_TENANT_REMOVED, BlockOwnership, HeldBlocks, Reassignment
 from slaq.engine.kv_security.swap import NO_HOST_CACHE, NO_ROOM, NO_RULE, BY_COST, LoadOrder, RecomputeModel, SaveOrder, SwapLedger, SwapOrRecompute
 from slaq.engine.metrics import EngineMetrics
+from slaq.engine.request_log import KVRequestFacts
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class KVSecurityPlanner:
         self.inspect = inspect
         self.manager: Any = None  # vLLM's KVCacheManager, bound after the scheduler built it
         self._tenant_of: dict[str, str] = {}
+        self._facts: dict[str, KVRequestFacts] = {}  # live requests only: dropped when one finishes
         self._policies: dict[str, TenantKV] = {}
         self._loads: list[LoadOrder] = []
         self._drops: list[str] = []
@@ -102,6 +108,7 @@ class KVSecurityPlanner:
         tenant = sla.tenant
         self._tenant_of[request.request_id] = tenant
         self._tier_of[request.request_id] = sla.tier.value
+        self._facts[request.request_id] = KVRequestFacts()
         if self.erase_enabled and tenant in self.ownership.erase_when_freed:
             vc.skip_prefix_cache_reads(request)
 
@@ -115,12 +122,21 @@ class KVSecurityPlanner:
             return
         order = self.swap.allocated(request.request_id, vc.first_group_block_ids(blocks), num_external)
         if order is not None:
-            self.ownership.written(order.tenant, order.block_ids)
+            facts = self._facts.get(request.request_id)
+            erased = self.ownership.written(order.tenant, order.block_ids)
+            if facts is not None:
+                facts.count_erased(REASON_REUSE, erased)
+                facts.swap_in_blocks += len(order.block_ids)
             self._loads.append(order)
+
+    def request_facts(self, request_id: str) -> KVRequestFacts | None:
+        """The live count for a request (the scheduler keeps a reference; it stays valid after the request finished)."""
+        return self._facts.get(request_id)
 
     def finished(self, request: vc.Request) -> None:
         request_id = request.request_id
-        self.ownership.released(request_id)
+        self._count_release(request_id, self.ownership.released(request_id))
+        self._facts.pop(request_id, None)
         if self.swap is not None and self.swap.forget(request_id):
             self._drops.append(request_id)
         self._tenant_of.pop(request_id, None)
@@ -135,16 +151,20 @@ class KVSecurityPlanner:
     def plan(self, output: vc.SchedulerOutput) -> KVSecurityPlan:
         plan = KVSecurityPlan(loads=self._loads, drops=self._drops)
         self._loads, self._drops = [], []
+        facts = self._facts
         for request_id in vc.preempted_ids(output):
             held = self.ownership.released(request_id)
             if held is None:
                 continue
+            self._count_release(request_id, held)
             if self.swap is None:
                 self._count_victim(request_id, "recomputed", NO_HOST_CACHE)
                 continue
             order = self.swap.preempted(request_id, held)
             if isinstance(order, SaveOrder):
                 plan.saves.append(order)
+                if (victim := facts.get(request_id)) is not None:
+                    victim.swap_out_blocks += len(order.block_ids)
                 self._count_victim(request_id, "swapped", self.swap.choice.reason if self.swap.choice is not None else BY_COST)
             else:
                 self.metrics.kv_swap_blocks.labels(direction="out", outcome=order).inc(max(1, held.computed_tokens // self.ownership.block_size))
@@ -154,7 +174,9 @@ class KVSecurityPlanner:
         for request_id, block_ids, computed, scheduled, replaces in vc.scheduled_blocks(output):
             tenant = tenant_of.get(request_id)
             if tenant is not None:
-                self.ownership.scheduled(request_id, tenant, block_ids, computed, scheduled, replaces=replaces)
+                erased = self.ownership.scheduled(request_id, tenant, block_ids, computed, scheduled, replaces=replaces)
+                if erased and (scheduled_facts := facts.get(request_id)) is not None:
+                    scheduled_facts.count_erased(REASON_REUSE, erased)
         orders = self.ownership.take_erase_orders()
         plan.erase = sorted(orders)
         for reason in set(orders.values()):
@@ -168,6 +190,12 @@ class KVSecurityPlanner:
             self.metrics.kv_swap_blocks.labels(direction="in", outcome="ordered").inc(sum(len(l.block_ids) for l in plan.loads))
         self._evict()
         return plan
+
+    def _count_release(self, request_id: str, held: HeldBlocks | None) -> None:
+        facts = self._facts.get(request_id)
+        if held is not None and facts is not None:
+            for reason, blocks in held.erased.items():
+                facts.count_erased(reason, blocks)
 
     def _count_victim(self, request_id: str, choice: str, reason: str) -> None:
         tier = self._tier_of.get(request_id, "standard")

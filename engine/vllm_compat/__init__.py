@@ -54,6 +54,12 @@ def attached_info(request: Request) -> Any | None:
     return getattr(request, _INFO_ATTR, None)
 
 
+def finish_reason(request: Request) -> str | None:
+    """Why a finished request ended, as vLLM names it in its answers (`stop`, `length`, `abort`, `error`, `repetition`)."""
+    reason = request.get_finished_reason()
+    return str(reason) if reason is not None else None
+
+
 def is_preempted(request: Request) -> bool:
     return request.status == RequestStatus.PREEMPTED
 
@@ -200,6 +206,16 @@ def total_scheduled_tokens(output: SchedulerOutput) -> int:
 def preempted_ids(output: SchedulerOutput) -> set[str]:
     """Every request preempted in the step that produced `output` (slaq's and vLLM's own)."""
     return output.preempted_req_ids or set()
+
+
+def admitted_ids(output: SchedulerOutput) -> list[str]:
+    """Requests that got their first step in the step that produced `output`, or their first after a
+    preemption (vLLM lists a resumed request among the cached ones, flagged resumed)."""
+    ids = [new.req_id for new in output.scheduled_new_reqs]
+    resumed = output.scheduled_cached_reqs.resumed_req_ids
+    if resumed:
+        ids.extend(resumed)
+    return ids
 
 
 def adopt_block_manager(scheduler: AsyncScheduler, manager_cls: type[KVCacheManager]) -> KVCacheManager:
@@ -395,6 +411,20 @@ class RecomputesLoadFailures(AsyncScheduler):
             if request is not None and request.status == RequestStatus.RUNNING:
                 discard_in_flight_output(request)
         return affected, tokens, to_evict
+
+
+class ReportsFreedRequests(AsyncScheduler):
+    """Calls `request_freed(request)` once for every request that leaves the scheduler, after vLLM
+    freed it: finished in a step (stop, length), or aborted from the API server (a client that went
+    away). Both go through `_free_request`, which also tells the KV connector (`request_finished`)."""
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        freed = super()._free_request(request, delay_free_blocks)
+        self.request_freed(request)
+        return freed
+
+    def request_freed(self, request: Request) -> None:
+        return None
 
 
 def discard_in_flight_output(request: Request) -> None:

@@ -77,6 +77,8 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         args += ["--max-model-len", str(spec.model.max_model_len)]
     if spec.sidecar.trust_gateway_headers:
         args.append("--trust-gateway-headers")
+    if spec.sidecar.trusted_proxies:
+        args += ["--trusted-proxies", ",".join(spec.sidecar.trusted_proxies)]
     return [*args, "--served-model-name", served_model_name(pool)]
 
 

@@ -22,14 +22,17 @@ XARG_TTFT_MS = "slaq_ttft_ms"
 XARG_TPOT_MS = "slaq_tpot_ms"
 XARG_ARRIVAL = "slaq_arrival"
 XARG_PREDICTED_OUTPUT = "slaq_predicted_output"
-XARG_KEYS = (XARG_TENANT, XARG_TIER, XARG_TTFT_MS, XARG_TPOT_MS, XARG_ARRIVAL, XARG_PREDICTED_OUTPUT)
+XARG_REQUEST_ID = "slaq_request_id"  # the sidecar's request id, which the engine's audit line carries (engine/request_log.py)
+XARG_KEYS = (XARG_TENANT, XARG_TIER, XARG_TTFT_MS, XARG_TPOT_MS, XARG_ARRIVAL, XARG_PREDICTED_OUTPUT, XARG_REQUEST_ID)
+REQUEST_ID_MAX_CHARS = 128
 
 DEFAULT_TENANT = "anonymous"
 
 
 @dataclass(frozen=True, slots=True)
 class RequestSLA:
-    """SLA facts about one request, as the engine's scheduler sees them (hot path: a plain dataclass)."""
+    """SLA facts about one request, as the engine's scheduler sees them (hot path: a plain dataclass),
+    and the admitting side's id for it, so the engine's audit line joins the sidecar's."""
 
     tenant: str = DEFAULT_TENANT
     tier: Tier = Tier.STANDARD
@@ -37,6 +40,7 @@ class RequestSLA:
     tpot_ms: float | None = None
     arrival: float | None = None
     predicted_output: int | None = None
+    request_id: str | None = None
 
     def to_xargs(self) -> dict[str, Any]:
         """Absent facts are left out: vLLM 0.32's server answers 400 to a null value in `vllm_xargs`."""
@@ -47,6 +51,7 @@ class RequestSLA:
             XARG_TPOT_MS: self.tpot_ms,
             XARG_ARRIVAL: self.arrival,
             XARG_PREDICTED_OUTPUT: self.predicted_output,
+            XARG_REQUEST_ID: self.request_id,
         }
         return {key: value for key, value in xargs.items() if value is not None}
 
@@ -66,7 +71,15 @@ class RequestSLA:
             tpot_ms=_positive(extra.get(XARG_TPOT_MS)),
             arrival=_finite(extra.get(XARG_ARRIVAL)),
             predicted_output=_count(extra.get(XARG_PREDICTED_OUTPUT)),
+            request_id=_identifier(extra.get(XARG_REQUEST_ID)),
         )
+
+
+def _identifier(value: Any) -> str | None:
+    """A printable string of at most REQUEST_ID_MAX_CHARS characters, else None (it goes into log lines)."""
+    if not isinstance(value, str) or not value or len(value) > REQUEST_ID_MAX_CHARS or not value.isprintable():
+        return None
+    return value
 
 
 def _finite(value: Any) -> float | None:

@@ -152,8 +152,20 @@ class SidecarSpec(ApiModel):
     port: Annotated[int, Field(ge=1024, le=65535, description="The tenant port: the OpenAI API, /health and /ready (the pool's Service port).")] = 8000
     metrics_port: Annotated[int, Field(ge=1024, le=65535, description="The metrics port: /metrics (sidecar and engine series) and /slaq/usage, for Prometheus, a gateway's endpoint picker and the operator; never on the Service.")] = 9090
     trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False
+    trusted_proxies: Annotated[list[Annotated[str, Field(min_length=2, max_length=64, pattern=r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$")]], Field(max_length=64, description="Addresses or CIDR networks of the proxies (a gateway) whose X-Forwarded-For names the client in the access log; empty (the default): the client is the TCP peer, whatever a request says.")] = Field(default_factory=list)
     max_queue_depth: Annotated[int, Field(ge=1, le=1_000_000, description="Most requests queued in the sidecar before it refuses more.")] = 1024
     request_limits: RequestLimitsSpec = Field(default_factory=RequestLimitsSpec)
+
+    @model_validator(mode="after")
+    def _trusted_proxies_are_networks(self) -> "SidecarSpec":
+        import ipaddress
+
+        for index, network in enumerate(self.trusted_proxies):
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"sidecar.trustedProxies[{index}] ({network!r}): not an IP address or CIDR network") from None
+        return self
 
 
 class ResourcesSpec(ApiModel):

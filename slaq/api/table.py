@@ -16,6 +16,8 @@ LEGACY_KEY_HASH_PREFIX = "sha256:"  # tables written before key hashes were keye
 KEY_HASH_PATTERN = r"^(hmac-sha256|sha256):[0-9a-f]{64}$"
 KEY_HASH_KEY_LABEL = b"slaq api-key hash v1"
 SALT_FINGERPRINT_CHARS = 16
+KEY_FINGERPRINT_LABEL = b"slaq key fingerprint v1\0"
+KEY_FINGERPRINT_CHARS = 16
 
 
 def derive_key_hash_key(secret: bytes) -> bytes:
@@ -32,6 +34,15 @@ def hash_api_key(key: str, hash_key: bytes | None = None) -> str:
     if hash_key is None:
         return LEGACY_KEY_HASH_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
     return KEY_HASH_PREFIX + hmac.new(hash_key, key.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def key_fingerprint(key_hash: str) -> str:
+    """What the audit log names a key by: 16 hex characters of the SHA-256 of its stored hash
+    (`hash_api_key`). Neither the key nor the hash: a log line cannot be turned into a credential
+    or a table entry, and guessing a key from it needs the table's key-hash key, as the hash does.
+    An operator computes it from the key (hash it under the table's key, then this) or lists it
+    for every key of a tenant from the table's hashes; it changes when the key-hash key does."""
+    return hashlib.sha256(KEY_FINGERPRINT_LABEL + key_hash.encode("ascii")).hexdigest()[:KEY_FINGERPRINT_CHARS]
 
 
 def derive_cache_salt(secret: bytes, group: str) -> str:

@@ -77,6 +77,21 @@ def test_on_free_tenant_blocks_are_erased_and_evicted_when_their_last_holder_fre
     assert own.take_erase_orders() == {}
 
 
+def test_each_request_is_told_the_blocks_erased_for_it() -> None:
+    """The counts the engine's audit line carries (request_log.py): reuse when it is scheduled onto
+    another tenant's blocks, free when an onFree tenant's request lets its blocks go."""
+    own = BlockOwnership(10, BS)
+    own.erase_when_freed = {"vault-co"}
+    assert own.scheduled("v1", "vault-co", [1, 2], 0, 8, replaces=True) == 0
+    assert own.released("v1").erased == {REASON_FREE: 2}
+    assert own.scheduled("a1", "acme", [3, 4], 0, 8, replaces=True) == 0
+    assert own.released("a1").erased == {}  # an onReuse tenant's release erases nothing
+    assert own.scheduled("b1", "bolt", [3], 0, 4, replaces=True) == 1  # acme's block
+    assert own.scheduled("b1", "bolt", [4], 4, 1, replaces=False) == 1
+    assert own.scheduled("b2", "bolt", [1], 0, 4, replaces=True) == 0  # zeroed when vault-co freed it: no second erase
+    assert own.take_erase_orders() == {1: REASON_FREE, 2: REASON_FREE, 3: REASON_REUSE, 4: REASON_REUSE}
+
+
 def test_retiring_a_tenant_erases_free_blocks_now_and_held_ones_when_freed() -> None:
     own = BlockOwnership(10, BS)
     own.scheduled("a1", "acme", [1, 2], 0, 8, replaces=True)

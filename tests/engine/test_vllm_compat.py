@@ -387,3 +387,36 @@ def test_slaq_scheduler_leaves_vllms_scheduling_policy_attribute_alone() -> None
     # PRIORITY, else the last admitted); SLAScheduler must not shadow it with its own policy.
     scheduler = build_scheduler()
     assert scheduler.policy is SchedulingPolicy.PRIORITY
+
+
+def test_admitted_ids_are_first_steps_and_resumptions_after_a_preemption() -> None:
+    scheduler = _stock(max_num_seqs=1)
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, max_tokens=50)
+    driver.add(request)
+    assert vc.admitted_ids(driver.step()) == [request.request_id]  # its first step
+    assert vc.admitted_ids(driver.step()) == []  # a running decode is not admitted again
+    vc.preempt(scheduler, request, 0.0)
+    assert vc.admitted_ids(driver.step()) == [request.request_id]  # resumed
+
+
+class _Freed(vc.ReportsFreedRequests):
+    freed: list = []
+
+    def request_freed(self, request) -> None:
+        self.freed.append((request.request_id, vc.finish_reason(request), request.request_id in self.requests))
+
+
+def test_reports_freed_requests_calls_back_once_per_finished_or_aborted_request_with_its_finish_reason() -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler = build_scheduler(_Freed, max_num_seqs=1)
+    scheduler.freed = []
+    driver = Driver(scheduler)
+    done, aborted = make_request(Tier.BATCH, max_tokens=3), make_request(Tier.BATCH, max_tokens=30)
+    driver.add(done, aborted)
+    assert vc.finish_reason(done) is None  # not finished yet
+    driver.step()
+    scheduler.finish_requests(aborted.request_id, RequestStatus.FINISHED_ABORTED)
+    driver.run_until_idle()
+    assert scheduler.freed == [(aborted.request_id, "abort", False), (done.request_id, "length", False)]

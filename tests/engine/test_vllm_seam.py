@@ -134,6 +134,7 @@ def test_every_overridden_vllm_method_keeps_the_installed_signature() -> None:
     for expected in ("slaq.engine.blocks.SLABlockManager.allocate_slots", "slaq.engine.blocks.SLABlockManager.free",
                      "slaq.engine.blocks.SLABlockManager.pop_blocks_for_free",
                      "slaq.engine.vllm_compat.RecomputesLoadFailures._update_requests_with_invalid_blocks",
+                     "slaq.engine.vllm_compat.ReportsFreedRequests._free_request",
                      "slaq.engine.scheduler.SLAScheduler.schedule", "slaq.bench.oracle.OracleScheduler.schedule",
                      "slaq.engine.kv_security.connector.SlaqKVConnector.build_connector_meta"):
         assert expected in found, sorted(found)

@@ -136,6 +136,27 @@ def test_optional_flags_then_the_separator_and_vllm_flags_go_last(gpu_pool: Infe
     pool.spec.sidecar.trust_gateway_headers = True
     assert engine_args(pool)[-5:] == ["--revision", "abc123", "--", "--enforce-eager", "--no-enable-prefix-caching"]
     assert "--trust-gateway-headers" in sidecar_args(pool)
+    assert "--trusted-proxies" not in sidecar_args(pool)  # by default no proxy's X-Forwarded-For is believed
+
+
+def test_the_pools_trusted_proxies_reach_the_sidecar_as_it_parses_them(gpu_pool: InferencePool) -> None:
+    from slaq.sidecar.addresses import TrustedProxies
+
+    pool = gpu_pool.model_copy(deep=True)
+    pool.spec.sidecar.trusted_proxies = ["10.0.0.0/16", "2001:db8::1"]
+    args = sidecar_args(pool)
+    proxies = TrustedProxies.parse(args[args.index("--trusted-proxies") + 1])
+    assert proxies.client("10.0.4.2", [(b"x-forwarded-for", b"203.0.113.9")]) == "203.0.113.9"
+    assert proxies.client("2001:db8::1", [(b"x-forwarded-for", b"203.0.113.9")]) == "203.0.113.9"
+
+
+def test_a_trusted_proxy_that_is_no_network_is_refused_by_name() -> None:
+    import pydantic
+
+    from slaq.api.pool import SidecarSpec
+
+    with pytest.raises(pydantic.ValidationError, match=r"trustedProxies\[1\]"):
+        SidecarSpec.model_validate({"trustedProxies": ["10.0.0.0/8", "10.0.0.300"]})
 
 
 def test_the_pools_request_limits_reach_the_sidecar_as_it_parses_them(gpu_pool: InferencePool) -> None:

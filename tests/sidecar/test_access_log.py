@@ -7,6 +7,8 @@ import json
 
 import httpx
 
+from slaq.api.contract import XARG_REQUEST_ID
+from slaq.api.table import hash_api_key, key_fingerprint
 from slaq.sidecar.access import AccessLog
 from tests.sidecar.tables import KEYS, abc_table, bearer
 from slaq.testing.fake_engine import fake_user
@@ -107,3 +109,68 @@ def test_off_writes_nothing(sidecar) -> None:
     sidecar.app.access = AccessLog("off", buffer)
     assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200
     assert buffer.getvalue() == ""
+
+
+def test_the_request_id_is_the_clients_x_request_id_and_reaches_the_engine_in_header_and_xargs(sidecar, fake_upstream) -> None:
+    fake = fake_upstream[0]
+    fake.received.clear()
+    fake.received_headers.clear()
+    buffer = capture(sidecar)
+    response = sidecar.client.post("/v1/chat/completions", json=CHAT, headers={**bearer("std"), "x-request-id": "client-chosen"})
+    assert response.status_code == 200
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    request_id = response.headers["x-request-id"]
+    assert line["request_id"] == request_id and len(request_id) == 32 and request_id != "client-chosen"
+    assert fake.received_headers[-1]["x-request-id"] == request_id  # vLLM builds its own id from this header
+    assert fake.received[-1]["vllm_xargs"][XARG_REQUEST_ID] == request_id  # the engine's audit line reads this one
+
+
+def test_the_key_fingerprint_is_stable_per_key_and_neither_the_key_nor_its_hash(sidecar) -> None:
+    buffer = capture(sidecar)
+    ids = []
+    for name in ("std", "std", "vip"):
+        answer = sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer(name))
+        assert answer.status_code == 200
+        ids.append(answer.headers["x-request-id"])
+    ids.append(sidecar.client.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sk-unknown-0123456789"}).headers["x-request-id"])
+    wait_for(lambda: len(lines(buffer)) == 4, what="four access lines")  # each written once its answer went out: any order
+    by_id = {line["request_id"]: line["key_fingerprint"] for line in lines(buffer)}
+    std, std_again, vip, unknown = (by_id[request_id] for request_id in ids)
+    stored = hash_api_key(KEYS["std"])  # the test table's entries hold this (no key-hash key)
+    assert std == std_again == key_fingerprint(stored)  # what an operator computes from the key
+    assert vip == key_fingerprint(hash_api_key(KEYS["vip"])) and vip != std and unknown is None
+    assert len(std) == 16 and int(std, 16) >= 0
+    raw = buffer.getvalue()
+    digest = stored.split(":", 1)[1]
+    assert KEYS["std"] not in raw and digest not in raw and digest[:16] not in raw and std not in digest  # negative controls
+
+
+def test_the_key_fingerprint_of_a_keyed_table_follows_its_hmac(start_sidecar, fake_upstream) -> None:
+    table = abc_table()
+    hash_key = bytes(range(32))
+    table = table.model_copy(update={"key_hash_key": hash_key.hex(), "tenants": [
+        t.model_copy(update={"key_hashes": [hash_api_key(KEYS[t.name], hash_key)]}) for t in table.tenants]})
+    sidecar = start_sidecar(fake_upstream[1], table, served_model_name="fake-model")
+    buffer = capture(sidecar)
+    assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("std")).status_code == 200
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    assert line["key_fingerprint"] == key_fingerprint(hash_api_key(KEYS["std"], hash_key))
+    assert line["key_fingerprint"] != key_fingerprint(hash_api_key(KEYS["std"]))
+
+
+def test_the_client_is_the_peer_whatever_x_forwarded_for_says_unless_the_peer_is_trusted(start_sidecar, fake_upstream) -> None:
+    spoofed = {**bearer("std"), "x-forwarded-for": "203.0.113.9"}
+    plain = start_sidecar(fake_upstream[1], served_model_name="fake-model")
+    buffer = capture(plain)
+    assert plain.client.post("/v1/chat/completions", json=CHAT, headers=spoofed).status_code == 200
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    assert (line["client"], line["peer"]) == ("127.0.0.1", "127.0.0.1")  # neither uvicorn nor the sidecar believed the header
+    behind = start_sidecar(fake_upstream[1], served_model_name="fake-model", trusted_proxies="127.0.0.1/32")
+    buffer = capture(behind)
+    assert behind.client.post("/v1/chat/completions", json=CHAT, headers=spoofed).status_code == 200
+    wait_for(lambda: len(lines(buffer)) == 1, what="one access line")
+    [line] = lines(buffer)
+    assert (line["client"], line["peer"]) == ("203.0.113.9", "127.0.0.1")  # control: a trusted proxy's header is read

@@ -41,12 +41,13 @@ async def test_client_scheduling_fields_are_refused_naming_the_field(field: str)
 async def test_the_tenants_scheduling_fields_are_set_by_the_sidecar() -> None:
     c, _ = core()
     flight = await c.admit(c.identify(bearer("free")), "chat", CHAT)
-    body = json.loads(c.enriched_body(flight))
+    body = json.loads(c.enriched_body(flight, "0123abcd"))
     table = abc_table()
     assert body["priority"] == 2  # batch tier rank, whatever the client asked for
     assert body["cache_salt"] == next(t.cache_salt for t in table.tenants if t.name == "free")
     assert set(body["vllm_xargs"]) == set(XARG_KEYS) - {"slaq_ttft_ms", "slaq_tpot_ms"}  # batch: no objectives, keys left out
     assert body["vllm_xargs"]["slaq_tier"] == "batch" and body["vllm_xargs"]["slaq_tenant"] == "free"
+    assert body["vllm_xargs"]["slaq_request_id"] == "0123abcd"  # the access line's id, for the engine's audit line
     assert body["vllm_xargs"]["slaq_predicted_output"] == 20  # bounded by max_tokens
     assert body["messages"] == [{"role": "user", "content": "hello there"}]
 
