@@ -7,6 +7,7 @@ failure names the field. What passes is what may reach the engine.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +28,49 @@ class InferencePayload:
     include_usage: bool  # the client asked for the stream's usage chunk (the sidecar always asks the engine)
 
 
+class _NonFinite(ValueError):
+    """A number literal beyond float range (1e309 parses to inf): json.dumps would re-send it to
+    the engine as `Infinity`, which is not JSON."""
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NonFinite(text)
+    return value
+
+
+def _path_of_non_finite(node: Any, path: str = "") -> str | None:
+    """Where in a decoded body the first infinite number is (the refusal names it)."""
+    if isinstance(node, float) and math.isinf(node):
+        return path or "body"
+    if isinstance(node, dict):
+        items = ((f"{path}.{key}" if path else str(key), value) for key, value in node.items())
+    elif isinstance(node, list):
+        items = ((f"{path}[{i}]", value) for i, value in enumerate(node))
+    else:
+        return None
+    for where, value in items:
+        if (found := _path_of_non_finite(value, where)) is not None:
+            return found
+    return None
+
+
 def decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        text = raw.decode("utf-8")
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except _NonFinite as exc:
+        # Rare, so the body is decoded once more to name the field.
+        try:
+            where = _path_of_non_finite(json.loads(text, parse_constant=_reject_constant))
+        except RecursionError:
+            where = None
+        raise InvalidField(where or "body", f"must be a finite number (got {str(exc)[:40]})") from None
     except UnicodeDecodeError as exc:
         raise MalformedJSON(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     except (json.JSONDecodeError, ValueError) as exc:

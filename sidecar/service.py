@@ -292,7 +292,8 @@ class SidecarCore:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
             # chunk goes back only to a client that asked for it (`ResponseObserver`).
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return json.dumps(body, separators=(",", ":")).encode()
+        # allow_nan=False: never re-send a non-finite number as `Infinity`/`NaN` (parsing refuses them already).
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
     def first_token(self, flight: Flight) -> None:
         now = self.clock()
