@@ -26,6 +26,12 @@ class InferencePayload:
     max_tokens: int | None
     n: int  # completions the engine runs: `n` times the prompts of a batch
     include_usage: bool  # the client asked for the stream's usage chunk (the sidecar always asks the engine)
+    tokens_per_event: int = 1  # `stream_interval`: tokens one streamed event may carry
+
+    @property
+    def max_output(self) -> int | None:
+        """The most output tokens this request may produce (None: up to the context)."""
+        return None if self.max_tokens is None else self.n * self.max_tokens
 
 
 class _NonFinite(ValueError):
@@ -104,4 +110,5 @@ def parse_payload(raw: bytes, kind: Kind, served_model_name: str | None, limits:
         n *= len(body["prompt"])  # a batch of prompts is that many completions
     stream = bool(body.get("stream", False))
     include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
-    return InferencePayload(kind=kind, body=body, model=model, stream=stream, max_tokens=max_tokens, n=n, include_usage=include_usage)
+    return InferencePayload(kind=kind, body=body, model=model, stream=stream, max_tokens=max_tokens, n=n, include_usage=include_usage,
+                            tokens_per_event=body.get("stream_interval") or 1)

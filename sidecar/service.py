@@ -320,6 +320,13 @@ class SidecarCore:
         self.quotas.settle(flight.ticket, used, now)
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s
+        if output_tokens is not None and not refund:
+            # The figures the bucket was settled with reach fairness, /slaq/usage and the token counters
+            # too, for a stream cut short as for a complete answer.
+            self.accounting.charge(tenant.tier.value, tenant.name, prompt + output_tokens)
+            self.usage.tokens(tenant.name, prompt + output_tokens, now)
+            self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
+            self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
         if status >= 400 or output_tokens is None:
             if status != 499:
                 self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
@@ -327,10 +334,6 @@ class SidecarCore:
             return
         self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
         self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
-        self.accounting.charge(tenant.tier.value, tenant.name, prompt + output_tokens)
-        self.usage.tokens(tenant.name, prompt + output_tokens, now)
-        self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
-        self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
         self.metrics.e2e.labels(tenant.name, tier).observe(e2e)
         ttft = tpot = None
         if flight.payload.stream and flight.first_token_time is not None:

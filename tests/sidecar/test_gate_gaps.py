@@ -62,3 +62,39 @@ def test_finite_numbers_still_pass() -> None:
     core = _core()
     flight = core.check_in(core.identify(bearer("std")), "completions", ('{"prompt":"x","response_format":%s}' % (SCHEMA_WITH % "1.7e308")).encode())
     assert json.loads(core.enriched_body(flight))["response_format"]["json_schema"]["schema"]["maximum"] == 1.7e308
+
+
+# -- 5. a client that leaves between finish_reason and the usage chunk ------------------------------
+def _tokens_left(core: SidecarCore, tenant: str) -> float:
+    state = core.quotas._states[tenant]
+    state.tokens._refill(core.clock())
+    return state.tokens.level
+
+
+@pytest.mark.parametrize("stream_interval", [None, 4])
+def test_a_client_that_leaves_before_the_usage_chunk_is_charged_what_it_streamed(start_sidecar, fake_upstream, stream_interval) -> None:
+    """It read every token to finish_reason and closed before usage came: it used to pay only its
+    reservation for the bucket, and nothing reached fairness, /slaq/usage or slaq_tokens_total."""
+    from slaq.testing.fake_engine import fake_user
+    from tests.support.polling import wait_for
+
+    sidecar = start_sidecar(fake_upstream[1], abc_table(std={"tokens_per_minute": 6000.0}), served_model_name="fake-model")
+    core = sidecar.app.core
+    frozen = core.clock()
+    core.clock = lambda: frozen  # no refill while it runs: the bucket's level is the charge
+    body = {**COMPLETION, "stream": True, "max_tokens": 1000, "prompt": "x" * 40, "user": fake_user(tokens=6, usage_delay_ms=3000)}
+    if stream_interval:
+        body["stream_interval"] = stream_interval
+    with sidecar.client.stream("POST", "/v1/completions", json=body, headers=bearer("std")) as response:
+        for line in response.iter_lines():
+            if '"finish_reason":"length"' in line.replace(" ", ""):
+                break  # the whole answer: leave before the usage chunk
+    wait_for(lambda: core.quotas.in_flight("std") == 0, 10.0, "the stream settled")
+    # Each token event holds up to stream_interval tokens: the count is an upper bound, never above max_tokens.
+    streamed = 6 * (stream_interval or 1)
+    prompt = 10  # the estimate (40 characters / 4): no usage ever said otherwise
+    assert _tokens_left(core, "std") == pytest.approx(6000 - prompt - streamed, abs=0.01)  # not 6000 - 1010 (the reservation)
+    assert core.accounting.service_share("standard", "std") > 0
+    metrics = sidecar.metrics.get("/metrics").text
+    assert f'slaq_tokens_total{{direction="out",tenant="std",tier="standard"}} {float(streamed)}' in metrics
+    assert sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]["tokensPerMinute"] == prompt + streamed
