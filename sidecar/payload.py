@@ -27,6 +27,14 @@ class InferencePayload:
     n: int  # completions the engine runs: `n` times the prompts of a batch
     include_usage: bool  # the client asked for the stream's usage chunk (the sidecar always asks the engine)
     tokens_per_event: int = 1  # `stream_interval`: tokens one streamed event may carry
+    # vLLM computes a logprob distribution over the vocabulary at every prompt position (`prompt_logprobs`,
+    # or completions' `echo` with `logprobs`): the prompt is charged twice, once as prompt and once as
+    # output-like work.
+    prompt_logprobs: bool = False
+
+    @property
+    def prompt_charge_factor(self) -> int:
+        return 2 if self.prompt_logprobs else 1
 
     @property
     def max_output(self) -> int | None:
@@ -111,4 +119,11 @@ def parse_payload(raw: bytes, kind: Kind, served_model_name: str | None, limits:
     stream = bool(body.get("stream", False))
     include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
     return InferencePayload(kind=kind, body=body, model=model, stream=stream, max_tokens=max_tokens, n=n, include_usage=include_usage,
-                            tokens_per_event=body.get("stream_interval") or 1)
+                            tokens_per_event=body.get("stream_interval") or 1, prompt_logprobs=_asks_prompt_logprobs(kind, body))
+
+
+def _asks_prompt_logprobs(kind: Kind, body: dict[str, Any]) -> bool:
+    """vLLM's rule: `prompt_logprobs`, or for completions `echo` with `logprobs` (0 included)."""
+    if body.get("prompt_logprobs") is not None:
+        return True
+    return kind == "completions" and bool(body.get("echo")) and body.get("logprobs") is not None

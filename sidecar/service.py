@@ -232,7 +232,7 @@ class SidecarCore:
             )
             wait_s = self.dispatcher.predicted_wait_s(view)
             self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
-            reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
+            reserved = prompt_tokens * payload.prompt_charge_factor + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
         except SidecarError as error:
             if isinstance(error, (BadRequest, TokenRateExceeded)):
@@ -316,15 +316,16 @@ class SidecarCore:
         self.risk.gone(flight.key)
         self.dispatcher.finished(flight.entry, started)
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
-        used = 0 if refund else None if output_tokens is None else prompt + output_tokens
+        prompt_charge = prompt * flight.payload.prompt_charge_factor  # prompt logprobs: a second pass over the prompt
+        used = 0 if refund else None if output_tokens is None else prompt_charge + output_tokens
         self.quotas.settle(flight.ticket, used, now)
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s
         if output_tokens is not None and not refund:
             # The figures the bucket was settled with reach fairness, /slaq/usage and the token counters
             # too, for a stream cut short as for a complete answer.
-            self.accounting.charge(tenant.tier.value, tenant.name, prompt + output_tokens)
-            self.usage.tokens(tenant.name, prompt + output_tokens, now)
+            self.accounting.charge(tenant.tier.value, tenant.name, prompt_charge + output_tokens)
+            self.usage.tokens(tenant.name, prompt_charge + output_tokens, now)
             self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
             self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
         if status >= 400 or output_tokens is None:

@@ -98,3 +98,30 @@ def test_a_client_that_leaves_before_the_usage_chunk_is_charged_what_it_streamed
     metrics = sidecar.metrics.get("/metrics").text
     assert f'slaq_tokens_total{{direction="out",tenant="std",tier="standard"}} {float(streamed)}' in metrics
     assert sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]["tokensPerMinute"] == prompt + streamed
+
+
+# -- 4. prompt logprobs: logits over the vocabulary at every prompt position --------------------------
+def _frozen_core(**tenant) -> SidecarCore:
+    return SidecarCore(CoreConfig(limits=limits()), TenantDirectory.from_table(abc_table(std={"tokens_per_minute": 6000.0, **tenant})),
+                       clock=lambda: 1000.0)
+
+
+@pytest.mark.parametrize("kind,extra,doubled", [
+    ("completions", {}, False),
+    ("completions", {"prompt_logprobs": 0}, True),
+    ("completions", {"echo": True, "logprobs": 1}, True),  # vLLM turns echo + logprobs into prompt logprobs
+    ("completions", {"echo": True}, False),
+    ("chat", {"prompt_logprobs": 2}, True),
+])
+def test_prompt_logprobs_are_charged_as_a_second_pass_over_the_prompt(kind: str, extra: dict, doubled: bool) -> None:
+    """vLLM computes a logprob distribution for every prompt token: as much work as decoding the prompt
+    again, which a tenant used to get for the price of the prompt alone."""
+    core = _frozen_core()
+    body = {**(CHAT if kind == "chat" else COMPLETION), "prompt" if kind == "completions" else "messages":
+            "x" * 400 if kind == "completions" else [{"role": "user", "content": "x" * 396}], "max_tokens": 50, **extra}
+    flight = core.check_in(core.identify(bearer("std")), kind, json.dumps(body).encode())  # type: ignore[arg-type]
+    prompt = flight.prompt_tokens  # 100 estimated
+    assert _tokens_left(core, "std") == 6000 - (2 if doubled else 1) * prompt - 50
+    core.finish(flight, output_tokens=20, engine_prompt_tokens=90, status=200)
+    assert _tokens_left(core, "std") == 6000 - (2 if doubled else 1) * 90 - 20
+    assert core.usage.report("p", "r", {}, 1000.0).tenants["std"].tokens_per_minute == (2 if doubled else 1) * 90 + 20
