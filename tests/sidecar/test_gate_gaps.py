@@ -125,3 +125,51 @@ def test_prompt_logprobs_are_charged_as_a_second_pass_over_the_prompt(kind: str,
     core.finish(flight, output_tokens=20, engine_prompt_tokens=90, status=200)
     assert _tokens_left(core, "std") == 6000 - (2 if doubled else 1) * 90 - 20
     assert core.usage.report("p", "r", {}, 1000.0).tenants["std"].tokens_per_minute == (2 if doubled else 1) * 90 + 20
+
+
+# -- 3. grammars: response_format and tools become a grammar the engine compiles ---------------------------
+def _deep_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def _tool(i: int, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": f"f{i}", "parameters": parameters}}
+
+
+BIG_ENUM = {"type": "string", "enum": [f"value-{i:06d}" for i in range(8000)]}  # ~120 KiB of grammar alternatives
+
+
+@pytest.mark.parametrize("kind,extra,field", [
+    ("completions", {"response_format": _json_schema(BIG_ENUM)}, "response_format"),
+    ("completions", {"response_format": _json_schema(_deep_schema(40))}, "response_format"),
+    ("chat", {"response_format": {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": _deep_schema(40), "end": "</a>"}],
+                                  "triggers": ["<a>"]}}, "response_format"),
+    ("chat", {"tools": [_tool(i, {"type": "object", "properties": {"p": BIG_ENUM}}) for i in range(2)]}, "tools"),
+    ("chat", {"tools": [_tool(0, _deep_schema(40))]}, "tools"),
+    ("chat", {"tools": [_tool(i, {"type": "object", "properties": {f"p{j}": {"type": "string", "maxLength": 10} for j in range(40)}})
+                        for i in range(60)]}, "tools"),  # each small, together over the bound
+    ("chat", {"tool_choice": {"type": "function", "function": {"name": "f", "junk": BIG_ENUM}}}, "tool_choice"),
+], ids=["enum", "deep", "structural-tag", "big-tools", "deep-tool", "many-tools", "tool-choice"])
+def test_grammars_are_bounded_in_size_and_depth(kind: str, extra: dict, field: str) -> None:
+    """Within the body cap a tenant could still hand the engine's grammar compiler (xgrammar) a schema of
+    megabytes or hundreds of levels, compiled on the engine's CPU for every such request."""
+    body = {**(CHAT if kind == "chat" else COMPLETION), **extra}
+    with pytest.raises(InvalidField) as refused:
+        parse_payload(json.dumps(body).encode(), kind, None, limits())  # type: ignore[arg-type]
+    assert refused.value.field == field and ("maxSchemaBytes" in refused.value.message or "maxSchemaDepth" in refused.value.message)
+
+
+def test_ordinary_grammars_pass_and_the_bounds_come_from_the_pool() -> None:
+    ordinary = {**CHAT, "response_format": _json_schema(_deep_schema(6)), "tools": [_tool(i, _deep_schema(4)) for i in range(8)],
+                "tool_choice": {"type": "function", "function": {"name": "f1"}}}
+    parse_payload(json.dumps(ordinary).encode(), "chat", None, limits())
+    with pytest.raises(InvalidField, match="maxSchemaDepth"):
+        parse_payload(json.dumps(ordinary).encode(), "chat", None, limits(max_schema_depth=8))
+    parse_payload(json.dumps({**CHAT, "response_format": _json_schema(BIG_ENUM)}).encode(), "chat", None, limits(max_schema_bytes=256 * 1024))
