@@ -163,9 +163,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def connection_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """uvicorn.Config arguments that bound connections: the head timeout's protocol and the connection limit."""
-    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections}
+def connection_settings(limits: ConnectionLimits, metrics_port: int | None = None) -> dict[str, Any]:
+    """uvicorn.Config arguments that bound connections: the protocol holding the head timeout and the
+    connection limits (global, per client; the metrics port and probes are exempt from the global one)."""
+    exempt = frozenset() if metrics_port is None else frozenset({metrics_port})
+    return {"http": HeadTimeoutProtocol.with_limits(limits, exempt), "limit_concurrency": limits.max_connections}
 
 
 def serve(options: SidecarOptions) -> None:
@@ -183,7 +185,7 @@ def serve(options: SidecarOptions) -> None:
         timeout_graceful_shutdown=int(max(1, round(options.drain_timeout_s))),
         access_log=False,
         log_level="info",
-        **connection_settings(options.connection_limits),
+        **connection_settings(options.connection_limits, sockets[1].getsockname()[1]),
     )
     # uvicorn re-raises the captured signal under the handler that was installed before it ran;
     # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.

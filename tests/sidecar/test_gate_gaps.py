@@ -173,3 +173,87 @@ def test_ordinary_grammars_pass_and_the_bounds_come_from_the_pool() -> None:
     with pytest.raises(InvalidField, match="maxSchemaDepth"):
         parse_payload(json.dumps(ordinary).encode(), "chat", None, limits(max_schema_depth=8))
     parse_payload(json.dumps({**CHAT, "response_format": _json_schema(BIG_ENUM)}).encode(), "chat", None, limits(max_schema_bytes=256 * 1024))
+
+
+# -- 2. connections: one client cannot take them all, and probes are always answered ----------------------
+def _connect_from(address: str, port: int, count: int) -> list:
+    import socket
+
+    held = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((address, 0))
+        sock.connect(("127.0.0.1", port))
+        held.append(sock)
+    return held
+
+
+def _client(base_url: str, address: str = "127.0.0.1"):
+    import httpx
+
+    return httpx.Client(base_url=base_url, timeout=10, transport=httpx.HTTPTransport(local_address=address))
+
+
+def _open(socks: list) -> int:
+    """How many of `socks` the server still holds open (a closed one reads EOF at once)."""
+    import select
+
+    readable, _, _ = select.select(socks, [], [], 0.3)
+    return sum(1 for sock in socks if sock not in readable or sock.recv(1, 0x40) != b"")  # 0x40: MSG_DONTWAIT
+
+
+PER_CLIENT = dict(header_s=15.0, max_connections=16, max_connections_per_client=4)
+
+
+def test_one_client_address_cannot_take_every_connection(start_sidecar, fake_upstream) -> None:
+    from slaq.sidecar.connections import ConnectionLimits
+    from tests.support.polling import wait_for
+
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", connection_limits=ConnectionLimits(**PER_CLIENT))
+    hog = _connect_from("127.0.0.2", sidecar.server.port, 20)  # more than the whole limit, from one address
+    try:
+        wait_for(lambda: _open(hog) <= 8, 3.0, "the hog's connections beyond its cap (and the probe lane) closed")
+        with _client(sidecar.url) as other:
+            assert other.post("/v1/completions", json=COMPLETION, headers=bearer("vip")).status_code == 200
+    finally:
+        for sock in hog:
+            sock.close()
+
+
+def test_probes_and_the_metrics_port_answer_when_the_connection_limit_is_exhausted(start_sidecar, fake_upstream) -> None:
+    from slaq.sidecar.connections import ConnectionLimits
+
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", connection_limits=ConnectionLimits(**PER_CLIENT))
+    held = [sock for i in range(2, 7) for sock in _connect_from(f"127.0.0.{i}", sidecar.server.port, 4)]  # 20 >= 16, 4 per address
+    try:
+        import time
+
+        time.sleep(0.3)
+        with _client(sidecar.url) as kubelet, _client(sidecar.metrics_url) as prometheus:
+            assert kubelet.post("/v1/completions", json=COMPLETION, headers=bearer("vip")).status_code == 503  # the limit holds
+            assert kubelet.get("/health").status_code == 200
+            assert kubelet.get("/ready").status_code == 200
+            assert prometheus.get("/metrics").status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_probe_from_an_address_at_its_cap_is_still_answered(start_sidecar, fake_upstream) -> None:
+    """Behind SNAT (externalTrafficPolicy: Cluster) tenants reach the pod from the node's address, which
+    is also kubelet's: a tenant at the cap must not fail the pod's probes (and get it restarted)."""
+    from slaq.sidecar.connections import ConnectionLimits
+
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", connection_limits=ConnectionLimits(**PER_CLIENT))
+    hog = _connect_from("127.0.0.2", sidecar.server.port, 12)  # the cap and the probe lane, full of silent connections
+    try:
+        import time
+
+        time.sleep(0.3)
+        with _client(sidecar.url, "127.0.0.2") as node:
+            assert node.get("/health").status_code == 200
+            assert node.get("/ready").status_code == 200
+            assert node.post("/v1/completions", json=COMPLETION, headers=bearer("vip")).status_code == 503  # over its cap
+    finally:
+        for sock in hog:
+            sock.close()
