@@ -171,6 +171,7 @@ class SidecarApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.engine.aclose()
+        self.core.parsers.close()
 
     def ready(self) -> bool:
         return self.monitor.ready and self.core.directory.loaded and not self.core.draining

@@ -24,7 +24,7 @@ from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
 from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
 from slaq.sidecar.metrics import SidecarMetrics
-from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
+from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
@@ -118,6 +118,7 @@ class SidecarCore:
         self._intervals_seen = 0
         self.engine_kv_usage: float | None = None
         self.draining = False
+        self.parsers = ParserPool()  # large bodies are parsed off the event loop
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
@@ -207,15 +208,20 @@ class SidecarCore:
             self.usage.refused(identity.tenant.name, self.clock())
             self.metrics.quota_refusals.labels(identity.tenant.name, tier, error.reason).inc()
 
-    def check_in(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
+    def check_in(self, identity: Identity, kind: Kind, raw: bytes, parsed: InferencePayload | SidecarError | None = None,
+                 arrival: float | None = None) -> Flight:
         """Check and charge one request, ready to queue (everything `admit` does before it waits;
-        no event loop needed, so the simulator runs it in simulated time)."""
-        now = self.clock()  # arrival: parsing and token counting are part of the sidecar's latency
+        no event loop needed, so the simulator runs it in simulated time). `parsed`: what a parsing
+        worker made of `raw` (else it is parsed here); `arrival`: when the request came, if earlier."""
+        now = self.clock()
+        arrival = now if arrival is None else arrival  # parsing and token counting are part of the sidecar's latency
         try:
             if self.draining:
                 raise Draining("sidecar is draining; retry on another replica")
             tenant = identity.tenant
-            payload = parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
+            if isinstance(parsed, SidecarError):
+                raise parsed
+            payload = parsed or parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
             if tenant.max_concurrency is not None and payload.n > tenant.max_concurrency:
                 raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
                                         f"{tenant.max_concurrency} at once")
@@ -223,7 +229,7 @@ class SidecarCore:
             predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
             view = RequestView(
                 tier=tenant.tier,
-                arrival=now,
+                arrival=arrival,
                 ttft_ms=identity.ttft_ms,
                 prompt_tokens=prompt_tokens,
                 predicted_output=predicted,
@@ -244,14 +250,21 @@ class SidecarCore:
         self.usage.admitted(tenant.name, now)
         flight = Flight(
             key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
-            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
+            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=arrival,
         )
-        self.risk.waiting(flight.key, now, identity.ttft_ms, flight.entry, tenant.tier)
+        self.risk.waiting(flight.key, arrival, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
         """Check, charge and queue one request; returns once it is released to the engine."""
-        flight = self.check_in(identity, kind, raw)
+        arrival = self.clock()
+        parsed: InferencePayload | SidecarError | None = None
+        if self.parsers.wants(raw) and not self.draining:
+            try:
+                parsed = await self.parsers.parse(raw, kind, self.config.served_model_name, self.config.limits, identity.tenant.cache_salt)
+            except SidecarError as error:
+                parsed = error  # refused, and charged for, by check_in like any other
+        flight = self.check_in(identity, kind, raw, parsed, arrival)
         try:
             await self.dispatcher.wait_turn(flight.entry)
         except asyncio.CancelledError:
@@ -287,13 +300,19 @@ class SidecarCore:
             arrival=flight.arrival,
             predicted_output=flight.predicted_output,
         )
-        body = enrich_body(flight.payload.body, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
-        if flight.payload.stream:
+        payload = flight.payload
+        fields = payload.body if payload.serialised is None else {"stream_options": payload.body["stream_options"]} if "stream_options" in payload.body else {}
+        body = enrich_body(fields, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
+        if payload.stream:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
             # chunk goes back only to a client that asked for it (`ResponseObserver`).
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # allow_nan=False: never re-send a non-finite number as `Infinity`/`NaN` (parsing refuses them already).
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        if payload.serialised is None:
+            return encoded
+        # A worker serialised the checked body (without stream_options): the sidecar's fields go in front.
+        return encoded[:-1] + b"," + payload.serialised[1:]
 
     def first_token(self, flight: Flight) -> None:
         now = self.clock()

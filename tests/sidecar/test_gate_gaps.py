@@ -257,3 +257,88 @@ def test_a_probe_from_an_address_at_its_cap_is_still_answered(start_sidecar, fak
     finally:
         for sock in hog:
             sock.close()
+
+
+# -- 6. large bodies are parsed off the event loop --------------------------------------------------------
+@pytest.mark.parametrize("kind,body", [
+    ("completions", {**COMPLETION, "prompt": list(range(40000)), "stream": True, "stream_options": {"continuous_usage_stats": False}}),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 70000},
+                                                                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, "uuid": "cat"}]}]}),
+])
+def test_a_body_parsed_by_a_worker_reaches_the_engine_as_one_parsed_here(kind: str, body: dict) -> None:
+    import asyncio
+
+    raw = json.dumps(body).encode()
+    core = _frozen_core()
+    assert core.parsers.wants(raw)
+    try:
+        worker = asyncio.run(core.admit(core.identify(bearer("std")), kind, raw))  # type: ignore[arg-type]
+    finally:
+        core.parsers.close()
+    inline = _frozen_core().check_in(core.identify(bearer("std")), kind, raw)  # type: ignore[arg-type]
+    assert worker.payload.serialised is not None and inline.payload.serialised is None
+    assert json.loads(core.enriched_body(worker)) == json.loads(core.enriched_body(inline))
+    assert worker.prompt_tokens == inline.prompt_tokens
+
+
+def test_a_worker_refusal_names_the_field_and_costs_a_request() -> None:
+    import asyncio
+
+    core = _frozen_core(requests_per_minute=2.0)
+    bad = json.dumps({**COMPLETION, "prompt": [[1]] * 30000}).encode()
+    identity = core.identify(bearer("std"))
+    try:
+        with pytest.raises(InvalidField) as refused:
+            asyncio.run(core.admit(identity, "completions", bad))
+        assert refused.value.field == "prompt"
+        with pytest.raises(InvalidField):
+            asyncio.run(core.admit(identity, "completions", bad))
+    finally:
+        core.parsers.close()
+    from slaq.sidecar.errors import RequestRateExceeded
+
+    with pytest.raises(RequestRateExceeded):
+        core.check_in(identity, "completions", json.dumps(COMPLETION).encode())
+
+
+async def test_other_streams_keep_flowing_while_large_bodies_are_parsed(start_sidecar, fake_upstream) -> None:
+    """4 MiB bodies whose parse costs most (a list of a million small lists; a million floats), within
+    the default 4 MiB cap: each used to hold the event loop (and every tenant's stream) for ~0.7 s here."""
+    import asyncio
+    import time
+
+    import httpx
+
+    from slaq.testing.fake_engine import fake_user
+
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
+    assert sidecar.app.max_body_bytes == 4 * 1024 * 1024
+    nested = b'{"model":"fake-model","max_tokens":5,"prompt":[' + b",".join([b"[1]"] * 1_000_000) + b"]}"
+    floats = (b'{"model":"fake-model","max_tokens":5,"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"x",'
+              b'"schema":{"enum":[' + b",".join([b"1.5"] * 1_000_000) + b"]}}}}")
+    async with httpx.AsyncClient(base_url=sidecar.url, timeout=60) as client:
+        # The worker processes start on first use: warm them, as a serving pod's first large body does.
+        warm = await client.post("/v1/completions", content=b'{"prompt":"' + b"x" * 100_000 + b'","max_tokens":1}',
+                                 headers={**bearer("vip"), "content-type": "application/json"})
+        assert warm.status_code == 200
+
+        async def vip_gaps() -> list[float]:
+            gaps, last = [], None
+            body = {**COMPLETION, "stream": True, "max_tokens": 60, "user": fake_user(tokens=60, delay_ms=20)}
+            async with client.stream("POST", "/v1/completions", json=body, headers=bearer("vip")) as response:
+                async for _ in response.aiter_lines():
+                    now = time.perf_counter()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now
+            return gaps
+
+        async def big(raw: bytes) -> int:
+            return (await client.post("/v1/completions", content=raw, headers={**bearer("free"), "content-type": "application/json"})).status_code
+
+        vip = asyncio.create_task(vip_gaps())
+        await asyncio.sleep(0.2)
+        statuses = await asyncio.gather(big(nested), big(floats), big(nested))
+        gaps = await vip
+    assert statuses == [400, 400, 400]
+    assert max(gaps) < 0.25, f"a VIP token waited {max(gaps) * 1000:.0f} ms beside the large bodies"
