@@ -8,6 +8,7 @@ runs on one event loop and is tested without sockets.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import json
@@ -22,7 +23,7 @@ from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
+from slaq.sidecar.errors import BadRequest, ConcurrencyExceeded, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
@@ -32,6 +33,9 @@ from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
 from slaq.sidecar.tokens import EstimatingCounter, PromptCounter
 from slaq.sidecar.usage import UsageLog
+
+
+PARSES_PER_TENANT = 2  # a tenant's large bodies in the parsing workers at once
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class SidecarCore:
         self.engine_kv_usage: float | None = None
         self.draining = False
         self.parsers = ParserPool()  # large bodies are parsed off the event loop
+        self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
@@ -260,10 +265,7 @@ class SidecarCore:
         arrival = self.clock()
         parsed: InferencePayload | SidecarError | None = None
         if self.parsers.wants(raw) and not self.draining:
-            try:
-                parsed = await self.parsers.parse(raw, kind, self.config.served_model_name, self.config.limits, identity.tenant.cache_salt)
-            except SidecarError as error:
-                parsed = error  # refused, and charged for, by check_in like any other
+            parsed = await self._parse_off_loop(identity, kind, raw)
         flight = self.check_in(identity, kind, raw, parsed, arrival)
         try:
             await self.dispatcher.wait_turn(flight.entry)
@@ -276,6 +278,23 @@ class SidecarCore:
             raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    async def _parse_off_loop(self, identity: Identity, kind: Kind, raw: bytes) -> InferencePayload | SidecarError:
+        """A large body, parsed by a worker process; at most `PARSES_PER_TENANT` of a tenant's at once,
+        since a body is charged to its tenant's rate only once parsed: a burst of large bodies from one
+        tenant would otherwise queue ahead of everyone's in the workers."""
+        name = identity.tenant.name
+        if self._parsing[name] >= PARSES_PER_TENANT:
+            return ConcurrencyExceeded(f"tenant {name} already has {PARSES_PER_TENANT} large bodies being parsed", retry_after_s=1.0)
+        self._parsing[name] += 1
+        try:
+            return await self.parsers.parse(raw, kind, self.config.served_model_name, self.config.limits, identity.tenant.cache_salt)
+        except SidecarError as error:
+            return error  # refused, and charged for, by check_in like any other
+        finally:
+            self._parsing[name] -= 1
+            if not self._parsing[name]:
+                del self._parsing[name]
 
     def shed(self, flight: Flight, error: SidecarError) -> None:
         """A queued request refused by the queue (shed: it could no longer be served in time)."""
@@ -301,7 +320,10 @@ class SidecarCore:
             predicted_output=flight.predicted_output,
         )
         payload = flight.payload
-        fields = payload.body if payload.serialised is None else {"stream_options": payload.body["stream_options"]} if "stream_options" in payload.body else {}
+        if payload.serialised is None:
+            fields = payload.body
+        else:  # the rest is already serialised
+            fields = {"stream_options": payload.body["stream_options"]} if "stream_options" in payload.body else {}
         body = enrich_body(fields, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
         if payload.stream:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage

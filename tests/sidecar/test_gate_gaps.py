@@ -342,3 +342,21 @@ async def test_other_streams_keep_flowing_while_large_bodies_are_parsed(start_si
         gaps = await vip
     assert statuses == [400, 400, 400]
     assert max(gaps) < 1.0, f"a VIP token waited {max(gaps) * 1000:.0f} ms beside the large bodies"
+
+
+async def test_a_burst_of_large_bodies_from_one_tenant_does_not_fill_the_parsing_workers() -> None:
+    """A body is charged to the rate only once parsed: without a bound a tenant's burst of large bodies
+    all pass the pre-body check and queue in the workers ahead of every other tenant's."""
+    import asyncio
+
+    from slaq.sidecar.errors import ConcurrencyExceeded
+
+    core = _frozen_core()
+    identity = core.identify(bearer("std"))
+    big = json.dumps({**COMPLETION, "prompt": [[1]] * 30000}).encode()
+    try:
+        results = await asyncio.gather(*(core.admit(identity, "completions", big) for _ in range(6)), return_exceptions=True)
+    finally:
+        core.parsers.close()
+    assert sorted(type(r).__name__ for r in results) == ["ConcurrencyExceeded"] * 4 + ["InvalidField"] * 2
+    assert all(r.retry_after_s == 1.0 for r in results if isinstance(r, ConcurrencyExceeded))
