@@ -39,6 +39,12 @@ CONTENT_PART_TYPES = frozenset({"text", "image_url", "input_audio", "video_url",
 # Media by URL must come inline (data:): the engine would otherwise fetch an http(s) or file URL
 # from inside the pod on the tenant's behalf (cluster-internal addresses, the pod's own ports).
 URL_PART_TYPES = frozenset({"image_url", "video_url", "audio_url"})
+# What a content part may hold besides `type` and `uuid`: its own key, and inside it these keys.
+PART_VALUE_KEYS: dict[str, frozenset[str] | None] = {
+    "text": None, "refusal": None,  # a string
+    "image_url": frozenset({"url", "detail"}), "video_url": frozenset({"url"}), "audio_url": frozenset({"url"}),
+    "input_audio": frozenset({"data", "format"}), "file": frozenset({"file_data", "file_id", "filename"}),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +382,15 @@ def check_messages(messages: list[Any], cache_salt: str | None = None) -> None:
             if not isinstance(part, dict) or part.get("type") not in CONTENT_PART_TYPES:
                 raise InvalidField(f"{where}.content[{j}]", f"must be an object whose type is one of {sorted(CONTENT_PART_TYPES)}")
             kind = part["type"]
+            for key in part:
+                if key not in ("type", "uuid", kind):
+                    raise InvalidField(f"{where}.content[{j}].{key}", f"is not accepted in a {kind} part (accepted: type, uuid, {kind})")
+            value = part.get(kind)
+            allowed = PART_VALUE_KEYS[kind]
+            if allowed is not None and isinstance(value, dict):
+                for key in value:
+                    if key not in allowed:
+                        raise InvalidField(f"{where}.content[{j}].{kind}.{key}", f"is not accepted (accepted: {', '.join(sorted(allowed))})")
             if kind in URL_PART_TYPES:
                 media = part.get(kind)
                 url = media.get("url") if isinstance(media, dict) else media

@@ -360,3 +360,21 @@ async def test_a_burst_of_large_bodies_from_one_tenant_does_not_fill_the_parsing
         core.parsers.close()
     assert sorted(type(r).__name__ for r in results) == ["ConcurrencyExceeded"] * 4 + ["InvalidField"] * 2
     assert all(r.retry_after_s == 1.0 for r in results if isinstance(r, ConcurrencyExceeded))
+
+
+# -- content parts hold only their own keys ----------------------------------------------------------------
+@pytest.mark.parametrize("part,field", [
+    ({"type": "text", "text": "x", "image_url": {"url": "https://example.invalid/a.png"}}, "messages[0].content[0].image_url"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "mm_processor_kwargs": {}}}, "messages[0].content[0].image_url.mm_processor_kwargs"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav", "url": "file:///etc/passwd"}}, "messages[0].content[0].input_audio.url"),
+])
+def test_a_content_part_holds_only_its_own_keys(part: dict, field: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_payload(json.dumps({**CHAT, "messages": [{"role": "user", "content": [part]}]}).encode(), "chat", None, limits())
+    assert refused.value.field == field
+
+
+def test_the_openai_sdk_shapes_of_content_parts_pass() -> None:
+    parts = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, {"type": "file", "file": {"file_data": "AAAA", "filename": "a.pdf"}}]
+    parse_payload(json.dumps({**CHAT, "messages": [{"role": "user", "content": parts}]}).encode(), "chat", None, limits())
