@@ -176,6 +176,7 @@ class SidecarApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.engine.aclose()
+        self.core.parsers.close()
 
     def ready(self) -> bool:
         return self.monitor.ready and self.core.directory.loaded and not self.core.draining
@@ -250,7 +251,7 @@ class SidecarApp:
     async def _serve(self, scope: Scope, send: Send, entry: AccessEntry, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
         started = time.perf_counter()
         flight = entry.flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
-        observer = ResponseObserver(flight.payload.stream)
+        observer = ResponseObserver(flight.payload.stream, tokens_per_event=flight.payload.tokens_per_event, max_output=flight.payload.max_output)
         status = CLIENT_CLOSED  # unless the response completes
         refund = False  # the engine produced nothing: it refused the request or was never reached
         try:
@@ -272,7 +273,9 @@ class SidecarApp:
         finally:
             self.core.finish(
                 flight,
-                output_tokens=observer.output_tokens() if status < 400 else None,
+                # A stream cut after tokens went past (the client left before the usage chunk, or the
+                # engine broke) is charged what the sidecar counted; an engine refusal carries none.
+                output_tokens=observer.output_tokens() if status < 400 or status in (CLIENT_CLOSED, 502) else None,
                 engine_prompt_tokens=observer.prompt_tokens(),
                 status=status,
                 refund=refund,

@@ -19,6 +19,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _seconds(text: str) -> float:
     """Seconds as a number, or a duration such as 30s / 1m30s (the pool's drainTimeout format)."""
     from slaq.api.common import duration_seconds
@@ -75,6 +85,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"Seconds the engine may stay silent within a request; then it ends (default {defaults.engine_idle_s:g}).")
     parser.add_argument("--max-connections", type=_positive_int, default=defaults.max_connections,
                         help=f"Most open connections and requests on both ports; more get 503 (default {defaults.max_connections}).")
+    parser.add_argument("--max-connections-per-client", type=_count, default=defaults.max_connections_per_client,
+                        help=f"Most open connections from one client address (an IPv6 /64), both ports; more get 503 and are closed, "
+                             f"except /health and /ready. Behind a gateway raise it to the gateway's pool, or 0 for no cap "
+                             f"(default {defaults.max_connections_per_client}).")
     parser.set_defaults(handler=_run)
 
 
@@ -109,7 +123,8 @@ def _run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
-                                               engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections),
+                                               engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections,
+                                               max_connections_per_client=args.max_connections_per_client),
         ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)

@@ -45,6 +45,18 @@ class SidecarError(Exception):
         self.message = message
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self) -> tuple:
+        # Picklable whatever a subclass's __init__ takes: a refusal found in a parsing worker process
+        # comes back whole (`payload.ParserPool`).
+        return (_restore, (type(self), self.message, self.__dict__))
+
+
+def _restore(cls: type[SidecarError], message: str, state: dict) -> SidecarError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
 
 class BadRequest(SidecarError):
     reason = "bad_request"

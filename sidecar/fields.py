@@ -21,6 +21,7 @@ Bounds come from the pool (`RequestLimitsSpec` and the model's context length): 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -38,6 +39,12 @@ CONTENT_PART_TYPES = frozenset({"text", "image_url", "input_audio", "video_url",
 # Media by URL must come inline (data:): the engine would otherwise fetch an http(s) or file URL
 # from inside the pod on the tenant's behalf (cluster-internal addresses, the pod's own ports).
 URL_PART_TYPES = frozenset({"image_url", "video_url", "audio_url"})
+# What a content part may hold besides `type` and `uuid`: its own key, and inside it these keys.
+PART_VALUE_KEYS: dict[str, frozenset[str] | None] = {
+    "text": None, "refusal": None,  # a string
+    "image_url": frozenset({"url", "detail"}), "video_url": frozenset({"url"}), "audio_url": frozenset({"url"}),
+    "input_audio": frozenset({"data", "format"}), "file": frozenset({"file_data", "file_id", "filename"}),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,10 +172,40 @@ def _stream_options(v: Any, _: BodyLimits) -> str | None:
     return None
 
 
-def _response_format(v: Any, _: BodyLimits) -> str | None:
+def _nesting_depth(value: Any, stop_above: int) -> int:
+    """Levels of objects and lists in `value` (a scalar is 0); stops counting past `stop_above`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > stop_above:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def grammar_problem(v: Any, limits: BodyLimits, what: str = "") -> str | None:
+    """The engine compiles `response_format`, `tools` and `tool_choice` into a grammar (xgrammar, on its
+    own CPU, per request): bounded in serialised size and nesting depth beyond the body cap."""
+    top = limits.spec.max_schema_depth
+    if _nesting_depth(v, top) > top:
+        return f"{what}nests deeper than {top} levels of objects and lists (the pool's requestLimits.maxSchemaDepth)"
+    size = len(json.dumps(v, separators=(",", ":")))
+    if size > limits.spec.max_schema_bytes:
+        return f"{what}is {size} bytes as JSON; at most {limits.spec.max_schema_bytes} (the pool's requestLimits.maxSchemaBytes)"
+    return None
+
+
+def _response_format(v: Any, limits: BodyLimits) -> str | None:
     if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
         return "must be an object whose type is text, json_object, json_schema or structural_tag"
-    return None
+    return grammar_problem(v, limits)
 
 
 def _beam_search(v: Any, limits: BodyLimits) -> str | None:
@@ -179,14 +216,16 @@ def _beam_search(v: Any, limits: BodyLimits) -> str | None:
     return None
 
 
-def _object(v: Any, _: BodyLimits) -> str | None:
-    return None if isinstance(v, (dict, str)) else "must be an object or a string"
+def _tool_choice(v: Any, limits: BodyLimits) -> str | None:
+    if isinstance(v, str):
+        return None if len(v) <= MAX_STRING_CHARS else f"must be a string of at most {MAX_STRING_CHARS} characters"
+    return grammar_problem(v, limits) if isinstance(v, dict) else "must be an object or a string"
 
 
 def _tools(v: Any, limits: BodyLimits) -> str | None:
     top = limits.spec.max_tools
     if isinstance(v, list) and len(v) <= top and all(isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict) for t in v):
-        return None
+        return grammar_problem(v, limits, "together ")
     return f"must be a list of at most {top} objects of type function (the pool's requestLimits.maxTools)"
 
 
@@ -270,7 +309,7 @@ _SHARED = (
     FieldRule("truncate_prompt_tokens", "integer in [-1, maxModelLen]", _int_in(-1, _context)),
     FieldRule("truncation_side", "left or right", _one_of("left", "right")),
     FieldRule("prompt_logprobs", "integer in [0, maxLogprobs]", _logprobs_int),
-    FieldRule("response_format", "object with type text, json_object, json_schema or structural_tag", _response_format),
+    FieldRule("response_format", "object with type text, json_object, json_schema or structural_tag, within maxSchemaBytes and maxSchemaDepth", _response_format),
     FieldRule("thinking_token_budget", "integer in [0, maxModelLen]", _int_in(0, _context)),
     *_flags("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens",
             "echo", "return_tokens_as_token_ids", "return_token_ids"),
@@ -288,8 +327,8 @@ CHAT_FIELDS = _rules(
     FieldRule("max_completion_tokens", "integer in [1, maxModelLen]", _max_tokens),
     FieldRule("logprobs", "boolean", _logprobs_chat),
     FieldRule("top_logprobs", "integer in [0, maxLogprobs]", _logprobs_int),
-    FieldRule("tools", "list of at most maxTools function tools", _tools),
-    FieldRule("tool_choice", "none, auto, required, or an object naming a function", _object),
+    FieldRule("tools", "list of at most maxTools function tools, together within maxSchemaBytes and maxSchemaDepth", _tools),
+    FieldRule("tool_choice", "none, auto, required, or an object naming a function, within maxSchemaBytes and maxSchemaDepth", _tool_choice),
     FieldRule("reasoning_effort", "none, minimal, low, medium, high or xhigh", _one_of("none", "minimal", "low", "medium", "high", "xhigh")),
     FieldRule("documents", "list of at most maxMessages objects of strings", _documents),
     *_flags("parallel_tool_calls", "include_reasoning", "add_generation_prompt", "continue_final_message"),
@@ -343,6 +382,15 @@ def check_messages(messages: list[Any], cache_salt: str | None = None) -> None:
             if not isinstance(part, dict) or part.get("type") not in CONTENT_PART_TYPES:
                 raise InvalidField(f"{where}.content[{j}]", f"must be an object whose type is one of {sorted(CONTENT_PART_TYPES)}")
             kind = part["type"]
+            for key in part:
+                if key not in ("type", "uuid", kind):
+                    raise InvalidField(f"{where}.content[{j}].{key}", f"is not accepted in a {kind} part (accepted: type, uuid, {kind})")
+            value = part.get(kind)
+            allowed = PART_VALUE_KEYS[kind]
+            if allowed is not None and isinstance(value, dict):
+                for key in value:
+                    if key not in allowed:
+                        raise InvalidField(f"{where}.content[{j}].{kind}.{key}", f"is not accepted (accepted: {', '.join(sorted(allowed))})")
             if kind in URL_PART_TYPES:
                 media = part.get(kind)
                 url = media.get("url") if isinstance(media, dict) else media

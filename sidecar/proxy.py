@@ -45,10 +45,15 @@ _USAGE_OBJECT = re.compile(rb'"usage":\s?\{')
 class ResponseObserver:
     """Watches response bytes: first token time, streamed token count, usage from the tail."""
 
-    __slots__ = ("streaming", "first_token", "token_events", "answered", "_carry", "_tail", "_completion_tokens", "_prompt_tokens")
+    __slots__ = ("streaming", "first_token", "token_events", "answered", "tokens_per_event", "max_output", "_carry", "_tail",
+                 "_completion_tokens", "_prompt_tokens")
 
-    def __init__(self, streaming: bool) -> None:
+    def __init__(self, streaming: bool, *, tokens_per_event: int = 1, max_output: int | None = None) -> None:
         self.streaming = streaming
+        # vLLM sends one event per `stream_interval` tokens (the last may hold fewer): without usage the
+        # count of token events times it is an upper bound of the output, capped at what was asked for.
+        self.tokens_per_event = max(1, tokens_per_event)
+        self.max_output = max_output
         self.first_token = False
         self.token_events = 0
         self.answered = False  # the stream's closing `data: [DONE]` went past: the client has the whole answer
@@ -83,10 +88,15 @@ class ResponseObserver:
         return self.first_token and not was_first
 
     def output_tokens(self) -> int | None:
-        """vLLM's own count when the body carried usage, else the streamed token events (None if neither)."""
+        """vLLM's own count when the body carried usage; else, for a stream that carried tokens (one the
+        client or the engine cut before the usage chunk), the sidecar's own count of what went past:
+        token events × tokens per event, at most `max_output`. None when neither is known."""
         if self._completion_tokens is not None:
             return self._completion_tokens
-        return self.token_events if self.streaming else None
+        if not self.streaming or not self.token_events:
+            return None
+        streamed = self.token_events * self.tokens_per_event
+        return streamed if self.max_output is None else min(streamed, self.max_output)
 
     def prompt_tokens(self) -> int | None:
         return self._prompt_tokens

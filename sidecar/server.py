@@ -169,12 +169,14 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def connection_settings(limits: ConnectionLimits) -> dict[str, Any]:
-    """uvicorn.Config arguments for the sidecar's connections: the head timeout's protocol, the
-    connection limit, and no proxy headers: the client's address is the peer unless
-    --trusted-proxies says otherwise (addresses.py), where uvicorn's default would believe
-    X-Forwarded-For from 127.0.0.1 or $FORWARDED_ALLOW_IPS and rewrite the peer itself."""
-    return {"http": HeadTimeoutProtocol.with_timeout(limits.header_s), "limit_concurrency": limits.max_connections, "proxy_headers": False}
+def connection_settings(limits: ConnectionLimits, metrics_port: int | None = None) -> dict[str, Any]:
+    """uvicorn.Config arguments for the sidecar's connections: the protocol holding the head timeout
+    and the connection limits (global, per client; the metrics port and probes are exempt from the
+    global one), and no proxy headers: the client's address is the peer unless --trusted-proxies
+    says otherwise (addresses.py), where uvicorn's default would believe X-Forwarded-For from
+    127.0.0.1 or $FORWARDED_ALLOW_IPS and rewrite the peer itself."""
+    exempt = frozenset() if metrics_port is None else frozenset({metrics_port})
+    return {"http": HeadTimeoutProtocol.with_limits(limits, exempt), "limit_concurrency": limits.max_connections, "proxy_headers": False}
 
 
 def serve(options: SidecarOptions) -> None:
@@ -192,7 +194,7 @@ def serve(options: SidecarOptions) -> None:
         timeout_graceful_shutdown=int(max(1, round(options.drain_timeout_s))),
         access_log=False,
         log_level="info",
-        **connection_settings(options.connection_limits),
+        **connection_settings(options.connection_limits, sockets[1].getsockname()[1]),
     )
     # uvicorn re-raises the captured signal under the handler that was installed before it ran;
     # after a completed drain a SIGTERM has done its job, so the process exits 0, not 143.

@@ -8,6 +8,7 @@ runs on one event loop and is tested without sockets.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import json
@@ -22,9 +23,9 @@ from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.admission import PodGuard, PodPressure, QuotaGate, Ticket
-from slaq.sidecar.errors import BadRequest, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
+from slaq.sidecar.errors import BadRequest, ConcurrencyExceeded, Draining, InvalidField, QuotaExceeded, SidecarError, TokenRateExceeded, http_status
 from slaq.sidecar.metrics import SidecarMetrics
-from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, parse_payload
+from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
@@ -32,6 +33,9 @@ from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
 from slaq.sidecar.tokens import EstimatingCounter, PromptCounter
 from slaq.sidecar.usage import UsageLog
+
+
+PARSES_PER_TENANT = 2  # a tenant's large bodies in the parsing workers at once
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class SidecarCore:
         self._intervals_seen = 0
         self.engine_kv_usage: float | None = None
         self.draining = False
+        self.parsers = ParserPool()  # large bodies are parsed off the event loop
+        self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
@@ -207,15 +213,20 @@ class SidecarCore:
             self.usage.refused(identity.tenant.name, self.clock())
             self.metrics.quota_refusals.labels(identity.tenant.name, tier, error.reason).inc()
 
-    def check_in(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
+    def check_in(self, identity: Identity, kind: Kind, raw: bytes, parsed: InferencePayload | SidecarError | None = None,
+                 arrival: float | None = None) -> Flight:
         """Check and charge one request, ready to queue (everything `admit` does before it waits;
-        no event loop needed, so the simulator runs it in simulated time)."""
-        now = self.clock()  # arrival: parsing and token counting are part of the sidecar's latency
+        no event loop needed, so the simulator runs it in simulated time). `parsed`: what a parsing
+        worker made of `raw` (else it is parsed here); `arrival`: when the request came, if earlier."""
+        now = self.clock()
+        arrival = now if arrival is None else arrival  # parsing and token counting are part of the sidecar's latency
         try:
             if self.draining:
                 raise Draining("sidecar is draining; retry on another replica")
             tenant = identity.tenant
-            payload = parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
+            if isinstance(parsed, SidecarError):
+                raise parsed
+            payload = parsed or parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
             if tenant.max_concurrency is not None and payload.n > tenant.max_concurrency:
                 raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
                                         f"{tenant.max_concurrency} at once")
@@ -223,7 +234,7 @@ class SidecarCore:
             predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
             view = RequestView(
                 tier=tenant.tier,
-                arrival=now,
+                arrival=arrival,
                 ttft_ms=identity.ttft_ms,
                 prompt_tokens=prompt_tokens,
                 predicted_output=predicted,
@@ -232,7 +243,7 @@ class SidecarCore:
             )
             wait_s = self.dispatcher.predicted_wait_s(view)
             self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
-            reserved = prompt_tokens + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
+            reserved = prompt_tokens * payload.prompt_charge_factor + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
             ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
         except SidecarError as error:
             if isinstance(error, (BadRequest, TokenRateExceeded)):
@@ -244,14 +255,18 @@ class SidecarCore:
         self.usage.admitted(tenant.name, now)
         flight = Flight(
             key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
-            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=now,
+            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=arrival,
         )
-        self.risk.waiting(flight.key, now, identity.ttft_ms, flight.entry, tenant.tier)
+        self.risk.waiting(flight.key, arrival, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
 
     async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
         """Check, charge and queue one request; returns once it is released to the engine."""
-        flight = self.check_in(identity, kind, raw)
+        arrival = self.clock()
+        parsed: InferencePayload | SidecarError | None = None
+        if self.parsers.wants(raw) and not self.draining:
+            parsed = await self._parse_off_loop(identity, kind, raw)
+        flight = self.check_in(identity, kind, raw, parsed, arrival)
         try:
             await self.dispatcher.wait_turn(flight.entry)
         except asyncio.CancelledError:
@@ -263,6 +278,23 @@ class SidecarCore:
             raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    async def _parse_off_loop(self, identity: Identity, kind: Kind, raw: bytes) -> InferencePayload | SidecarError:
+        """A large body, parsed by a worker process; at most `PARSES_PER_TENANT` of a tenant's at once,
+        since a body is charged to its tenant's rate only once parsed: a burst of large bodies from one
+        tenant would otherwise queue ahead of everyone's in the workers."""
+        name = identity.tenant.name
+        if self._parsing[name] >= PARSES_PER_TENANT:
+            return ConcurrencyExceeded(f"tenant {name} already has {PARSES_PER_TENANT} large bodies being parsed", retry_after_s=1.0)
+        self._parsing[name] += 1
+        try:
+            return await self.parsers.parse(raw, kind, self.config.served_model_name, self.config.limits, identity.tenant.cache_salt)
+        except SidecarError as error:
+            return error  # refused, and charged for, by check_in like any other
+        finally:
+            self._parsing[name] -= 1
+            if not self._parsing[name]:
+                del self._parsing[name]
 
     def shed(self, flight: Flight, error: SidecarError) -> None:
         """A queued request refused by the queue (shed: it could no longer be served in time)."""
@@ -291,12 +323,22 @@ class SidecarCore:
             predicted_output=flight.predicted_output,
             request_id=request_id,
         )
-        body = enrich_body(flight.payload.body, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
-        if flight.payload.stream:
+        payload = flight.payload
+        if payload.serialised is None:
+            fields = payload.body
+        else:  # the rest is already serialised
+            fields = {"stream_options": payload.body["stream_options"]} if "stream_options" in payload.body else {}
+        body = enrich_body(fields, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
+        if payload.stream:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
             # chunk goes back only to a client that asked for it (`ResponseObserver`).
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        return json.dumps(body, separators=(",", ":")).encode()
+        # allow_nan=False: never re-send a non-finite number as `Infinity`/`NaN` (parsing refuses them already).
+        encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        if payload.serialised is None:
+            return encoded
+        # A worker serialised the checked body (without stream_options): the sidecar's fields go in front.
+        return encoded[:-1] + b"," + payload.serialised[1:]
 
     def first_token(self, flight: Flight) -> None:
         now = self.clock()
@@ -319,10 +361,18 @@ class SidecarCore:
         self.risk.gone(flight.key)
         self.dispatcher.finished(flight.entry, started)
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
-        used = 0 if refund else None if output_tokens is None else prompt + output_tokens
+        prompt_charge = prompt * flight.payload.prompt_charge_factor  # prompt logprobs: a second pass over the prompt
+        used = 0 if refund else None if output_tokens is None else prompt_charge + output_tokens
         self.quotas.settle(flight.ticket, used, now)
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s
+        if output_tokens is not None and not refund:
+            # The figures the bucket was settled with reach fairness, /slaq/usage and the token counters
+            # too, for a stream cut short as for a complete answer.
+            self.accounting.charge(tenant.tier.value, tenant.name, prompt_charge + output_tokens)
+            self.usage.tokens(tenant.name, prompt_charge + output_tokens, now)
+            self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
+            self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
         if status >= 400 or output_tokens is None:
             if status != 499:
                 self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
@@ -330,10 +380,6 @@ class SidecarCore:
             return
         self.metrics.requests.labels(tenant.name, tier, str(status)).inc()
         self.predictor.observe(tenant.name, flight.prompt_tokens, output_tokens // max(1, flight.payload.n))
-        self.accounting.charge(tenant.tier.value, tenant.name, prompt + output_tokens)
-        self.usage.tokens(tenant.name, prompt + output_tokens, now)
-        self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
-        self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
         self.metrics.e2e.labels(tenant.name, tier).observe(e2e)
         ttft = tpot = None
         if flight.payload.stream and flight.first_token_time is not None:

@@ -142,6 +142,8 @@ class RequestLimitsSpec(ApiModel):
     max_logprobs: Annotated[int, Field(ge=0, le=20, description="Largest `logprobs`, `top_logprobs` and `prompt_logprobs`.")] = 5
     max_messages: Annotated[int, Field(ge=1, le=10_000, description="Most chat messages in one request.")] = 256
     max_tools: Annotated[int, Field(ge=0, le=1024, description="Most tools in one chat request.")] = 64
+    max_schema_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024, description="Largest `response_format`, `tools` (all together) and `tool_choice`, each serialised as compact JSON, in bytes: the engine compiles them into a grammar for the request.")] = 64 * 1024
+    max_schema_depth: Annotated[int, Field(ge=2, le=256, description="Deepest nesting of JSON objects and lists in `response_format`, `tools` and `tool_choice` (a JSON schema level is about two).")] = 32
     bytes_per_token: Annotated[int, Field(ge=1, le=1024, description="Request body bytes allowed per token of the model's context: the body cap is maxModelLen times this, at most maxBodyBytes.")] = 16
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024, description="Largest request body in bytes, whatever the context length.")] = 4 * 1024 * 1024
 

@@ -12,6 +12,7 @@ forwards no such header):
     x-fake-status: S         answer S with an OpenAI error body instead
     x-fake-break: 1          cut the stream after the first token
     x-fake-linger-ms: L      keep the stream open L ms after its `data: [DONE]`
+    x-fake-usage-delay-ms: U the usage chunk (when asked for) comes U ms after the last token
 
 `ServerThread` runs any ASGI app with uvicorn on 127.0.0.1 in a thread of its own and stops it.
 """
@@ -164,20 +165,23 @@ class FakeEngine:
         for i in range(tokens):
             if delay:
                 await asyncio.sleep(delay)
+            finish = "length" if i == tokens - 1 else None
             if chat:
                 delta = {"content": "tok "}
                 chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": self.model,
-                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+                         "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
                 if i == 0:
                     role = dict(chunk, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
                     await send({"type": "http.response.body", "body": b"data: " + json.dumps(role).encode() + b"\n\n", "more_body": True})
             else:
                 chunk = {"id": "cmpl-fake", "object": "text_completion", "created": created, "model": self.model,
-                         "choices": [{"index": 0, "text": "tok ", "logprobs": None, "finish_reason": None}]}
+                         "choices": [{"index": 0, "text": "tok ", "logprobs": None, "finish_reason": finish}]}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n", "more_body": True})
             if headers.get("x-fake-break") == "1":
                 raise RuntimeError("fake engine cut the stream")
         if (body.get("stream_options") or {}).get("include_usage"):
+            # x-fake-usage-delay-ms: the usage chunk comes this long after the last token (a client may leave meanwhile).
+            await asyncio.sleep(float(headers.get("x-fake-usage-delay-ms", "0")) / 1000.0)
             final = {"id": "fake", "object": "chat.completion.chunk" if chat else "text_completion", "created": created, "model": self.model, "choices": [], "usage": usage}
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(final).encode() + b"\n\n", "more_body": True})
         linger = float(headers.get("x-fake-linger-ms", "0")) / 1000.0

@@ -30,7 +30,7 @@ class SidecarThread(ServerThread):
     def __init__(self, app: SidecarApp) -> None:
         sockets = [bind("127.0.0.1", 0), bind("127.0.0.1", 0)]
         self.metrics_port = sockets[1].getsockname()[1]
-        super().__init__(PortRouter(app, self.metrics_port), port=sockets[0].getsockname()[1], **connection_settings(app.connection_limits))
+        super().__init__(PortRouter(app, self.metrics_port), port=sockets[0].getsockname()[1], **connection_settings(app.connection_limits, self.metrics_port))
         self.thread = threading.Thread(target=self.server.run, args=(sockets,), name=f"sidecar-{self.port}", daemon=True)
 
 
