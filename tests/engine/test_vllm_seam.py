@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -15,15 +14,14 @@ import pytest
 from slaq.engine.vllm_compat import KVCacheManager
 
 ROOT = Path(__file__).resolve().parents[2]
-SEAM = ROOT / "engine" / "vllm_compat"
+SEAM = ROOT / "slaq" / "engine" / "vllm_compat"
 SEAM_MODULE = "slaq.engine.vllm_compat"
 # Scripts are not package modules but import what the package does; tests/ and e2e/ may use vLLM.
 EXTRA_FOLDERS = ("scripts",)
 
 
 def _package_sources() -> Iterator[Path]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for folder in sorted({*config["package-dir"].values(), *EXTRA_FOLDERS}):
+    for folder in ("slaq", *EXTRA_FOLDERS):
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
@@ -54,12 +52,10 @@ def _imports_the_seam(text: str) -> bool:
 
 def _seam_users() -> Iterator[str]:
     """Package modules that import the seam: the only ones that can subclass a vLLM class."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for name, folder in config["package-dir"].items():
-        for source in sorted((ROOT / folder).rglob("*.py")):
-            if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
-                parts = source.relative_to(ROOT / folder).with_suffix("").parts
-                yield ".".join((name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+    for source in sorted((ROOT / "slaq").rglob("*.py")):
+        if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
+            parts = source.relative_to(ROOT).with_suffix("").parts
+            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def test_only_the_seam_imports_vllm() -> None:

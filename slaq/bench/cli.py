@@ -35,7 +35,7 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", type=Path, default=BUNDLED_TRACE,
                         help="Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled Azure "
-                             "conversation trace 2023 (bench/traces/, CC-BY 4.0)")
+                             "conversation trace 2023 (slaq/bench/traces/, CC-BY 4.0)")
     source.add_argument("--synthetic", action="store_true",
                         help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")

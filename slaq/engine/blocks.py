@@ -13,7 +13,7 @@ allocation:
   room among themselves). A running request's decode may grow into the headroom (one block per
   `block_size` tokens): refusing it would preempt a request, and recompute or swap everything it
   holds, to keep one block free. A critical arrival that then finds the headroom short preempts
-  a lower tier for it (engine/preemption.py), or waits when blocks free up in time.
+  a lower tier for it (slaq/engine/preemption.py), or waits when blocks free up in time.
 - Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
@@ -29,7 +29,7 @@ allocation:
 
 `admission_refusal` answers, before vLLM's waiting loop tries a request, whether its allocation
 would be refused and why; the waiting queue uses it to skip a request refused for a reason of its
-own (tenant cap, headroom) and to backfill past one that does not fit (see engine/queue.py).
+own (tenant cap, headroom) and to backfill past one that does not fit (see slaq/engine/queue.py).
 """
 
 from __future__ import annotations

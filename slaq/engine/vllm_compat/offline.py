@@ -1,5 +1,5 @@
 """A vLLM 0.32 scheduler without a model runner: the one builder behind slaq.engine.standalone
-(tests, `bench/sched_overhead.py`) and slaq.bench.engine_harness (the simulator).
+(tests, `slaq/bench/sched_overhead.py`) and slaq.bench.engine_harness (the simulator).
 
 Built the way vLLM's own tests do (`tests/v1/core/utils.py`): a real `VllmConfig`, a
 `KVCacheConfig` with one full-attention group, a `StructuredOutputManager`, real `Request`s, and

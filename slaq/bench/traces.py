@@ -1,6 +1,6 @@
 """Reading request traces in the Azure LLM inference format (`TIMESTAMP,ContextTokens,GeneratedTokens`).
 
-The bundled trace (`BUNDLED_TRACE`, package data in `bench/traces/`) is the Azure LLM inference
+The bundled trace (`BUNDLED_TRACE`, package data in `slaq/bench/traces/`) is the Azure LLM inference
 trace 2023, conversation service (Azure/AzurePublicDataset, CC-BY 4.0; Patel et al., "Splitwise:
 Efficient generative LLM inference using phase splitting", ISCA 2024). Anything derived from it
 keeps that attribution.
