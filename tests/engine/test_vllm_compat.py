@@ -80,6 +80,22 @@ def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> 
         raise AssertionError("replacing a non-empty queue must fail")
 
 
+def test_waiting_queues_are_the_schedulers_two_queues() -> None:
+    scheduler = _stock()
+    assert vc.waiting_queues(scheduler) == (scheduler.waiting, scheduler.kv_holding_waiting)
+    assert vc.waiting_queue(scheduler) is scheduler.waiting
+    request = make_request(Tier.BATCH)
+    scheduler.add_request(request)
+    assert list(vc.waiting_queue(scheduler)) == [request]  # where a new request waits
+
+
+def test_request_id_is_the_id_the_scheduler_knows_the_request_by() -> None:
+    scheduler = _stock()
+    request = make_request(Tier.BATCH)
+    scheduler.add_request(request)
+    assert vc.request_by_id(scheduler, vc.request_id(request)) is request
+
+
 def test_running_requests_is_the_live_list() -> None:
     scheduler = _stock()
     driver = Driver(scheduler)

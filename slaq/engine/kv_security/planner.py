@@ -99,27 +99,27 @@ class KVSecurityPlanner:
 
     def arrived(self, request: vc.Request) -> None:
         sla = RequestSLA.from_extra_args(vc.extra_args(request))
-        tenant = sla.tenant
-        self._tenant_of[request.request_id] = tenant
-        self._tier_of[request.request_id] = sla.tier.value
+        tenant, request_id = sla.tenant, vc.request_id(request)
+        self._tenant_of[request_id] = tenant
+        self._tier_of[request_id] = sla.tier.value
         if self.erase_enabled and tenant in self.ownership.erase_when_freed:
             vc.skip_prefix_cache_reads(request)
 
     def matched_tokens(self, request: vc.Request, num_computed: int) -> int:
         if self.swap is None:
             return 0
-        return self.swap.matched_tokens(request.request_id, num_computed, vc.total_tokens(request))
+        return self.swap.matched_tokens(vc.request_id(request), num_computed, vc.total_tokens(request))
 
     def allocated(self, request: vc.Request, blocks: Any, num_external: int) -> None:
         if self.swap is None or num_external <= 0:
             return
-        order = self.swap.allocated(request.request_id, vc.first_group_block_ids(blocks), num_external)
+        order = self.swap.allocated(vc.request_id(request), vc.first_group_block_ids(blocks), num_external)
         if order is not None:
             self.ownership.written(order.tenant, order.block_ids)
             self._loads.append(order)
 
     def finished(self, request: vc.Request) -> None:
-        request_id = request.request_id
+        request_id = vc.request_id(request)
         self.ownership.released(request_id)
         if self.swap is not None and self.swap.forget(request_id):
             self._drops.append(request_id)
