@@ -87,6 +87,11 @@ def waiting_queue(scheduler: AsyncScheduler) -> RequestQueue:
     return scheduler.waiting
 
 
+def first_waiting(scheduler: AsyncScheduler) -> Request:
+    """The request of `waiting` that vLLM's waiting loop tries first (the queue must not be empty)."""
+    return scheduler.waiting.peek_request()
+
+
 def running_requests(scheduler: AsyncScheduler) -> list[Request]:
     """The live running list; `remove_all` rebinds `scheduler.running`, so never keep the result across steps."""
     return scheduler.running
@@ -131,6 +136,8 @@ prompt_tokens: Callable[[Request], int] = operator.attrgetter("num_prompt_tokens
 output_tokens: Callable[[Request], int] = operator.attrgetter("num_output_tokens")  # delivered (no async placeholders)
 max_tokens: Callable[[Request], int] = operator.attrgetter("max_tokens")
 arrival_time: Callable[[Request], float] = operator.attrgetter("arrival_time")
+priority: Callable[[Request], int] = operator.attrgetter("priority")  # what vLLM's priority heap orders by first
+is_prefill_chunk: Callable[[Request], bool] = _IS_PREFILL_CHUNK  # prompt tokens left to compute
 
 
 @contextlib.contextmanager
