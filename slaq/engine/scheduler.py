@@ -226,7 +226,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
             self.guard.protect(preemption.victim, info)
             vc.preempt(self, preemption.victim, now)
             self.metrics.count_preemption(info.tier, preemption.reason)
-        return {vc.request_id(p.victim) for p in plan}
+        return {p.victim.request_id for p in plan}
 
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
         """Running prefill chunks of tiers below an urgent waiting request sit out this step when the

@@ -99,9 +99,9 @@ class KVSecurityPlanner:
 
     def arrived(self, request: vc.Request) -> None:
         sla = RequestSLA.from_extra_args(vc.extra_args(request))
-        tenant, request_id = sla.tenant, vc.request_id(request)
-        self._tenant_of[request_id] = tenant
-        self._tier_of[request_id] = sla.tier.value
+        tenant = sla.tenant
+        self._tenant_of[request.request_id] = tenant
+        self._tier_of[request.request_id] = sla.tier.value
         if self.erase_enabled and tenant in self.ownership.erase_when_freed:
             vc.skip_prefix_cache_reads(request)
 
@@ -119,7 +119,7 @@ class KVSecurityPlanner:
             self._loads.append(order)
 
     def finished(self, request: vc.Request) -> None:
-        request_id = vc.request_id(request)
+        request_id = request.request_id
         self.ownership.released(request_id)
         if self.swap is not None and self.swap.forget(request_id):
             self._drops.append(request_id)
