@@ -9,6 +9,10 @@ Checked in every doc (tests/support/docs.py says which files those are):
   the doc describes (its own folder; for docs/NAME.md the folder NAME/ when there is one; the
   whole repository for the others);
 - every dotted `slaq.…` name resolves to a package, a module, or a name a module defines.
+
+Decision records (docs/decisions/NNNN-title.md) are docs like the others, their bare file names
+looked up in the whole repository; each has a `# NNNN: title` heading and the sections Context,
+Decision, Consequences and Measurement, in that order, and docs/decisions/README.md lists each.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ CHECKED_SUFFIXES = (".py", ".md", ".sh", ".toml", ".txt", ".csv", ".tpl")
 PROSE_PATH = re.compile(r"(?<![\w./-])(?:\.\.?/)?[\w.-]+/[\w./{},-]*\.\w+")
 DOTTED = re.compile(r"(?<![\w./-])slaq(?:\.[A-Za-z_]\w*)+")
 API_GROUP = "slaq.dev"  # the CRDs' API group, a domain name, not a module
+DECISIONS = REPO_ROOT / "docs" / "decisions"
+RECORD_NAME = re.compile(r"^(\d{4})-[a-z0-9]+(?:-[a-z0-9]+)*\.md$")
+RECORD_SECTIONS = ("Context", "Decision", "Consequences", "Measurement")
 
 
 def _top_level_entries() -> set[str]:
@@ -39,6 +46,8 @@ def _top_level_entries() -> set[str]:
 
 
 def _scopes(doc: Path) -> list[Path]:
+    if doc.parent == DECISIONS:
+        return [REPO_ROOT]  # a decision record may name a file of any component
     if doc.parent == REPO_ROOT / "docs":
         component = REPO_ROOT / "slaq" / doc.stem
         return [doc.parent, component] if component.is_dir() else [REPO_ROOT]
@@ -175,3 +184,73 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     technical = ["an HTTP session", "a TLS session ticket", 'scope="session"', "session affinity", "aiohttp's ClientSession"]
     assert all(WORK_SESSION.search(s) and not TECHNICAL_SESSION.search(s) for s in said)
     assert all(not WORK_SESSION.search(s) or TECHNICAL_SESSION.search(s) for s in technical)
+
+
+def decision_records() -> list[Path]:
+    return sorted(path for path in DECISIONS.glob("*.md") if path.name != "README.md")
+
+
+def record_problems(record: Path) -> list[str]:
+    """What keeps `record` from being a decision record (its name, heading, sections)."""
+    name = RECORD_NAME.match(record.name)
+    if not name:
+        return [f"{record.name}: not named NNNN-title.md (lower case, words joined by -)"]
+    lines = record.read_text().splitlines()
+    found = []
+    if not lines or not lines[0].startswith(f"# {name.group(1)}: "):
+        found.append(f"{record.name}: the first line is not '# {name.group(1)}: <the decision>'")
+    sections = [line[3:].strip() for line in lines if line.startswith("## ")]
+    if sections != list(RECORD_SECTIONS):
+        found.append(f"{record.name}: sections {sections}, not {list(RECORD_SECTIONS)}")
+    return found
+
+
+def test_there_are_decision_records() -> None:
+    assert len(decision_records()) >= 4, decision_records()
+
+
+@pytest.mark.parametrize("record", decision_records(), ids=lambda record: record.name)
+def test_decision_record_has_its_heading_and_sections(record: Path) -> None:
+    assert not record_problems(record), "\n".join(record_problems(record))
+
+
+def test_decision_records_are_numbered_once_each_and_all_in_the_index() -> None:
+    numbers = [record.name[:4] for record in decision_records()]
+    assert numbers == [f"{n:04d}" for n in range(1, len(numbers) + 1)], numbers
+    index = (DECISIONS / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)]+\.md)\)", index))
+    assert linked == {record.name for record in decision_records()}, linked ^ {record.name for record in decision_records()}
+
+
+def test_the_record_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    assert missing_path(DECISIONS / "0001-x.md", "queue.py") is None  # slaq/engine/queue.py, slaq/sidecar/queue.py
+    assert missing_path(DECISIONS / "0001-x.md", "nowhere.py") == "nowhere.py is in no folder the doc describes (the repository)"
+    good = tmp_path / "0007-one-rule.md"
+    good.write_text("# 0007: One rule\n\n## Context\n\n## Decision\n\n## Consequences\n\n## Measurement\n")
+    assert record_problems(good) == []
+    bad = tmp_path / "0008-Two_Rules.md"
+    bad.write_text("# Two rules\n\n## Context\n\n## Decision\n")
+    assert record_problems(bad) == ["0008-Two_Rules.md: not named NNNN-title.md (lower case, words joined by -)"]
+    renamed = tmp_path / "0008-two-rules.md"
+    renamed.write_text(bad.read_text())
+    assert record_problems(renamed) == [
+        "0008-two-rules.md: the first line is not '# 0008: <the decision>'",
+        "0008-two-rules.md: sections ['Context', 'Decision'], not ['Context', 'Decision', 'Consequences', 'Measurement']",
+    ]
+
+
+FIRST_SCREEN_LINES = 30
+
+
+def test_the_readme_first_screen_says_what_it_is_how_to_try_install_and_what_it_costs() -> None:
+    first_screen = "\n".join((REPO_ROOT / "README.md").read_text().splitlines()[:FIRST_SCREEN_LINES])
+    answers = {
+        "what it is": "SLA-aware priority scheduling",
+        "how to try it": "slaq up --demo",
+        "how to install it on a cluster": "helm install slaq ./helm/slaq",
+        "what it costs in latency": "**What it costs**",
+        "the picture": "](docs/demo-ttft.png)",
+    }
+    missing = [question for question, text in answers.items() if text not in first_screen]
+    assert not missing, f"README.md's first {FIRST_SCREEN_LINES} lines do not say {', '.join(missing)}"
+    assert re.search(r"\*\*What it costs\*\*[^\n]*\n?[^\n]*\d+(?:\.\d+)? ms", first_screen), "the cost line gives no figure in ms"

@@ -58,8 +58,9 @@ def test_aging_bound_lets_batch_outrank_fresh_critical() -> None:
 
 
 def test_a_fresh_standard_request_outranks_a_batch_backlog_under_overload() -> None:
-    """slaq/engine/README.md's flaw of plain formula 1: a 40-second-old batch request outscored a fresh
-    standard one. The class order serves the attainable standard deadline first."""
+    """The flaw of plain formula 1 (docs/decisions/0001-deadline-classes-not-formula-1-across-tiers.md):
+    a 40-second-old batch request outscored a fresh standard one. The class order serves the
+    attainable standard deadline first."""
     pool = PoolView(load=1.0, max_length_tokens=8192, aging_bound_s=60.0)
     old_batch = _req(Tier.BATCH, arrival=0.0, ttft_ms=60_000.0, prompt=100)
     fresh = _req(Tier.STANDARD, arrival=40.0, ttft_ms=2000.0, prompt=4000)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from slaq.bench.traces import BUNDLED_TRACE
+from slaq.bench.traces import BUNDLED_TRACE, trace_path
 
 DEFAULT_POLICIES = "fcfs,priority,slaq,oracle"
 
@@ -33,9 +33,10 @@ def _positive(text: str) -> float:
 
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--trace", type=Path, default=BUNDLED_TRACE,
-                        help="Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens); default: the bundled Azure "
-                             "conversation trace 2023 (slaq/bench/traces/, CC-BY 4.0)")
+    source.add_argument("--trace", type=trace_path, default=BUNDLED_TRACE, metavar="conv|code|PATH",
+                        help="a bundled Azure LLM inference trace 2023 (slaq/bench/traces/, CC-BY 4.0): conv (the conversation "
+                             "service, the default) or code (code completion: long prompts, short outputs); or the path of "
+                             "an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
     source.add_argument("--synthetic", action="store_true",
                         help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")

@@ -111,7 +111,7 @@ RETRIED_STATUSES = frozenset({429, 503})
 Submit = Callable[[str, dict[str, Any]], None]
 # (request id, the final refusal) for each request the client gives up on.
 Refuse = Callable[[str, Refusal], None]
-Gauges = Callable[[], tuple[int, int, float]]
+Gauges = Callable[[], tuple[int, int, float, "list[int] | None"]]
 
 
 class PodFront:
@@ -189,9 +189,10 @@ class PodFront:
             raise RuntimeError("PodFront.connect() was not called")
         self._submit(request_id, json.loads(self.core.enriched_body(self._flights[request_id])))
 
-    def scrape(self, waiting: int, running: int, kv_usage: float) -> None:
+    def scrape(self, waiting: int, running: int, kv_usage: float, waiting_by_rank: Sequence[int] | None = None) -> None:
         """The engine's gauges as `EngineMonitor` reads them; the next scrape is one interval on."""
-        self.core.observe_engine(waiting, running, kv_usage, self.core.gate.released_total)
+        gate = self.core.gate
+        self.core.observe_engine(waiting, running, kv_usage, gate.released_total, waiting_by_rank, gate.released_by_rank)
         self.next_scrape_s += self.config.scrape_interval_s
 
     def first_token(self, request_id: str) -> None:

@@ -1,9 +1,10 @@
 """Reading request traces in the Azure LLM inference format (`TIMESTAMP,ContextTokens,GeneratedTokens`).
 
-The bundled trace (`BUNDLED_TRACE`, package data in `slaq/bench/traces/`) is the Azure LLM inference
-trace 2023, conversation service (Azure/AzurePublicDataset, CC-BY 4.0; Patel et al., "Splitwise:
-Efficient generative LLM inference using phase splitting", ISCA 2024). Anything derived from it
-keeps that attribution.
+The bundled traces (`BUNDLED_TRACES`, package data in `slaq/bench/traces/`) are the Azure LLM inference
+traces 2023 of the conversation service (`conv`, the default: `BUNDLED_TRACE`) and of the
+code-completion service (`code`: prompts of 2k tokens on average, outputs of tens) (Azure/AzurePublicDataset,
+CC-BY 4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",
+ISCA 2024). Anything derived from them keeps that attribution.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from slaq.bench.errors import TraceError
 
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # The folder `traces/` beside this module holds the data; `slaq.bench.traces` stays this module.
-BUNDLED_TRACE = Path(__file__).resolve().parent / "traces" / "azure_llm_conv_2023.csv"
+_TRACES = Path(__file__).resolve().parent / "traces"
+BUNDLED_TRACES = {"conv": _TRACES / "azure_llm_conv_2023.csv", "code": _TRACES / "azure_llm_code_2023.csv"}
+BUNDLED_TRACE = BUNDLED_TRACES["conv"]
 TRACE_ATTRIBUTION = (
     "Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY 4.0); Patel et al., "
     "\"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024."
 )
+
+
+def trace_path(text: str) -> Path:
+    """`--trace`: a bundled trace by name (`conv`, `code`), or the path of a CSV."""
+    return BUNDLED_TRACES.get(text) or Path(text)
 
 
 @dataclass(frozen=True, slots=True)

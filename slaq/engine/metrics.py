@@ -23,6 +23,7 @@ STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 
 @dataclass(frozen=True)
 class EngineMetrics:
+    arrivals: Counter
     preemptions: Counter
     kv_blocks_in_use: Gauge
     queue_depth: Gauge
@@ -53,6 +54,9 @@ class EngineMetrics:
         for term, value in (("fixed", fixed_s), ("per_token", per_token_s), ("per_kv_token", per_kv_token_s)):
             self.step_time_model.labels(term=term).set(value)
 
+    def count_arrival(self, tier: Tier) -> None:
+        self.arrivals.labels(tier=tier.value).inc()
+
     def count_preemption(self, tier: Tier, reason: str) -> None:
         self.preemptions.labels(tier=tier.value, reason=reason).inc()
 
@@ -77,6 +81,7 @@ class EngineMetrics:
 def engine_metrics() -> EngineMetrics:
     """Process-wide metrics (a registry accepts each name once)."""
     return EngineMetrics(
+        arrivals=Counter(PREFIX + "arrivals", "Requests the scheduler received (what the sidecar released to the engine), by tier; counted when they join the waiting queue, paused or not.", ["tier"]),
         preemptions=Counter(PREFIX + "preemptions", "Requests preempted by the slaq scheduler, by tier of the victim and reason.", ["tier", "reason"]),
         kv_blocks_in_use=Gauge(PREFIX + "kv_blocks_in_use", "KV cache blocks held by running requests, by tier.", ["tier"], multiprocess_mode="mostrecent"),
         queue_depth=Gauge(PREFIX + "queue_depth", "Requests waiting in the engine, by tier.", ["tier"], multiprocess_mode="mostrecent"),

@@ -134,6 +134,7 @@ class SLAScheduler(vc.RecomputesLoadFailures):
                     aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
                 ),
             )
+            self.metrics.count_arrival(sla.tier)
         super().add_request(request)
 
     @staticmethod

@@ -7,6 +7,7 @@ import logging
 
 import httpx
 
+from slaq.api.common import Tier
 from slaq.api.runtime import HEALTH_PATH, METRICS_PATH
 from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.service import SidecarCore
@@ -16,6 +17,7 @@ log = logging.getLogger(__name__)
 ENGINE_WAITING = "vllm:num_requests_waiting"
 ENGINE_RUNNING = "vllm:num_requests_running"
 ENGINE_KV_USAGE = "vllm:kv_cache_usage_perc"
+ENGINE_QUEUE_DEPTH = "slaq_engine_queue_depth"  # slaq's engine: waiting requests by tier (slaq/engine/metrics.py)
 
 
 def gauge_sum(text: str, name: str) -> float | None:
@@ -29,6 +31,26 @@ def gauge_sum(text: str, name: str) -> float | None:
             except ValueError:
                 continue
     return total if seen else None
+
+
+def tier_gauge(text: str, name: str) -> list[int] | None:
+    """A gauge with a `tier` label, per tier rank (a tier without a sample counts 0); None when
+    no sample has a known tier (an engine that does not export it)."""
+    by_name = {tier.value: tier.rank for tier in Tier}
+    values, seen = [0] * len(Tier), False
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        labels, _, value = line[len(name) + 1:].rpartition("} ")
+        for label in labels.split(","):
+            key, _, quoted = label.partition("=")
+            if key.strip() == "tier" and quoted.strip('"') in by_name:
+                try:
+                    values[by_name[quoted.strip('"')]] += int(float(value))
+                    seen = True
+                except ValueError:
+                    pass
+    return values if seen else None
 
 
 class EngineMonitor:
@@ -49,7 +71,7 @@ class EngineMonitor:
         if not self.ready:
             self.core.gate.observe_engine(None)
             return
-        released_before = self.core.gate.released_total
+        released_before, released_by_rank_before = self.core.gate.released_total, list(self.core.gate.released_by_rank)
         try:
             metrics = await self.engine.get(METRICS_PATH, timeout_s=2.0)
         except httpx.HTTPError:
@@ -58,7 +80,8 @@ class EngineMonitor:
         waiting = gauge_sum(text, ENGINE_WAITING)
         running = gauge_sum(text, ENGINE_RUNNING)
         kv = gauge_sum(text, ENGINE_KV_USAGE)
-        self.core.observe_engine(None if waiting is None else int(waiting), None if running is None else int(running), kv, released_before)
+        self.core.observe_engine(None if waiting is None else int(waiting), None if running is None else int(running), kv, released_before,
+                                 tier_gauge(text, ENGINE_QUEUE_DEPTH), released_by_rank_before)
 
     async def run(self) -> None:
         while True:

@@ -20,11 +20,17 @@ The rule agrees with the engine's ranking (`slaq.policy.ranking`): the engine ad
 attainable critical or standard request ahead of lower-tier work and preempts lower-tier decodes
 for it, so such a request counts only the engine-side requests of its own tier and above
 (`can_release(tier_rank)`); lower-tier requests the engine would pass over do not hold it here.
+For that count the scrape's W is the engine's waiting requests of those tiers
+(`slaq_engine_queue_depth{tier}`, when the engine exports it): with the total, a few batch requests
+waiting in the engine would hold standard requests here while the standard ones the engine holds
+are running their prefill chunks, and the engine, with nothing better waiting, admits the batch.
 The dispatcher (`queue.Dispatcher`) releases in the discipline's order; past a held choice only a
 head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from slaq.api.common import Tier
 
@@ -38,10 +44,13 @@ class ReleaseGate:
         self.in_flight = 0
         self.not_started_by_rank = [0] * len(Tier)  # released, no first byte yet, by tier rank
         self.engine_waiting: int | None = None
+        self.engine_waiting_by_rank: tuple[int, ...] | None = None  # the engine's waiting requests per tier rank, when exported
         self.engine_running: int | None = None
         self.engine_capacity: int | None = None
         self.released_total = 0
+        self.released_by_rank = [0] * len(Tier)
         self._released_at_scrape = 0
+        self._released_by_rank_at_scrape = [0] * len(Tier)
 
     @property
     def not_started(self) -> int:
@@ -54,13 +63,19 @@ class ReleaseGate:
         if self.engine_waiting is None:
             return counted
         since = self.released_total - self._released_at_scrape
+        waiting = self.engine_waiting
+        if tier_rank is not None and self.engine_waiting_by_rank is not None:
+            waiting = sum(self.engine_waiting_by_rank[: tier_rank + 1])
+            since_here = sum(self.released_by_rank[: tier_rank + 1]) - sum(self._released_by_rank_at_scrape[: tier_rank + 1])
+        else:
+            since_here = since
         if self.engine_capacity is not None and self.engine_running is not None:
             free = max(0, self.engine_capacity - self.engine_running)
         elif self.engine_waiting == 0:
             free = since  # never seen queueing: the batch limit is still ahead
         else:
             free = 0
-        return min(counted, self.engine_waiting + max(0, since - free))
+        return min(counted, waiting + max(0, since_here - free))
 
     def can_release(self, tier_rank: int | None = None) -> bool:
         """May one more request go to the engine? `tier_rank`: it is an attainable request of that
@@ -73,6 +88,7 @@ class ReleaseGate:
         self.in_flight += 1
         self.not_started_by_rank[tier_rank] += 1
         self.released_total += 1
+        self.released_by_rank[tier_rank] += 1
 
     def on_first_byte(self, tier_rank: int) -> None:
         self.not_started_by_rank[tier_rank] = max(0, self.not_started_by_rank[tier_rank] - 1)
@@ -82,14 +98,20 @@ class ReleaseGate:
         if not started:
             self.on_first_byte(tier_rank)
 
-    def observe_engine(self, waiting: int | None, released_total_at_request: int | None = None, running: int | None = None) -> None:
+    def observe_engine(self, waiting: int | None, released_total_at_request: int | None = None, running: int | None = None,
+                       waiting_by_rank: Sequence[int] | None = None,
+                       released_by_rank_at_request: Sequence[int] | None = None) -> None:
         """A fresh engine scrape; None when the engine exports no such gauge.
 
-        `released_total_at_request` is `released_total` when the scrape was sent: releases after
-        that may be missing from the engine's answer, so they stay counted.
+        `released_total_at_request` (`released_by_rank_at_request`) is `released_total`
+        (`released_by_rank`) when the scrape was sent: releases after that may be missing from the
+        engine's answer, so they stay counted. `waiting_by_rank`: the engine's waiting requests per
+        tier rank (None: not exported; the total stands in for every tier).
         """
         self.engine_waiting = waiting
         self.engine_running = running
+        self.engine_waiting_by_rank = None if waiting is None or waiting_by_rank is None else tuple(waiting_by_rank)
         if waiting and running is not None:
             self.engine_capacity = max(self.engine_capacity or 0, running)
         self._released_at_scrape = self.released_total if released_total_at_request is None else released_total_at_request
+        self._released_by_rank_at_scrape = list(self.released_by_rank if released_by_rank_at_request is None else released_by_rank_at_request)

@@ -13,7 +13,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA, enrich_body
@@ -269,11 +269,13 @@ class SidecarCore:
         self.refused(error, flight.identity)
         self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=http_status(error))
 
-    def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None) -> None:
+    def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None,
+                       waiting_by_rank: Sequence[int] | None = None, released_by_rank_before: Sequence[int] | None = None) -> None:
         """A scrape of the engine's gauges (`monitor.EngineMonitor`, or the simulator's engine):
         feed the release gate and the load, then release what the gate now lets go.
-        `released_before`: the gate's `released_total` when the scrape was sent."""
-        self.gate.observe_engine(waiting, released_before, running)
+        `released_before` (`released_by_rank_before`): the gate's `released_total` (`released_by_rank`)
+        when the scrape was sent; `waiting_by_rank`: the engine's waiting requests per tier rank."""
+        self.gate.observe_engine(waiting, released_before, running, waiting_by_rank, released_by_rank_before)
         self.engine_kv_usage = kv_usage
         self.dispatcher.pump()
 

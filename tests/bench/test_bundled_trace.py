@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slaq.bench.traces import BUNDLED_TRACE, read_trace
+from slaq.bench.traces import BUNDLED_TRACE, BUNDLED_TRACES, read_trace
 from slaq.cli import main
 
 from .conftest import SAMPLE_TRACE
@@ -25,11 +25,18 @@ def test_the_bundled_trace_is_the_whole_conversation_trace() -> None:
     assert read_trace(BUNDLED_TRACE, limit=300) == read_trace(SAMPLE_TRACE)
 
 
+def test_the_code_trace_is_bundled_whole_and_named_by_trace_code(tmp_path: Path) -> None:
+    rows = read_trace(BUNDLED_TRACES["code"])
+    assert len(rows) == 8_819 and max(r.prompt_tokens for r in rows) == 7_437
+    assert sum(r.output_tokens for r in rows) / len(rows) == pytest.approx(27.88, abs=0.01)  # long prompts, short outputs
+    assert _report(tmp_path, "--trace", "code")["trace"] == str(BUNDLED_TRACES["code"])
+
+
 def test_every_file_of_the_traces_folder_is_package_data_with_its_attribution() -> None:
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["slaq.bench"]
     folder = BUNDLED_TRACE.parent
     shipped = sorted(p.relative_to(folder.parent).as_posix() for p in folder.iterdir())
-    assert shipped == ["traces/README.md", "traces/azure_llm_conv_2023.csv"]
+    assert shipped == ["traces/README.md", "traces/azure_llm_code_2023.csv", "traces/azure_llm_conv_2023.csv"]
     for name in shipped:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), f"{name} is not in slaq.bench's package-data"
     attribution = (folder / "README.md").read_text()

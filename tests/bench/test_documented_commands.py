@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slaq.bench.traces import BUNDLED_TRACE
+from slaq.bench.traces import BUNDLED_TRACES
 from slaq.cli import main
 from tests.support.docs import REPO_ROOT, Line, inline_spans, repository_docs, split_code
 
@@ -100,5 +100,6 @@ def test_documented_command_runs_from_a_clone(arguments: tuple[str, ...], tmp_pa
     status = main(["bench", "sim", *runnable(list(arguments))])
     out, err = capsys.readouterr()
     assert status == 0, f"{COMMANDS[arguments]}: slaq bench sim {shlex.join(arguments)}\n{err}"
-    source = "synthetic" if "--synthetic" in arguments else str(BUNDLED_TRACE)
+    named = arguments[arguments.index("--trace") + 1] if "--trace" in arguments else "conv"
+    source = "synthetic" if "--synthetic" in arguments else str(BUNDLED_TRACES.get(named, named))
     assert f"requests ({source}, arrivals" in out

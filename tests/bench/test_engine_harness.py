@@ -6,6 +6,7 @@ from __future__ import annotations
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from slaq.api.common import Tier
+from slaq.api.contract import RequestSLA
 from slaq.bench import engine_harness as harness
 from slaq.bench.clock import SIM_EPOCH, SimClock
 from slaq.bench.policies import policy
@@ -61,13 +62,24 @@ def test_preempted_requests_still_deliver_exactly_their_tokens(small_profile) ->
 
 def test_engine_gauges_are_what_the_engine_exports(small_profile) -> None:
     scheduler = _scheduler(small_profile)
-    assert harness.engine_gauges(scheduler) == (0, 0, 0.0)
+    assert harness.engine_gauges(scheduler) == (0, 0, 0.0, None)  # stock vLLM: no waiting by tier
     for i in range(3):
         scheduler.add_request(harness.make_request(f"g{i}", 600, max_tokens=4, arrival_time=SIM_EPOCH, priority=0, extra_args={}))
-    assert harness.engine_gauges(scheduler) == (3, 0, 0.0)
+    assert harness.engine_gauges(scheduler) == (3, 0, 0.0, None)
     scheduler.schedule()
-    waiting, running, kv_usage = harness.engine_gauges(scheduler)
+    waiting, running, kv_usage, _ = harness.engine_gauges(scheduler)
     assert waiting + running == 3 and running >= 1 and 0.0 < kv_usage < 1.0
+
+
+def test_slaqs_engine_reports_its_waiting_requests_by_tier_as_its_queue_depth_gauge_does(small_profile) -> None:
+    from slaq.engine.scheduler import SLAScheduler
+
+    scheduler = harness.build_scheduler(SLAScheduler, harness.engine_setup(small_profile, "priority"))
+    for i, tier in enumerate((Tier.BATCH, Tier.BATCH, Tier.STANDARD)):
+        sla = RequestSLA(tenant=f"{tier.value}-0", tier=tier, ttft_ms=2000.0, arrival=SIM_EPOCH, predicted_output=4)
+        scheduler.add_request(harness.make_request(f"t{i}", 600, max_tokens=4, arrival_time=SIM_EPOCH, priority=tier.rank,
+                                                   extra_args=sla.to_xargs()))
+    assert harness.engine_gauges(scheduler) == (3, 0, 0.0, [0, 1, 2])
 
 
 def test_a_kv_transfer_config_gives_the_scheduler_slaqs_connector_and_its_plans(small_profile) -> None:

@@ -45,17 +45,21 @@ def hooks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
     test_hooks = json.dumps({"inspectPath": str(hooks["inspect"]), "tamperFlag": str(hooks["tamper"])})
-    with running_engine("--kv-test-hooks", test_hooks, *ENGINE_ARGS) as engine:
+    with running_engine("--kv-test-hooks", test_hooks, *ENGINE_ARGS, env=DEV_ENDPOINTS) as engine:
         yield engine
 
 
-# An attempt poses the question only when the critical request reaches the scheduler while both
-# batch requests still run (about 2.5 s); on two busy cores vLLM's API server has taken longer than
-# that to hand it over (traced: sent 1.57 s before the scheduler saw it, against 0.16 s in the next
-# attempt), so an attempt often ends without a preemption and is run again. One full run of the
-# suite in seven, and later one in two, ended all 8 attempts so; the failure
-# message now says, per attempt, what the engine did instead.
-PREEMPTION_ATTEMPTS = 12
+# The engine is paused between the test's moves (vLLM's development endpoints, `/pause?mode=keep`
+# and `/resume`, enabled for this engine only): the two batch requests join the scheduler together
+# and it is frozen while they hold their blocks, the critical request joins it while it is frozen,
+# and the scheduler's next step, after `/resume`, finds all three. What the test waits on is the
+# engine's own counters (`slaq_engine_arrivals_total`, the prefix-cache lookups admissions make), not the clock
+# or a client's view of the stream. The one race left is between seeing both batch requests run and
+# the pause taking effect (their 250 decode steps against one poll): an attempt that loses it is
+# seen as such while the engine is paused, and run again.
+DEV_ENDPOINTS = {"VLLM_SERVER_DEV_MODE": "1"}
+PREEMPTION_ATTEMPTS = 3
+POLL_S = 0.01
 
 
 def _prompt(seed: int, tokens: int) -> list[int]:
@@ -183,41 +187,79 @@ def _answers_alone(engine: EngineHandle, seed: int) -> list[str]:
     return [_complete(engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT) for prompt in _batch_prompts(seed)]
 
 
+def _pause(engine: EngineHandle) -> None:
+    """Freeze the scheduler with its requests (`keep`): no step runs, arrivals still join the queue."""
+    response = httpx.post(engine.base_url + "/pause", params={"mode": "keep"}, timeout=60.0)
+    assert response.status_code == 200, response.text
+
+
+def _resume(engine: EngineHandle) -> None:
+    response = httpx.post(engine.base_url + "/resume", timeout=60.0)
+    assert response.status_code == 200, response.text
+
+
+def _until(what: str, condition, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(POLL_S)
+
+
+def _arrivals(engine: EngineHandle, tier: Tier) -> float:
+    return _counter(engine, "slaq_engine_arrivals_total", tier=tier.value)
+
+
+def _admitted_tokens(engine: EngineHandle) -> float:
+    """Prompt tokens of batch requests the scheduler admitted (each admission looks its prompt up in
+    the prefix cache; a counter, where `vllm:num_requests_running` is a gauge last set at some step)."""
+    return _counter(engine, "slaq_engine_prefix_cache_query_tokens_total", tier="batch", tenant="batchco")
+
+
 def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTION_ATTEMPTS) -> list[str]:
     """The answers of two batch requests, one of which a critical request preempts midway.
 
     The two hold 6 to 8 of the 9 blocks while they decode; the critical request's 4 blocks do not
-    fit beside them, and there is no other critical request it could wait for, so it preempts one
-    of them however fast this machine runs the steps (the scheduler's own choice, or vLLM's when a
-    chunked prefill runs out of blocks). A run without a preemption would not pose the question:
-    it is run again, and so is one whose victim was not sealed to host memory (vLLM's own
-    preemption of a chunked prefill recomputes); the test fails if none of `attempts` runs did both."""
+    fit beside them and its objective (`URGENT_TTFT_MS`) cannot wait for them to finish, so the
+    scheduler's first step that sees it preempts one of them, and the victim's KV is sealed to host
+    memory (`--kv-swap-choice always`). The moves (see `DEV_ENDPOINTS`): pause; send both batch
+    requests; once the scheduler has both, resume; once both run, pause; if both still run, send the
+    critical request; once the scheduler has it, resume. An attempt whose batch requests did not
+    both still run at the second pause is run again.
+    A preempted request readmitted looks its prompt up again: `admitted_before` is read per attempt."""
     prompts = _batch_prompts(seed)
-    seen: list[str] = []  # per attempt, for the failure message: what the engine did instead
+    seen: list[str] = []  # per attempt, for the failure message
     for attempt in range(attempts):
         preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
-        swap_out = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out")
-        sent = time.monotonic()
-        started = [threading.Event() for _ in prompts]
-        batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
-        # Their first tokens back, not a metrics poll: on a quiet machine a request could finish between two polls.
-        assert all(event.wait(REQUEST_DEADLINE_S) for event in started), "the batch requests did not start"
-        # An objective no wait could meet: it preempts rather than wait for a batch request to end (frees_in_time).
-        critical_sent = time.monotonic()
-        critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
+        batch_before, critical_before = _arrivals(engine, Tier.BATCH), _arrivals(engine, Tier.CRITICAL)
+        admitted_before = _admitted_tokens(engine)
+        _pause(engine)
+        try:
+            started = [threading.Event() for _ in prompts]
+            batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
+            _until("the scheduler received both batch requests", lambda: _arrivals(engine, Tier.BATCH) >= batch_before + 2)
+            _resume(engine)
+            _until("both batch requests were admitted", lambda: _admitted_tokens(engine) >= admitted_before + 2 * BATCH_PROMPT)
+            _pause(engine)
+            if not all(thread.is_alive() for thread, _ in batches):
+                seen.append(f"attempt {attempt}: a batch request had ended at the pause")
+                _resume(engine)
+                [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
+                continue
+            critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
+            _until("the scheduler received the critical request", lambda: _arrivals(engine, Tier.CRITICAL) >= critical_before + 1)
+        finally:
+            _resume(engine)
         _joined(*critical, "the critical request")
-        critical_s = time.monotonic() - critical_sent
         answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
         now_preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         now_sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
-        if now_preempted > preempted and now_sealed > sealed:
-            return answers
-        seen.append(f"preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} of "
-                    f"{_counter(engine, 'slaq_engine_kv_swap_blocks_total', direction='out') - swap_out:.0f} blocks out, "
-                    f"the critical request sent {critical_sent - sent:.2f} s after the batch ones and answered "
-                    f"{critical_s:.2f} s after that, the batch ones done {time.monotonic() - sent:.2f} s after they were sent")
-    raise AssertionError(f"no batch request was preempted and sealed to host memory in {attempts} attempts: {seen}")
+        # Posed as above, the question has one answer: a preemption and a sealed copy, every time.
+        assert now_preempted > preempted and now_sealed > sealed, \
+            f"the critical request found both batch requests running and no batch request was preempted and sealed " \
+            f"(preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} blocks)"
+        return answers
+    raise AssertionError(f"the batch requests never both still ran at the pause in {attempts} attempts: {seen}")
 
 
 def test_a_preempted_request_is_restored_from_its_sealed_host_copy_with_the_same_answer(secured: EngineHandle) -> None:

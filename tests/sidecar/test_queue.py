@@ -12,6 +12,7 @@ from slaq.policy.discipline import Discipline
 from slaq.policy.ranking import DeadlineClassRanking
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, ReleasePace, RequestQueue
+from slaq.sidecar.monitor import tier_gauge
 from slaq.sidecar.release import ReleaseGate
 
 PROFILE = DeadlineClassRanking(ScoreWeights())
@@ -135,6 +136,39 @@ def test_gate_counts_only_the_tiers_an_attainable_request_queues_behind() -> Non
     gate.observe_engine(1, released_total_at_request=gate.released_total, running=4)
     assert gate.engine_queue_estimate() == gate.engine_queue_estimate(S) == 1  # the engine's gauge bounds every count
     assert gate.can_release() and gate.engine_queue_estimate(C) == 0
+
+
+def test_with_the_engine_waiting_by_tier_a_standard_request_is_not_held_by_batch_waiting_in_the_engine() -> None:
+    """The engine waits on four batch requests while the standard ones it holds run their prefill
+    (released, no first byte yet): the total would hold standard here and let the engine admit the
+    batch; the per-tier gauge says no standard request waits there."""
+    gate = ReleaseGate(engine_queue_target=2)
+    for _ in range(4):
+        gate.on_release(S)
+    for _ in range(4):
+        gate.on_release(B)
+    gate.observe_engine(4, released_total_at_request=gate.released_total, running=8)
+    assert not gate.can_release(S)  # the total stands in for every tier
+    gate.observe_engine(4, released_total_at_request=gate.released_total, running=8, waiting_by_rank=[0, 0, 4],
+                        released_by_rank_at_request=gate.released_by_rank)
+    assert gate.engine_queue_estimate(S) == 0 and gate.can_release(S) and not gate.can_release()
+    before = list(gate.released_by_rank)
+    gate.on_release(S)
+    gate.on_release(S)  # after the scrape was sent: the answer may miss them, so they count
+    gate.observe_engine(4, released_total_at_request=gate.released_total - 2, running=8, waiting_by_rank=[0, 0, 4],
+                        released_by_rank_at_request=before)
+    assert gate.engine_queue_estimate(S) == 2 and not gate.can_release(S)
+
+
+def test_the_monitor_reads_the_engines_waiting_requests_by_tier() -> None:
+    text = ('# TYPE slaq_engine_queue_depth gauge\n'
+            'slaq_engine_queue_depth{tier="critical"} 1.0\n'
+            'slaq_engine_queue_depth{engine="0",tier="batch"} 7.0\n'
+            'slaq_engine_queue_depth{tier="standard"} 2.0\n'
+            'slaq_engine_queue_depth{tier="vip"} 9.0\n'
+            'slaq_engine_queue_depth_created{tier="batch"} 1.7e9\n')
+    assert tier_gauge(text, "slaq_engine_queue_depth") == [1, 2, 7]
+    assert tier_gauge("vllm:num_requests_waiting 3.0\n", "slaq_engine_queue_depth") is None  # stock vLLM: the total stands in
 
 
 def make_dispatcher(target: int = 1) -> tuple[Dispatcher, list[float]]:

@@ -194,9 +194,11 @@ def preemptions(request: Request) -> int:
     return request.num_preemptions
 
 
-def engine_gauges(scheduler: Any) -> tuple[int, int, float]:
-    """(waiting, running, KV cache use 0..1) as the engine exports them on /metrics
-    (`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`): vLLM's
-    `make_stats` counts deferred requests apart from the waiting ones."""
+def engine_gauges(scheduler: Any) -> tuple[int, int, float, list[int] | None]:
+    """(waiting, running, KV cache use 0..1, waiting per tier rank or None) as the engine exports
+    them on /metrics (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
+    `vllm:kv_cache_usage_perc`, slaq's `slaq_engine_queue_depth{tier}`): vLLM's `make_stats` counts
+    deferred requests apart from the waiting ones."""
     running, waiting = scheduler.get_request_counts()
-    return waiting - len(scheduler.deferred_waiting), running, scheduler.get_kv_cache_usage()
+    depth = getattr(scheduler.waiting, "depth_by_rank", None)  # slaq's queue (slaq/engine/queue.py); stock vLLM has none
+    return waiting - len(scheduler.deferred_waiting), running, scheduler.get_kv_cache_usage(), None if depth is None else list(depth())
