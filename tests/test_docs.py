@@ -49,7 +49,7 @@ def _scopes(doc: Path) -> list[Path]:
     if doc.parent == DECISIONS:
         return [REPO_ROOT]  # a decision record may name a file of any component
     if doc.parent == REPO_ROOT / "docs":
-        component = REPO_ROOT / doc.stem
+        component = REPO_ROOT / "slaq" / doc.stem
         return [doc.parent, component] if component.is_dir() else [REPO_ROOT]
     return [doc.parent]
 
@@ -89,6 +89,8 @@ def missing_path(doc: Path, token: str) -> str | None:
                     return f"{name} does not exist"
             elif (doc.parent / first).exists() and not (doc.parent / path).exists():
                 return f"{name} does not exist beside {doc.relative_to(REPO_ROOT)}"
+            elif not (doc.parent / first).exists() and (REPO_ROOT / "slaq" / first).is_dir():
+                return f"{name} does not exist: the folder is slaq/{first}/"
         elif path.endswith(CHECKED_SUFFIXES) and not any(path in _names_under(scope) for scope in _scopes(doc)):
             where = ", ".join(f"{scope.relative_to(REPO_ROOT)}/" if scope != REPO_ROOT else "the repository" for scope in _scopes(doc))
             return f"{name} is in no folder the doc describes ({where})"
@@ -97,8 +99,9 @@ def missing_path(doc: Path, token: str) -> str | None:
 
 @functools.cache
 def _package_dirs() -> dict[str, Path]:
-    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {name: REPO_ROOT / folder for name, folder in config.items()}
+    """Import names and their folders: every package is the folder of its name under slaq/."""
+    packages = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    return {name: REPO_ROOT.joinpath(*name.split(".")) for name in packages}
 
 
 @functools.cache
@@ -163,14 +166,15 @@ def test_doc_speaks_of_the_project_as_it_is(doc: Path) -> None:
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    engine_doc = REPO_ROOT / "engine" / "README.md"
-    assert missing_path(engine_doc, "`fairness.py`") == "fairness.py is in no folder the doc describes (engine/)"
-    assert missing_path(engine_doc, "planner.py") is None  # engine/kv_security/planner.py
-    assert missing_path(REPO_ROOT / "README.md", "engine/fairness.py") == "engine/fairness.py does not exist"
-    assert missing_path(REPO_ROOT / "README.md", "(bench/README.md).") is None
+    engine_doc = REPO_ROOT / "slaq" / "engine" / "README.md"
+    assert missing_path(engine_doc, "`fairness.py`") == "fairness.py is in no folder the doc describes (slaq/engine/)"
+    assert missing_path(engine_doc, "planner.py") is None  # slaq/engine/kv_security/planner.py
+    assert missing_path(REPO_ROOT / "README.md", "slaq/engine/fairness.py") == "slaq/engine/fairness.py does not exist"
+    assert missing_path(REPO_ROOT / "README.md", "engine/blocks.py") == "engine/blocks.py does not exist: the folder is slaq/engine/"
+    assert missing_path(REPO_ROOT / "README.md", "(slaq/bench/README.md).") is None
     assert missing_path(REPO_ROOT / "docs" / "DESIGN.md", "../../shared/traces/x.csv") == "../../shared/traces/x.csv is outside the repository"
     assert missing_path(REPO_ROOT / "docs" / "sidecar.md", "tests/sidecar/test_{queue,nothing}.py") == "tests/sidecar/test_nothing.py does not exist"
-    assert missing_path(REPO_ROOT / "docs" / "operator.md", "handlers.py") is None  # operator/src/handlers.py
+    assert missing_path(REPO_ROOT / "docs" / "operator.md", "handlers.py") is None  # slaq/operator/handlers.py
     assert missing_path(REPO_ROOT / "README.md", "autoscaling/v2") is None and missing_path(REPO_ROOT / "README.md", "/etc/slaq") is None
     assert unresolved_module("slaq.scoring") == "slaq.scoring: no module slaq.scoring"
     assert unresolved_module("slaq.api.contract.RequestSLA.to_xargs") is None
@@ -219,7 +223,7 @@ def test_decision_records_are_numbered_once_each_and_all_in_the_index() -> None:
 
 
 def test_the_record_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    assert missing_path(DECISIONS / "0001-x.md", "queue.py") is None  # engine/queue.py, sidecar/queue.py
+    assert missing_path(DECISIONS / "0001-x.md", "queue.py") is None  # slaq/engine/queue.py, slaq/sidecar/queue.py
     assert missing_path(DECISIONS / "0001-x.md", "nowhere.py") == "nowhere.py is in no folder the doc describes (the repository)"
     good = tmp_path / "0007-one-rule.md"
     good.write_text("# 0007: One rule\n\n## Context\n\n## Decision\n\n## Consequences\n\n## Measurement\n")

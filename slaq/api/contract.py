@@ -22,7 +22,7 @@ XARG_TTFT_MS = "slaq_ttft_ms"
 XARG_TPOT_MS = "slaq_tpot_ms"
 XARG_ARRIVAL = "slaq_arrival"
 XARG_PREDICTED_OUTPUT = "slaq_predicted_output"
-XARG_REQUEST_ID = "slaq_request_id"  # the sidecar's request id, which the engine's audit line carries (engine/request_log.py)
+XARG_REQUEST_ID = "slaq_request_id"  # the sidecar's request id, which the engine's audit line carries (slaq/engine/request_log.py)
 XARG_KEYS = (XARG_TENANT, XARG_TIER, XARG_TTFT_MS, XARG_TPOT_MS, XARG_ARRIVAL, XARG_PREDICTED_OUTPUT, XARG_REQUEST_ID)
 REQUEST_ID_MAX_CHARS = 128
 

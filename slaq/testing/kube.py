@@ -1,7 +1,7 @@
 """A Kubernetes API emulator: kmock 0.8 plus the server-side behaviour kopf relies on.
 
 The tests get a running one from the `kube` fixture (tests/support/fixtures.py, with slaq's CRDs
-and a kubeconfig); bench/operator_scale.py serves one in a child process. Its API:
+and a kubeconfig); slaq/bench/operator_scale.py serves one in a child process. Its API:
 
     async def test_something(kube: KubeEmulator) -> None:
         kube.url                # http://127.0.0.1:<port> of the emulated API server

@@ -90,7 +90,7 @@ def test_commands_are_found_in_code_blocks_and_prose() -> None:
 
 def test_the_readmes_show_commands() -> None:
     places = {place.split(":")[0] for place in COMMANDS.values()}
-    assert {"README.md", "bench/README.md"} <= places, places
+    assert {"README.md", "slaq/bench/README.md"} <= places, places
 
 
 @pytest.mark.timeout(120)

@@ -80,6 +80,35 @@ def test_install_waiting_queues_replaces_both_queues_and_refuses_when_busy() -> 
         raise AssertionError("replacing a non-empty queue must fail")
 
 
+def test_waiting_queues_are_the_schedulers_two_queues() -> None:
+    scheduler = _stock()
+    assert vc.waiting_queues(scheduler) == (scheduler.waiting, scheduler.kv_holding_waiting)
+    assert vc.waiting_queue(scheduler) is scheduler.waiting
+    request = make_request(Tier.BATCH)
+    scheduler.add_request(request)
+    assert list(vc.waiting_queue(scheduler)) == [request]  # where a new request waits
+
+
+def test_first_waiting_priority_and_is_prefill_chunk_are_what_vllms_loops_read() -> None:
+    scheduler = _stock(max_num_batched_tokens=32)
+    late, early = make_request(Tier.BATCH, prompt_tokens=64), make_request(Tier.CRITICAL, prompt_tokens=64)
+    vc.set_priority(late, 2)
+    vc.set_priority(early, 0)
+    scheduler.add_request(late)
+    scheduler.add_request(early)
+    assert vc.first_waiting(scheduler) is early and [vc.priority(r) for r in (early, late)] == [0, 2]
+    driver = Driver(scheduler)
+    driver.step()  # 32 of the critical prompt's 64 tokens
+    assert vc.running_requests(scheduler) == [early] and vc.is_prefill_chunk(early)
+
+
+def test_request_id_is_the_id_the_scheduler_knows_the_request_by() -> None:
+    scheduler = _stock()
+    request = make_request(Tier.BATCH)
+    scheduler.add_request(request)
+    assert vc.request_by_id(scheduler, vc.request_id(request)) is request
+
+
 def test_running_requests_is_the_live_list() -> None:
     scheduler = _stock()
     driver = Driver(scheduler)

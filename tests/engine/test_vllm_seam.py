@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -15,15 +14,14 @@ import pytest
 from slaq.engine.vllm_compat import KVCacheManager
 
 ROOT = Path(__file__).resolve().parents[2]
-SEAM = ROOT / "engine" / "vllm_compat"
+SEAM = ROOT / "slaq" / "engine" / "vllm_compat"
 SEAM_MODULE = "slaq.engine.vllm_compat"
 # Scripts are not package modules but import what the package does; tests/ and e2e/ may use vLLM.
 EXTRA_FOLDERS = ("scripts",)
 
 
 def _package_sources() -> Iterator[Path]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for folder in sorted({*config["package-dir"].values(), *EXTRA_FOLDERS}):
+    for folder in ("slaq", *EXTRA_FOLDERS):
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
@@ -54,12 +52,10 @@ def _imports_the_seam(text: str) -> bool:
 
 def _seam_users() -> Iterator[str]:
     """Package modules that import the seam: the only ones that can subclass a vLLM class."""
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for name, folder in config["package-dir"].items():
-        for source in sorted((ROOT / folder).rglob("*.py")):
-            if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
-                parts = source.relative_to(ROOT / folder).with_suffix("").parts
-                yield ".".join((name, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+    for source in sorted((ROOT / "slaq").rglob("*.py")):
+        if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
+            parts = source.relative_to(ROOT).with_suffix("").parts
+            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def test_only_the_seam_imports_vllm() -> None:
@@ -71,6 +67,16 @@ def test_only_the_seam_imports_vllm() -> None:
         if lines:
             offenders[str(source.relative_to(ROOT))] = lines
     assert not offenders, f"vLLM imported outside {SEAM.relative_to(ROOT)}: {offenders}"
+
+
+def test_no_module_of_the_seam_is_named_like_one_of_its_helpers() -> None:
+    # Importing slaq.engine.vllm_compat.X sets the package's attribute X to the module, replacing a helper of that name.
+    helpers = {node.name for node in ast.parse((SEAM / "__init__.py").read_text()).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    helpers |= {t.id for node in ast.parse((SEAM / "__init__.py").read_text()).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+    assert "block_manager" in helpers and "attached_info" in helpers  # the scan reads the helpers
+    clashes = sorted(module.stem for module in SEAM.glob("*.py") if module.stem in helpers)
+    assert not clashes, f"modules of the seam named like its helpers: {clashes}"
 
 
 def test_the_import_scan_sees_every_form_of_import() -> None:
@@ -130,15 +136,80 @@ def _overrides() -> Iterator[tuple[str, Callable[..., Any], Callable[..., Any]]]
 
 def test_every_overridden_vllm_method_keeps_the_installed_signature() -> None:
     found = {name: signature_mismatch(mine, theirs) for name, mine, theirs in _overrides()}
-    # The block manager's three overrides and the load-failure fix are among those checked.
-    for expected in ("slaq.engine.blocks.SLABlockManager.allocate_slots", "slaq.engine.blocks.SLABlockManager.free",
-                     "slaq.engine.blocks.SLABlockManager.pop_blocks_for_free",
+    # The block manager's three overrides, the scheduler's and the load-failure fix are among those checked.
+    manager = "slaq.engine.vllm_compat.kv_cache_manager.BudgetedKVCacheManager"
+    for expected in (f"{manager}.allocate_slots", f"{manager}.free", f"{manager}.pop_blocks_for_free",
+                     "slaq.engine.scheduler.SLAScheduler.__init__", "slaq.engine.scheduler.SLAScheduler.add_request",
+                     "slaq.engine.scheduler.SLAScheduler.update_from_output",
                      "slaq.engine.vllm_compat.RecomputesLoadFailures._update_requests_with_invalid_blocks",
                      "slaq.engine.vllm_compat.ReportsFreedRequests._free_request",
                      "slaq.engine.scheduler.SLAScheduler.schedule", "slaq.bench.oracle.OracleScheduler.schedule",
                      "slaq.engine.kv_security.connector.SlaqKVConnector.build_connector_meta"):
         assert expected in found, sorted(found)
     assert {name: why for name, why in found.items() if why} == {}
+
+
+def vllm_overrides_outside_the_seam(classes: list[type], vllm_class: type) -> dict[str, list[str]]:
+    """Methods of `vllm_class` that `classes` (subclasses of it) define themselves, by class."""
+    found: dict[str, list[str]] = {}
+    for cls in classes:
+        if issubclass(cls, vllm_class) and cls.__module__.split(".")[0] != "vllm":
+            own = sorted(name for name, attribute in vars(cls).items()
+                         if inspect.isfunction(attribute) and inspect.isfunction(getattr(vllm_class, name, None)))
+            if own:
+                found[f"{cls.__module__}.{cls.__qualname__}"] = own
+    return found
+
+
+def _classes_outside_the_seam() -> list[type]:
+    classes = []
+    for module_name in _seam_users():
+        if module_name == SEAM_MODULE or module_name.startswith(SEAM_MODULE + "."):
+            continue
+        module = importlib.import_module(module_name)
+        classes += [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module.__name__]
+    return classes
+
+
+def test_only_the_seam_overrides_methods_of_vllms_block_manager() -> None:
+    from slaq.engine.blocks import SLABlockManager
+
+    classes = _classes_outside_the_seam()
+    assert SLABlockManager in classes  # the scan reaches the block manager
+    assert vllm_overrides_outside_the_seam(classes, KVCacheManager) == {}
+
+
+def test_the_override_scan_sees_a_block_manager_overriding_vllm() -> None:
+    from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager
+
+    class FreesItself(BudgetedKVCacheManager):
+        def free(self, request): ...  # noqa: E704
+
+        def slaq_free(self, request): ...  # noqa: E704
+
+    assert list(vllm_overrides_outside_the_seam([FreesItself], KVCacheManager).values()) == [["free"]]
+
+
+def test_the_seams_block_manager_alone_allocates_and_frees_as_vllm() -> None:
+    from slaq.api.common import Tier
+    from slaq.engine import vllm_compat as vc
+    from slaq.engine.standalone import Driver, build_scheduler, make_request
+    from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager
+
+    runs = []
+    for manager_cls in (None, BudgetedKVCacheManager):
+        scheduler = build_scheduler(vc.AsyncScheduler, num_blocks=50)
+        if manager_cls is not None:
+            vc.adopt_block_manager(scheduler, manager_cls)
+        driver = Driver(scheduler)
+        requests = [make_request(Tier.BATCH, prompt_tokens=40, max_tokens=20), make_request(Tier.BATCH, prompt_tokens=30, max_tokens=5)]
+        for request in requests:
+            driver.add(request)
+        driver.step()
+        held = [len(vc.request_blocks(scheduler.kv_cache_manager, vc.request_id(r))) for r in requests]
+        driver.run_until_idle()
+        runs.append((held, vc.free_blocks(scheduler.kv_cache_manager), vc.free_queue_order(scheduler.kv_cache_manager)))
+    assert runs[0] == runs[1] and runs[0][0] == [3, 2]
 
 
 def _allocate_renamed(self, request, num_tokens, num_new_computed_tokens=0, **kwargs): ...  # noqa: E704

@@ -7,7 +7,7 @@ settling at the end. Measured on SidecarCore directly (no sockets), for an empty
 fast path) and with N requests already queued (the release scan and the deadline estimate score
 every queued request).
 
-    python bench/admission_cost.py [--tenants 10000] [--decisions 20000] [--queued 0 100 1000]
+    python slaq/bench/admission_cost.py [--tenants 10000] [--decisions 20000] [--queued 0 100 1000]
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
 
     @property
     def waiting_queue(self) -> SLARequestQueue:
-        return self.waiting  # type: ignore[return-value]
+        return vc.waiting_queue(self)  # type: ignore[return-value]
 
     # -- the step ------------------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -201,7 +201,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         running = vc.running_requests(self)
         limit = vc.active_request_limit(self)
         self.order.set_load(self.pod_policy.load(len(running), limit, vc.kv_cache_usage(self)))
-        for queue in (self.waiting, self.kv_holding_waiting):
+        for queue in vc.waiting_queues(self):
             queue.begin_step(now)  # type: ignore[attr-defined]
         if self.table_watcher is not None:
             table = self.table_watcher.poll()
@@ -230,12 +230,12 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         if tightest_tpot_s is None:
             return BatchView(None, len(running), kv_tokens)
         in_flight = len(self._in_flight)
-        urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting) else []  # len: the queue's truth is the waiting loop's (queue.py)
+        urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting_queue) else []  # len: the queue's truth is the waiting loop's (queue.py)
         return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
                          in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
-        if not len(self.waiting):  # len: the queue's truth is the waiting loop's (queue.py)
+        if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
             return set()
         holders = self.block_manager.ledger.requests_by_tier
         if not any(holders[1:]):
@@ -268,7 +268,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         step's budget cannot hold them and the urgent request's prompt, so it takes the budget instead
         of queueing behind their chunks. A request sits out at most `step.maxHoldBackSteps` steps in a row
         (no starvation), and nothing sits out when the urgent request has no slot to take."""
-        if not len(self.waiting):  # len: the queue's truth is the waiting loop's (queue.py)
+        if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
             return []
         running = vc.running_requests(self)
         if vc.active_request_limit(self) - len(running) <= 0 or not vc.any_prefill_chunk(running):

@@ -51,7 +51,7 @@ POLICIES: dict[str, PolicySpec] = {
     for spec in (
         PolicySpec("fcfs", "fcfs", "stock vLLM AsyncScheduler, first come first served", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
         PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-        PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True,
+        PolicySpec("slaq", "priority", "slaq SLAScheduler (slaq/engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True,
                    ships_kv_connector=True),
         PolicySpec("oracle", "priority", "bound: knows true output lengths and the step-time model", "slaq.bench.oracle", "OracleScheduler", knows_true_lengths=True),
     )

@@ -1,6 +1,6 @@
 """Pool profiles: the engine settings and the step-time model parameters the simulator runs with.
 
-A profile is a YAML file (see `bench/models/h200-llama3-8b.yaml`, the default). The KV-cache
+A profile is a YAML file (see `slaq/bench/models/h200-llama3-8b.yaml`, the default). The KV-cache
 size follows from it the way vLLM sizes it: GPU memory times utilisation, minus weights and
 the activation reserve, divided by the KV bytes of one block.
 """
@@ -132,7 +132,7 @@ def with_kv_swap(profile: PoolProfile, *, host_cache_gib: float | None = None, s
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:
-    """A profile by file path, or by name from the bundled `bench/models/` folder."""
+    """A profile by file path, or by name from the bundled `slaq/bench/models/` folder."""
     path = Path(name_or_path)
     if not path.suffix:
         path = MODELS_DIR / f"{name_or_path}.yaml"

@@ -115,12 +115,12 @@ class KVSecurityPlanner:
     def matched_tokens(self, request: vc.Request, num_computed: int) -> int:
         if self.swap is None:
             return 0
-        return self.swap.matched_tokens(request.request_id, num_computed, vc.total_tokens(request))
+        return self.swap.matched_tokens(vc.request_id(request), num_computed, vc.total_tokens(request))
 
     def allocated(self, request: vc.Request, blocks: Any, num_external: int) -> None:
         if self.swap is None or num_external <= 0:
             return
-        order = self.swap.allocated(request.request_id, vc.first_group_block_ids(blocks), num_external)
+        order = self.swap.allocated(vc.request_id(request), vc.first_group_block_ids(blocks), num_external)
         if order is not None:
             facts = self._facts.get(request.request_id)
             erased = self.ownership.written(order.tenant, order.block_ids)

@@ -28,7 +28,7 @@ add time).
 requests) and preemptions per step and the share of steps that admit anything; "p50/token" the
 ratio of p50 step time per scheduled token.
 
-Usage: python bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000] [--repeats R]
+Usage: python slaq/bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000] [--repeats R]
 """
 
 from __future__ import annotations

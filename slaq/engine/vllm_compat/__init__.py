@@ -5,8 +5,9 @@ vLLM object's private state: it goes through the functions here, and tests/engin
 has one test per touch point, so an upgrade shows exactly what broke.
 
 The package is the only place that imports vLLM (tests/engine/test_vllm_seam.py fails otherwise):
-`offline` builds a scheduler without a model runner (tests, benchmarks, the simulator), `llm`
-wraps vLLM's offline `LLM` for scripts.
+`kv_cache_manager` holds the `KVCacheManager` methods slaq's block budget overrides, `offline` builds
+a scheduler without a model runner (tests, benchmarks, the simulator), `llm` wraps vLLM's offline
+`LLM` for scripts.
 """
 
 from __future__ import annotations
@@ -82,6 +83,21 @@ def install_waiting_queues(scheduler: AsyncScheduler, make_queue: Callable[[], R
     scheduler.kv_holding_waiting = make_queue()
 
 
+def waiting_queues(scheduler: AsyncScheduler) -> tuple[RequestQueue, RequestQueue]:
+    """Both waiting queues: `waiting`, then `kv_holding_waiting` (which vLLM serves first)."""
+    return scheduler.waiting, scheduler.kv_holding_waiting
+
+
+def waiting_queue(scheduler: AsyncScheduler) -> RequestQueue:
+    """The queue of waiting requests that hold no KV blocks (the one new requests join)."""
+    return scheduler.waiting
+
+
+def first_waiting(scheduler: AsyncScheduler) -> Request:
+    """The request of `waiting` that vLLM's waiting loop tries first (the queue must not be empty)."""
+    return scheduler.waiting.peek_request()
+
+
 def running_requests(scheduler: AsyncScheduler) -> list[Request]:
     """The live running list; `remove_all` rebinds `scheduler.running`, so never keep the result across steps."""
     return scheduler.running
@@ -119,12 +135,15 @@ def request_by_id(scheduler: AsyncScheduler, request_id: str) -> Request | None:
 
 
 # Request fields (vLLM 0.32 names), read for every running request in a step: C-speed getters.
+request_id: Callable[[Request], str] = operator.attrgetter("request_id")
 computed_tokens: Callable[[Request], int] = operator.attrgetter("num_computed_tokens")  # in the KV cache (async: in-flight ones too)
 total_tokens: Callable[[Request], int] = operator.attrgetter("num_tokens")  # prompt + output so far
 prompt_tokens: Callable[[Request], int] = operator.attrgetter("num_prompt_tokens")
 output_tokens: Callable[[Request], int] = operator.attrgetter("num_output_tokens")  # delivered (no async placeholders)
 max_tokens: Callable[[Request], int] = operator.attrgetter("max_tokens")
 arrival_time: Callable[[Request], float] = operator.attrgetter("arrival_time")
+priority: Callable[[Request], int] = operator.attrgetter("priority")  # what vLLM's priority heap orders by first
+is_prefill_chunk: Callable[[Request], bool] = _IS_PREFILL_CHUNK  # prompt tokens left to compute
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ def _positive(text: str) -> float:
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", type=trace_path, default=BUNDLED_TRACE, metavar="conv|code|PATH",
-                        help="a bundled Azure LLM inference trace 2023 (bench/traces/, CC-BY 4.0): conv (the conversation "
+                        help="a bundled Azure LLM inference trace 2023 (slaq/bench/traces/, CC-BY 4.0): conv (the conversation "
                              "service, the default) or code (code completion: long prompts, short outputs); or the path of "
                              "an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
     source.add_argument("--synthetic", action="store_true",

@@ -1,7 +1,7 @@
 """Per-tenant demand and SLO outcomes over the last minute, for `GET /slaq/usage` on the metrics port
 (the operator splits quotas with the demand). `TenantSLA.status.attainment` does not come from
 here: the operator computes it from the `slaq_slo_outcomes` counters on /metrics
-(operator/src/attainment.py), which count since the sidecar started, not over a minute."""
+(slaq/operator/attainment.py), which count since the sidecar started, not over a minute."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cluster `bench/operator_scale.py` (and its tests) put in the API emulator: P pools and N
+"""The cluster `slaq/bench/operator_scale.py` (and its tests) put in the API emulator: P pools and N
 tenants, each tenant with its own key Secret.
 
 Pools are spread over `models` model labels (`slaq.dev/model: m<k>`); tenant j selects the pools

@@ -2,7 +2,9 @@
 
 `SLABlockManager` is vLLM's `KVCacheManager` with its block pool and coordinator (adopted in
 place, see `vllm_compat.adopt_block_manager`), plus a `BlockBudgetRule` consulted before every
-allocation:
+allocation. It overrides no vLLM method itself: `vllm_compat.kv_cache_manager.BudgetedKVCacheManager`
+does, in vLLM's signatures, and calls the hooks here (`slaq_allocate_slots`, `slaq_free`,
+`slaq_pop_blocks_for_free`), which reach vLLM's own allocation and release through it.
 
 - Headroom: `critical_kv_headroom` of all blocks is the critical tier's reserve. A request below
   the critical tier may not take blocks that would leave free less of it than the critical tier
@@ -13,7 +15,7 @@ allocation:
   room among themselves). A running request's decode may grow into the headroom (one block per
   `block_size` tokens): refusing it would preempt a request, and recompute or swap everything it
   holds, to keep one block free. A critical arrival that then finds the headroom short preempts
-  a lower tier for it (engine/preemption.py), or waits when blocks free up in time.
+  a lower tier for it (slaq/engine/preemption.py), or waits when blocks free up in time.
 - Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
@@ -29,7 +31,7 @@ allocation:
 
 `admission_refusal` answers, before vLLM's waiting loop tries a request, whether its allocation
 would be refused and why; the waiting queue uses it to skip a request refused for a reason of its
-own (tenant cap, headroom) and to backfill past one that does not fit (see engine/queue.py).
+own (tenant cap, headroom) and to backfill past one that does not fit (see slaq/engine/queue.py).
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ from typing import Any, Callable, Mapping, Sequence
 from slaq.api.common import Tier
 from slaq.engine.sla import RequestInfo
 from slaq.engine import vllm_compat as vc
-from slaq.engine.vllm_compat import KVCacheManager, Request
+from slaq.engine.vllm_compat import Request
+from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager, VllmArgs
 
 TIERS = tuple(Tier)
 REFUSED_TENANT_CAP, REFUSED_HEADROOM, REFUSED_KV_FULL = "tenant_cap", "headroom", "kv_full"
 EVICT_FIRST_RANK = Tier.BATCH.rank
-_stock_allocate_slots = KVCacheManager.allocate_slots  # bound once: the running-request branch calls it every step
 
 
 def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: int, free_blocks: int,
@@ -118,7 +120,7 @@ class BlockLedger:
     prefix_query_tokens: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
-class SLABlockManager(KVCacheManager):
+class SLABlockManager(BudgetedKVCacheManager):
     """Never constructed directly: `SLABlockManager.adopt` converts the scheduler's manager."""
 
     _slaq_rule: BlockBudgetRule
@@ -161,7 +163,7 @@ class SLABlockManager(KVCacheManager):
         None when it would be admitted. Prefix-cache hits are not counted, so a request they would
         let in may be judged too big: it is then passed over, never admitted wrongly."""
         info = self._slaq_info_of(request)
-        if request.request_id not in self._slaq_holdings:
+        if vc.request_id(request) not in self._slaq_holdings:
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // self._slaq_block_size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, self._slaq_ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return REFUSED_TENANT_CAP
@@ -220,29 +222,22 @@ class SLABlockManager(KVCacheManager):
     def free_block_count(self) -> int:
         return vc.free_blocks(self)
 
-    def allocate_slots(  # type: ignore[override]
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks=None,
-        num_lookahead_tokens: int = 0,
-        **kwargs,
-    ):
+    def slaq_allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
+                            num_lookahead_tokens: int, passed: VllmArgs):
         # Hot path: called for every scheduled request every step; running requests take the first
         # branch, and a decode that stays within the blocks it holds (all but one step in
         # block_size) has nothing to check or record, so it goes straight to vLLM's allocation.
-        holding = self._slaq_holdings.get(request.request_id)
+        holding = self._slaq_holdings.get(vc.request_id(request))
         size = self._slaq_block_size
         if holding is not None and not num_new_computed_tokens:
             wanted = -(-(vc.computed_tokens(request) + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
             if growth <= 0 and num_new_tokens <= 1:
-                return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+                return self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             ledger = self._slaq_ledger
             if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth, ledger.blocks_by_tier[0]):
                 return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
-            result = _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+            result = self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             if result is not None:
                 if growth > 0:
                     ledger.blocks_by_tier[holding.tier_rank] += growth
@@ -262,14 +257,14 @@ class SLABlockManager(KVCacheManager):
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return None
-        result = super().allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens, **kwargs)
+        result = self.vllm_allocate_slots(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, passed)
         if result is None:
             return None
         if holding is None:
             holding = _Holding(info.tier_rank, info.tenant, 0, footprint, info.tpot_s)
             if info.tpot_s is not None:
                 ledger.running_by_tpot[info.tpot_s] += 1
-            ledger.holdings[request.request_id] = holding
+            ledger.holdings[vc.request_id(request)] = holding
             ledger.requests_by_tier[info.tier_rank] += 1
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
@@ -281,10 +276,10 @@ class SLABlockManager(KVCacheManager):
         self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
         return result
 
-    def free(self, request: Request) -> None:
+    def slaq_free(self, request: Request) -> None:
         evict_first = self._release(request) and vc.attached_info(request) is not None
-        blocks = vc.request_blocks(self, request.request_id) if evict_first and self._slaq_info_of(request).tier_rank >= EVICT_FIRST_RANK else None
-        super().free(request)
+        blocks = vc.request_blocks(self, vc.request_id(request)) if evict_first and self._slaq_info_of(request).tier_rank >= EVICT_FIRST_RANK else None
+        self.vllm_free(request)
         if not blocks:
             return
         if self.eviction_near():
@@ -312,12 +307,12 @@ class SLABlockManager(KVCacheManager):
     def noted_blocks(self) -> int:
         return len(self._slaq_noted)
 
-    def pop_blocks_for_free(self, request: Request):  # type: ignore[override]
+    def slaq_pop_blocks_for_free(self, request: Request):
         self._release(request)
-        return super().pop_blocks_for_free(request)
+        return self.vllm_pop_blocks_for_free(request)
 
     def _release(self, request: Request) -> bool:
-        holding = self._slaq_ledger.holdings.pop(request.request_id, None)
+        holding = self._slaq_ledger.holdings.pop(vc.request_id(request), None)
         if holding is None:
             return False
         ledger = self._slaq_ledger

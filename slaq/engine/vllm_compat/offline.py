@@ -1,5 +1,5 @@
 """A vLLM 0.32 scheduler without a model runner: the one builder behind slaq.engine.standalone
-(tests, `bench/sched_overhead.py`) and slaq.bench.engine_harness (the simulator).
+(tests, `slaq/bench/sched_overhead.py`) and slaq.bench.engine_harness (the simulator).
 
 Built the way vLLM's own tests do (`tests/v1/core/utils.py`): a real `VllmConfig`, a
 `KVCacheConfig` with one full-attention group, a `StructuredOutputManager`, real `Request`s, and
@@ -200,5 +200,5 @@ def engine_gauges(scheduler: Any) -> tuple[int, int, float, list[int] | None]:
     `vllm:kv_cache_usage_perc`, slaq's `slaq_engine_queue_depth{tier}`): vLLM's `make_stats` counts
     deferred requests apart from the waiting ones."""
     running, waiting = scheduler.get_request_counts()
-    depth = getattr(scheduler.waiting, "depth_by_rank", None)  # slaq's queue (engine/queue.py); stock vLLM has none
+    depth = getattr(scheduler.waiting, "depth_by_rank", None)  # slaq's queue (slaq/engine/queue.py); stock vLLM has none
     return waiting - len(scheduler.deferred_waiting), running, scheduler.get_kv_cache_usage(), None if depth is None else list(depth())

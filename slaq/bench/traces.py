@@ -1,6 +1,6 @@
 """Reading request traces in the Azure LLM inference format (`TIMESTAMP,ContextTokens,GeneratedTokens`).
 
-The bundled traces (`BUNDLED_TRACES`, package data in `bench/traces/`) are the Azure LLM inference
+The bundled traces (`BUNDLED_TRACES`, package data in `slaq/bench/traces/`) are the Azure LLM inference
 traces 2023 of the conversation service (`conv`, the default: `BUNDLED_TRACE`) and of the
 code-completion service (`code`: prompts of 2k tokens on average, outputs of tens) (Azure/AzurePublicDataset,
 CC-BY 4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",

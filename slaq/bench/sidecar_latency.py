@@ -8,7 +8,7 @@ time from sending the request to the first SSE event carrying a token. The added
 difference of the two distributions' percentiles. The load generator shares the machine's CPUs
 with both servers, so at high C its own overhead is part of both columns.
 
-    python bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
+    python slaq/bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ gate) between the workload and the engine scheduler, as a pool pod runs them:
 
 The core reads the simulator's clock (its `clock` argument), never the wall clock. TTFT is
 measured from the arrival at the sidecar, so time held in its queue counts. The proxy's
-per-request cost (~1 ms, `bench/sidecar_latency.py`) is not simulated.
+per-request cost (~1 ms, `slaq/bench/sidecar_latency.py`) is not simulated.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ complaint can be checked against it without it leaking anything.
      "tpot_s": 0.012, "e2e_s": 0.22, "slo": "met"}
 
 `request_id` is the sidecar's: the client gets it as `x-request-id`, and the engine's own line for
-the request (`slaq.engine.request_log`, event `engine_request`: engine/request_log.py) carries it too,
+the request (`slaq.engine.request_log`, event `engine_request`: slaq/engine/request_log.py) carries it too,
 with what the engine did to the request (queue wait, preemptions, KV blocks erased and swapped).
 `key_fingerprint` is `slaq.api.table.key_fingerprint` of the key's stored hash; `client` is the
 peer unless the peer is a trusted proxy (addresses.py), `peer` the TCP peer.

@@ -57,13 +57,13 @@ class OracleScheduler(vc.AsyncScheduler):
 
     def add_request(self, request: Any) -> None:
         sla = RequestSLA.from_extra_args(vc.extra_args(request))
-        self._sla[request.request_id] = sla
-        request.priority = self._key(request, sla)
+        self._sla[vc.request_id(request)] = sla
+        vc.set_priority(request, self._key(request, sla))
         super().add_request(request)
 
     def _key(self, request: Any, sla: RequestSLA) -> int:
         rank = TIER_RANK[sla.tier]
-        work = vc.prompt_tokens(request) + self._true_output.get(request.request_id, vc.max_tokens(request))
+        work = vc.prompt_tokens(request) + self._true_output.get(vc.request_id(request), vc.max_tokens(request))
         if sla.ttft_ms is None:
             return rank * _TIER_STRIDE + work
         arrival = sla.arrival if sla.arrival is not None else vc.arrival_time(request)
@@ -76,15 +76,16 @@ class OracleScheduler(vc.AsyncScheduler):
         now = time.time()
         target = None
         for request in vc.running_requests(self):
-            tpot_ms = self._sla.get(request.request_id, RequestSLA()).tpot_ms
+            request_id = vc.request_id(request)
+            tpot_ms = self._sla.get(request_id, RequestSLA()).tpot_ms
             if tpot_ms is None:
                 continue
             tpot = tpot_ms / 1000.0
             delivered = vc.output_tokens(request)
-            total = self._true_output.get(request.request_id)
+            total = self._true_output.get(request_id)
             affordable = tpot
             if delivered >= 1 and total is not None and total > delivered:
-                first = self._first_token_at.setdefault(request.request_id, now)
+                first = self._first_token_at.setdefault(request_id, now)
                 affordable = (first + tpot * (total - 1) - now) / (total - delivered)
                 if affordable < LOST_FRACTION * tpot:
                     continue
@@ -111,15 +112,16 @@ class OracleScheduler(vc.AsyncScheduler):
 
     def _lower_tier_prefills(self) -> list[Any]:
         """Running prompt chunks of a lower tier than the most urgent waiting request."""
-        if not self.waiting or not self.running or len(self.running) >= vc.active_request_limit(self):
+        running = vc.running_requests(self)
+        if not vc.waiting_queue(self) or not running or len(running) >= vc.active_request_limit(self):
             return []  # nothing waits, or no slot to admit it into: holding chunks back gains nothing
-        head_rank = self.waiting.peek_request().priority // _TIER_STRIDE
-        return [r for r in self.running if r.is_prefill_chunk and r.priority // _TIER_STRIDE > head_rank]
+        head_rank = vc.priority(vc.first_waiting(self)) // _TIER_STRIDE
+        return [r for r in running if vc.is_prefill_chunk(r) and vc.priority(r) // _TIER_STRIDE > head_rank]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         # Decodes first (by tier), then running prefill chunks by key: the running loop hands
         # out the budget in list order, so this is what keeps decodes from starving.
-        self.running.sort(key=lambda r: (r.is_prefill_chunk, r.priority, r.arrival_time))
+        vc.running_requests(self).sort(key=lambda r: (vc.is_prefill_chunk(r), vc.priority(r), vc.arrival_time(r)))
         held, budget = self._lower_tier_prefills(), self._shaped_budget()
         # Held chunks are out of `running` for this one call, so the running loop skips them; their
         # slots stay taken (admission limit lowered by as many) and they come back after.

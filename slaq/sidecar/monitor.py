@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 ENGINE_WAITING = "vllm:num_requests_waiting"
 ENGINE_RUNNING = "vllm:num_requests_running"
 ENGINE_KV_USAGE = "vllm:kv_cache_usage_perc"
-ENGINE_QUEUE_DEPTH = "slaq_engine_queue_depth"  # slaq's engine: waiting requests by tier (engine/metrics.py)
+ENGINE_QUEUE_DEPTH = "slaq_engine_queue_depth"  # slaq's engine: waiting requests by tier (slaq/engine/metrics.py)
 
 
 def gauge_sum(text: str, name: str) -> float | None:

@@ -145,7 +145,7 @@ class UrgentPreemption:
             for victim in victims:
                 if free_slots >= 1 and free_blocks >= need_blocks:
                     break
-                if victim.request_id in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank, missed):
+                if vc.request_id(victim) in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank, missed):
                     continue
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1
@@ -153,7 +153,7 @@ class UrgentPreemption:
             if free_slots < 1 or free_blocks < need_blocks or len(plan) + len(chosen) > self.max_per_step:
                 break  # no room for this one within the bound; the rest are less urgent
             plan.extend(chosen)
-            taken.update(p.victim.request_id for p in chosen)
+            taken.update(vc.request_id(p.victim) for p in chosen)
             slots, blocks = free_slots - 1, free_blocks - chunk_blocks
         return plan
 

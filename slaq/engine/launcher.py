@@ -32,7 +32,7 @@ CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 # A sealed copy that fails its tag is recomputed (kv_load_failure_policy=recompute). On a GPU vLLM
 # 0.32 picks Model Runner V2, whose update_requests writes the recompute's smaller
 # num_computed_tokens only to its CPU copy (vLLM PR 49252, open), so a GPU engine that swaps runs
-# the V1 model runner, the one the tamper test proves on vllm-cpu (engine/README.md, KV security).
+# the V1 model runner, the one the tamper test proves on vllm-cpu (slaq/engine/README.md, KV security).
 MODEL_RUNNER_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0

@@ -1,10 +1,10 @@
 """The real operator (kopf) against the API emulator at scale: cold-start convergence, one quota
 change, and the API calls that change cost.
 
-    python bench/operator_scale.py --tenants 10000 --pools 50 [--models 10]
+    python slaq/bench/operator_scale.py --tenants 10000 --pools 50 [--models 10]
 
 The emulator (slaq/testing/kube.py) runs in a child process, so it and the operator each have
-a core; the cluster (bench/scale_objects.py) is stored in it before the operator starts. The
+a core; the cluster (slaq/bench/scale_objects.py) is stored in it before the operator starts. The
 operator runs as it ships (OperatorThread: kopf, the informer's view, lightkube), with one difference: its
 usage timer is set beyond the run (`--observe-interval`), so the calls counted are the change's
 own (a pool's usage tick costs a pod list, a Deployment read and, when something moved, writes).
@@ -39,7 +39,7 @@ from slaq.bench.scale_objects import (
     KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the CRDs the emulator serves are the checkout's crds/
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the CRDs the emulator serves are the checkout's crds/
 
 CHANGED_TENANT = 0
 NEW_RPM = 300  # from 600
