@@ -44,6 +44,7 @@ from slaq.api.common import Tier
 from slaq.engine.blocks import REFUSED_TENANT_CAP
 from slaq.engine.ordering import LOWEST_RANK, WaitingOrder
 from slaq.engine.sla import RequestInfo
+from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
 from slaq.policy.discipline import BAND_AHEAD, BAND_WAITING, TIERS, Choice, LeadTime, TieredQueue
 
@@ -56,7 +57,7 @@ class SLARequestQueue(RequestQueue):
         self._order = order
         self._info_of = info_of
         self._tiers: TieredQueue[Request] = TieredQueue(order.policy.ranking, order.policy.discipline,
-                                                        lambda request: order.view(info_of(request)), lambda request: request.request_id)
+                                                        lambda request: order.view(info_of(request)), vc.request_id)
         self._tiers.pool = order.pool
         self._tiers.now = time.time()
         queue_spec = order.spec.queue
@@ -144,7 +145,7 @@ class SLARequestQueue(RequestQueue):
     # -- vLLM's RequestQueue interface ------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self._tiers.push(request, BAND_AHEAD if is_preempted(request) else BAND_WAITING)
-        self._passed_ids.discard(request.request_id)
+        self._passed_ids.discard(vc.request_id(request))
         self._choice = None
 
     def pop_request(self) -> Request:
@@ -168,7 +169,7 @@ class SLARequestQueue(RequestQueue):
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
             if self._tiers.discard(request):
-                self._passed_ids.discard(request.request_id)
+                self._passed_ids.discard(vc.request_id(request))
                 self._choice = None
 
     def __bool__(self) -> bool:
@@ -215,7 +216,7 @@ class SLARequestQueue(RequestQueue):
                 return choice
             heapq.heappop(choice.heap)  # the head of its heap (`TieredQueue.head` made sure)
             self._passed.append(choice)
-            self._passed_ids.add(choice.item.request_id)
+            self._passed_ids.add(vc.request_id(choice.item))
 
     def _pass_over(self, request: Request) -> bool:
         """Skip `request` for this step: refused by its tenant's KV cap, refused for want of free

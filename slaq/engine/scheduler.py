@@ -149,10 +149,10 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     def _new_facts(self, request: Request, sla: RequestSLA) -> RequestFacts:
         from slaq.engine.kv_security.connector import SlaqKVConnector
 
-        facts = new_facts(request_id=sla.request_id, engine_request_id=request.request_id, tenant=sla.tenant, tier=sla.tier.value)
+        facts = new_facts(request_id=sla.request_id, engine_request_id=vc.request_id(request), tenant=sla.tenant, tier=sla.tier.value)
         connector = vc.kv_connector(self)
         if isinstance(connector, SlaqKVConnector):
-            facts.kv = connector.request_facts(request.request_id)
+            facts.kv = connector.request_facts(vc.request_id(request))
         return facts
 
     def request_freed(self, request: Request) -> None:
@@ -261,7 +261,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             self.metrics.count_preemption(info.tier, preemption.reason)
             if info.facts is not None:
                 info.facts.preempted(preemption.reason, time.monotonic())
-        return {p.victim.request_id for p in plan}
+        return {vc.request_id(p.victim) for p in plan}
 
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
         """Running prefill chunks of tiers below an urgent waiting request sit out this step when the

@@ -1,11 +1,14 @@
 """The ranking both queues use: class order first, then the report's formula 1.
 
-    rank = (class, deadline)          for class 1 .. LOWEST_RANK (attainable, earliest deadline first)
-         = (class, -formula 1 score)  for class 0 (starving) and MISSED_CLASS
+    rank = (class, arrival)           for class 0 (starving: the longest waiting first)
+         = (class, deadline)          for class 1 .. LOWEST_RANK (attainable, earliest deadline first)
+         = (class, -formula 1 score)  for MISSED_CLASS
 
 Classes, smaller first: 0 a request that has waited past the aging bound (starving); 1 + tier
 rank a request of a protected tier (every tier but the lowest) that can still meet its TTFT
-objective; MISSED_CLASS the rest. Formula 1 alone lets a lower tier's backlog outrank fresh
+objective; MISSED_CLASS the rest. Among starving requests the one that arrived first goes first:
+by formula 1 a higher tier's starving backlog (a flood of critical requests the batch cannot hold)
+outscored a batch request that had waited far longer, for ever. Formula 1 alone lets a lower tier's backlog outrank fresh
 higher-tier arrivals under sustained overload (its urgency saturates as the long objective runs
 out, so a batch request 40 s into its 60 s objective outscores a fresh standard one), and then
 every tier misses: serving the attainable deadlines first keeps the promises that can still be
@@ -93,7 +96,9 @@ class DeadlineClassRanking:
         """Sort ascending: the smallest rank runs first. Two ranks of different classes compare
         by class alone, so a host that knows the classes differ need not compute the score."""
         rank_class = self.rank_class(request, now, pool)
-        if STARVING_CLASS < rank_class < MISSED_CLASS:
+        if rank_class == STARVING_CLASS:
+            return (rank_class, request.arrival)
+        if rank_class < MISSED_CLASS:
             return (rank_class, deadline(request, pool.aging_bound_s))
         return (rank_class, -self.score(request, now, pool))
 

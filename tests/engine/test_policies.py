@@ -205,7 +205,7 @@ def test_the_engine_ranks_with_the_pod_policy_and_its_own_view_of_the_request(lo
                     assert view.tenant_service_share == policy.accounting.service_share(tier.value, tenant)
                     score = policy.ranking.score(view, NOW, order.pool)
                     if waited >= spec.aging_bound_seconds:
-                        expected = (0, -score)
+                        expected = (0, info.arrival)  # starving: the longest waiting first
                     elif info.ttft_s is not None and NOW < info.deadline and info.tier_rank < LOWEST_RANK:
                         expected = (1 + info.tier_rank, info.deadline)
                     else:

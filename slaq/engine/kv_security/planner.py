@@ -106,9 +106,9 @@ class KVSecurityPlanner:
     def arrived(self, request: vc.Request) -> None:
         sla = RequestSLA.from_extra_args(vc.extra_args(request))
         tenant = sla.tenant
-        self._tenant_of[request.request_id] = tenant
-        self._tier_of[request.request_id] = sla.tier.value
-        self._facts[request.request_id] = KVRequestFacts()
+        self._tenant_of[vc.request_id(request)] = tenant
+        self._tier_of[vc.request_id(request)] = sla.tier.value
+        self._facts[vc.request_id(request)] = KVRequestFacts()
         if self.erase_enabled and tenant in self.ownership.erase_when_freed:
             vc.skip_prefix_cache_reads(request)
 
@@ -122,7 +122,7 @@ class KVSecurityPlanner:
             return
         order = self.swap.allocated(vc.request_id(request), vc.first_group_block_ids(blocks), num_external)
         if order is not None:
-            facts = self._facts.get(request.request_id)
+            facts = self._facts.get(vc.request_id(request))
             erased = self.ownership.written(order.tenant, order.block_ids)
             if facts is not None:
                 facts.count_erased(REASON_REUSE, erased)
@@ -134,7 +134,7 @@ class KVSecurityPlanner:
         return self._facts.get(request_id)
 
     def finished(self, request: vc.Request) -> None:
-        request_id = request.request_id
+        request_id = vc.request_id(request)
         self._count_release(request_id, self.ownership.released(request_id))
         self._facts.pop(request_id, None)
         if self.swap is not None and self.swap.forget(request_id):
