@@ -490,21 +490,23 @@ def _tier_of(letter: str) -> Tier:
 
 
 class EngineHold:
-    """The demo's hold on a stack's engine for scenario 4.5 (`scenario45.run_scenario`): it tells
-    when the engine holds the background's blocks, from the engine's own counters, and stops its
-    scheduler while A, B and C arrive.
+    """The demo's hold on a stack's engine for scenario 4.5 (`scenario45.run_scenario`): it stops
+    the engine's scheduler once the engine holds the background's blocks, and keeps it stopped
+    while A, B and C arrive.
 
-    `holding` waits until the engine has admitted the background (vLLM's prefix-cache lookups, one
-    per admitted prompt: a counter, so an earlier run's last value does not answer) and holds its
-    blocks (`vllm:kv_cache_usage_perc`, read in the same or a later step's stats). `stopped`
-    stops the engine core: its API server's descendants (vLLM's engine core and model workers)
-    get SIGSTOP, and SIGCONT whatever happens; the API server (and the sidecar) keep taking
-    requests and hand them to the engine core's input queue, where its first step after the hold
-    finds them all."""
+    Stopping is SIGSTOP to the engine's API server's descendants (vLLM's engine core and model
+    workers; SIGCONT whatever happens): the API server (and the sidecar) keep taking requests and
+    hand them to the engine core's input queue, where its first step after the hold finds them
+    all. `holding` runs the engine in pulses of `PULSE_S` and looks, with the engine stopped, at
+    its own metrics: it has admitted the background (vLLM's prefix-cache lookups, one per admitted
+    prompt: a counter, so an earlier run's last value does not answer) and holds its blocks
+    (`vllm:kv_cache_usage_perc`, from its last step). So the background cannot run to its end
+    between two looks, however slowly this machine steps or answers a scrape; traced with a poll
+    of a running engine, the background's 64 tokens were often done before a scrape came back."""
 
     QUERIES = "vllm:prefix_cache_queries_total"
     KV_USAGE = "vllm:kv_cache_usage_perc"
-    POLL_S = 0.005
+    PULSE_S = 0.01
 
     def __init__(self, stack: LocalStack) -> None:
         if stack.engine is None:
@@ -512,6 +514,7 @@ class EngineHold:
         self.stack = stack
         self.metrics_url = f"http://127.0.0.1:{stack.engine_port}/metrics"
         self._queries = 0.0
+        self._stopped: list[int] = []
 
     async def _read(self, client: Any) -> tuple[float, float]:
         text = (await client.get(self.metrics_url, timeout=10.0)).text
@@ -528,37 +531,53 @@ class EngineHold:
             self._queries = (await self._read(client))[0]
 
     async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
-        """Until the engine admitted `prompt_tokens` more prompt tokens and holds `blocks` blocks."""
+        """Return, the engine stopped, once it admitted `prompt_tokens` more prompt tokens and holds
+        `blocks` blocks."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient() as client:
-            while True:
-                queries, usage = await self._read(client)
-                if queries >= self._queries + prompt_tokens and usage * KV_BLOCKS >= blocks - 0.5:
-                    return
-                if time.monotonic() > deadline:
-                    raise NotTogether(f"the engine did not hold the background's {blocks} blocks within {timeout_s:g} s "
-                                      f"(admitted {queries - self._queries:.0f} of {prompt_tokens} prompt tokens, KV use {usage:.0%})")
-                await asyncio.sleep(self.POLL_S)
+        try:
+            async with httpx.AsyncClient() as client:
+                while True:
+                    self._stop()
+                    await asyncio.sleep(self.PULSE_S)  # the step's stats in flight reach the API server
+                    queries, usage = await self._read(client)
+                    if queries >= self._queries + prompt_tokens and usage * KV_BLOCKS >= blocks - 0.5:
+                        return
+                    if time.monotonic() > deadline:
+                        raise NotTogether(f"the engine did not hold the background's {blocks} blocks within {timeout_s:g} s "
+                                          f"(admitted {queries - self._queries:.0f} of {prompt_tokens} prompt tokens, KV use {usage:.0%})")
+                    self._resume()
+                    await asyncio.sleep(self.PULSE_S)
+        except BaseException:
+            self._resume()
+            raise
 
     @contextmanager
     def stopped(self) -> Iterator[None]:
+        """The engine stopped inside the block (it may be already, by `holding`), continued after."""
+        try:
+            self._stop()
+            yield
+        finally:
+            self._resume()
+
+    def _stop(self) -> None:
+        if self._stopped:
+            return
         pids = descendants(self.stack.engine.pid)  # type: ignore[union-attr]
         if not pids:
             raise ScenarioError(f"the engine (pid {self.stack.engine.pid}) has no engine core process to hold")  # type: ignore[union-attr]
-        stopped: list[int] = []
-        try:
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-            yield
-        finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            self._stopped.append(pid)
+
+    def _resume(self) -> None:
+        while self._stopped:
+            try:
+                os.kill(self._stopped.pop(), signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def _scenario(stack: LocalStack, model: str, keys: Mapping[str, str], system: str, priorities: Mapping[str, int | None],

@@ -164,10 +164,12 @@ class Hold(Protocol):
         """Called before the background is sent."""
 
     async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
-        """Return once the engine admitted `prompt_tokens` more prompt tokens and holds `blocks` blocks."""
+        """Return once the engine admitted `prompt_tokens` more prompt tokens and holds `blocks`
+        blocks (it may return with the engine already stopped)."""
 
     def stopped(self) -> AbstractContextManager[object]:
-        """The engine's scheduler does not run inside it; requests sent meanwhile reach its input queue."""
+        """The engine's scheduler does not run inside it; requests sent meanwhile reach its input
+        queue; after it, the engine runs."""
 
 
 async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str], priorities: Mapping[str, int | None],
