@@ -13,7 +13,9 @@ readmission; its answer equals the answer it gets alone. With a ciphertext byte 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
+from slaq.local.cores import descendants
 from slaq.sse import DONE, sse_data
 from tests.support.engine import EngineHandle, metric_sum, running_engine
 
@@ -45,21 +48,21 @@ def hooks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
     test_hooks = json.dumps({"inspectPath": str(hooks["inspect"]), "tamperFlag": str(hooks["tamper"])})
-    with running_engine("--kv-test-hooks", test_hooks, *ENGINE_ARGS, env=DEV_ENDPOINTS) as engine:
+    with running_engine("--kv-test-hooks", test_hooks, *ENGINE_ARGS) as engine:
         yield engine
 
 
-# The engine is paused between the test's moves (vLLM's development endpoints, `/pause?mode=keep`
-# and `/resume`, enabled for this engine only): the two batch requests join the scheduler together
-# and it is frozen while they hold their blocks, the critical request joins it while it is frozen,
-# and the scheduler's next step, after `/resume`, finds all three. What the test waits on is the
-# engine's own counters (`slaq_engine_arrivals_total`, the prefix-cache lookups admissions make), not the clock
-# or a client's view of the stream. The one race left is between seeing both batch requests run and
-# the pause taking effect (their 250 decode steps against one poll): an attempt that loses it is
-# seen as such while the engine is paused, and run again.
-DEV_ENDPOINTS = {"VLLM_SERVER_DEV_MODE": "1"}
+# The engine's scheduler is stopped between the test's moves (SIGSTOP to the engine core and its
+# worker, the children of `slaq engine`, whose API server keeps taking requests and hands them to
+# the engine core's input queue): the two batch requests reach it together, it runs in short
+# pulses (`_run_until`) until its own counter says both are admitted (they hold their blocks,
+# however late this client reads their streams); the critical request reaches it while it is
+# stopped, and its first step after that finds all three. (vLLM's `/pause?mode=keep` would do, but with slaq's KV
+# connector configured the engine kept stepping while paused; without it, it held.) An attempt
+# whose batch requests did not both still run at the stop is seen as such, and run again.
 PREEMPTION_ATTEMPTS = 3
 POLL_S = 0.01
+SETTLE_S = 0.3  # for the API server to hand a request sent while the engine core is stopped to its input queue
 
 
 def _prompt(seed: int, tokens: int) -> list[int]:
@@ -187,31 +190,45 @@ def _answers_alone(engine: EngineHandle, seed: int) -> list[str]:
     return [_complete(engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT) for prompt in _batch_prompts(seed)]
 
 
-def _pause(engine: EngineHandle) -> None:
-    """Freeze the scheduler with its requests (`keep`): no step runs, arrivals still join the queue."""
-    response = httpx.post(engine.base_url + "/pause", params={"mode": "keep"}, timeout=60.0)
-    assert response.status_code == 200, response.text
+class Stopped:
+    """The engine's scheduler stopped: its engine core and worker processes (SIGSTOP), continued by
+    `resume` (SIGCONT)."""
+
+    def __init__(self, engine: EngineHandle) -> None:
+        self.engine = engine
+        self.pids: list[int] = []
+
+    def stop(self) -> None:
+        if not self.pids:
+            self.pids = descendants(self.engine.pid)
+            assert self.pids, "the engine has no engine core process"
+            for pid in self.pids:
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        while self.pids:
+            try:
+                os.kill(self.pids.pop(), signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
-def _resume(engine: EngineHandle) -> None:
-    response = httpx.post(engine.base_url + "/resume", timeout=60.0)
-    assert response.status_code == 200, response.text
-
-
-def _until(what: str, condition, timeout_s: float = 120.0) -> None:
+def _run_until(stopped: Stopped, what: str, condition, timeout_s: float = 120.0) -> None:
+    """Let the stopped engine run in pulses (`POLL_S`) until `condition`, looked at while it is
+    stopped: between two looks it runs a step or a few, never the 250 the batch requests take to
+    finish. Returns with the engine stopped."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        stopped.resume()
         time.sleep(POLL_S)
-
-
-def _arrivals(engine: EngineHandle, tier: Tier) -> float:
-    return _counter(engine, "slaq_engine_arrivals_total", tier=tier.value)
+        stopped.stop()
+        time.sleep(POLL_S)  # what the last step streamed reaches this client
 
 
 def _admitted_tokens(engine: EngineHandle) -> float:
-    """Prompt tokens of batch requests the scheduler admitted (each admission looks its prompt up in
-    the prefix cache; a counter, where `vllm:num_requests_running` is a gauge last set at some step)."""
+    """Prompt tokens of batch requests the scheduler admitted: each admission looks its prompt up in
+    the prefix cache (a counter the engine core writes as it steps)."""
     return _counter(engine, "slaq_engine_prefix_cache_query_tokens_total", tier="batch", tenant="batchco")
 
 
@@ -221,35 +238,33 @@ def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTI
     The two hold 6 to 8 of the 9 blocks while they decode; the critical request's 4 blocks do not
     fit beside them and its objective (`URGENT_TTFT_MS`) cannot wait for them to finish, so the
     scheduler's first step that sees it preempts one of them, and the victim's KV is sealed to host
-    memory (`--kv-swap-choice always`). The moves (see `DEV_ENDPOINTS`): pause; send both batch
-    requests; once the scheduler has both, resume; once both run, pause; if both still run, send the
-    critical request; once the scheduler has it, resume. An attempt whose batch requests did not
-    both still run at the second pause is run again.
-    A preempted request readmitted looks its prompt up again: `admitted_before` is read per attempt."""
+    memory (`--kv-swap-choice always`). The moves (see `Stopped`): stop the engine; send both batch
+    requests; run it in pulses until both are admitted; if both still run, send the critical
+    request and let the engine go.
+"""
     prompts = _batch_prompts(seed)
     seen: list[str] = []  # per attempt, for the failure message
     for attempt in range(attempts):
         preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
-        batch_before, critical_before = _arrivals(engine, Tier.BATCH), _arrivals(engine, Tier.CRITICAL)
-        admitted_before = _admitted_tokens(engine)
-        _pause(engine)
+        admitted_before = _admitted_tokens(engine)  # a victim readmitted looks its prompt up again: read per attempt
+        stopped = Stopped(engine)
+        stopped.stop()
         try:
             started = [threading.Event() for _ in prompts]
             batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
-            _until("the scheduler received both batch requests", lambda: _arrivals(engine, Tier.BATCH) >= batch_before + 2)
-            _resume(engine)
-            _until("both batch requests were admitted", lambda: _admitted_tokens(engine) >= admitted_before + 2 * BATCH_PROMPT)
-            _pause(engine)
+            time.sleep(SETTLE_S)
+            # Both admitted, read from the engine's own counter while it is stopped: they hold their blocks.
+            _run_until(stopped, "both batch requests admitted", lambda: _admitted_tokens(engine) >= admitted_before + 2 * BATCH_PROMPT)
             if not all(thread.is_alive() for thread, _ in batches):
-                seen.append(f"attempt {attempt}: a batch request had ended at the pause")
-                _resume(engine)
+                seen.append(f"attempt {attempt}: a batch request had ended at the stop")
+                stopped.resume()
                 [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
                 continue
             critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
-            _until("the scheduler received the critical request", lambda: _arrivals(engine, Tier.CRITICAL) >= critical_before + 1)
+            time.sleep(SETTLE_S)
         finally:
-            _resume(engine)
+            stopped.resume()
         _joined(*critical, "the critical request")
         answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
         now_preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
@@ -259,7 +274,7 @@ def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTI
             f"the critical request found both batch requests running and no batch request was preempted and sealed " \
             f"(preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} blocks)"
         return answers
-    raise AssertionError(f"the batch requests never both still ran at the pause in {attempts} attempts: {seen}")
+    raise AssertionError(f"the batch requests never both still ran at the stop in {attempts} attempts: {seen}")
 
 
 def test_a_preempted_request_is_restored_from_its_sealed_host_copy_with_the_same_answer(secured: EngineHandle) -> None:
