@@ -13,9 +13,7 @@ readmission; its answer equals the answer it gets alone. With a ciphertext byte 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -26,7 +24,6 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
-from slaq.local.cores import descendants
 from slaq.sse import DONE, sse_data
 from tests.support.engine import EngineHandle, metric_sum, running_engine
 
@@ -52,17 +49,13 @@ def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
         yield engine
 
 
-# The engine's scheduler is stopped between the test's moves (SIGSTOP to the engine core and its
-# worker, the children of `slaq engine`, whose API server keeps taking requests and hands them to
-# the engine core's input queue): the two batch requests reach it together, it runs in short
-# pulses (`_run_until`) until its own counter says both are admitted (they hold their blocks,
-# however late this client reads their streams); the critical request reaches it while it is
-# stopped, and its first step after that finds all three. (vLLM's `/pause?mode=keep` would do, but with slaq's KV
-# connector configured the engine kept stepping while paused; without it, it held.) An attempt
-# whose batch requests did not both still run at the stop is seen as such, and run again.
-PREEMPTION_ATTEMPTS = 3
-POLL_S = 0.01
-SETTLE_S = 0.3  # for the API server to hand a request sent while the engine core is stopped to its input queue
+# An attempt poses the question only when the critical request reaches the scheduler while both
+# batch requests still run (about 2.5 s); on two busy cores vLLM's API server has taken longer than
+# that to hand it over (traced: sent 1.57 s before the scheduler saw it, against 0.16 s in the next
+# attempt), so an attempt often ends without a preemption and is run again. One full run of the
+# suite in seven, and later one in two, ended all 8 attempts so; the failure
+# message now says, per attempt, what the engine did instead.
+PREEMPTION_ATTEMPTS = 12
 
 
 def _prompt(seed: int, tokens: int) -> list[int]:
@@ -190,91 +183,41 @@ def _answers_alone(engine: EngineHandle, seed: int) -> list[str]:
     return [_complete(engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT) for prompt in _batch_prompts(seed)]
 
 
-class Stopped:
-    """The engine's scheduler stopped: its engine core and worker processes (SIGSTOP), continued by
-    `resume` (SIGCONT)."""
-
-    def __init__(self, engine: EngineHandle) -> None:
-        self.engine = engine
-        self.pids: list[int] = []
-
-    def stop(self) -> None:
-        if not self.pids:
-            self.pids = descendants(self.engine.pid)
-            assert self.pids, "the engine has no engine core process"
-            for pid in self.pids:
-                os.kill(pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        while self.pids:
-            try:
-                os.kill(self.pids.pop(), signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-
-def _run_until(stopped: Stopped, what: str, condition, timeout_s: float = 120.0) -> None:
-    """Let the stopped engine run in pulses (`POLL_S`) until `condition`, looked at while it is
-    stopped: between two looks it runs a step or a few, never the 250 the batch requests take to
-    finish. Returns with the engine stopped."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
-        stopped.resume()
-        time.sleep(POLL_S)
-        stopped.stop()
-        time.sleep(POLL_S)  # what the last step streamed reaches this client
-
-
-def _admitted_tokens(engine: EngineHandle) -> float:
-    """Prompt tokens of batch requests the scheduler admitted: each admission looks its prompt up in
-    the prefix cache (a counter the engine core writes as it steps)."""
-    return _counter(engine, "slaq_engine_prefix_cache_query_tokens_total", tier="batch", tenant="batchco")
-
-
 def _preempted_answers(engine: EngineHandle, seed: int, attempts: int = PREEMPTION_ATTEMPTS) -> list[str]:
     """The answers of two batch requests, one of which a critical request preempts midway.
 
     The two hold 6 to 8 of the 9 blocks while they decode; the critical request's 4 blocks do not
-    fit beside them and its objective (`URGENT_TTFT_MS`) cannot wait for them to finish, so the
-    scheduler's first step that sees it preempts one of them, and the victim's KV is sealed to host
-    memory (`--kv-swap-choice always`). The moves (see `Stopped`): stop the engine; send both batch
-    requests; run it in pulses until both are admitted; if both still run, send the critical
-    request and let the engine go.
-"""
+    fit beside them, and there is no other critical request it could wait for, so it preempts one
+    of them however fast this machine runs the steps (the scheduler's own choice, or vLLM's when a
+    chunked prefill runs out of blocks). A run without a preemption would not pose the question:
+    it is run again, and so is one whose victim was not sealed to host memory (vLLM's own
+    preemption of a chunked prefill recomputes); the test fails if none of `attempts` runs did both."""
     prompts = _batch_prompts(seed)
-    seen: list[str] = []  # per attempt, for the failure message
+    seen: list[str] = []  # per attempt, for the failure message: what the engine did instead
     for attempt in range(attempts):
         preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
-        admitted_before = _admitted_tokens(engine)  # a victim readmitted looks its prompt up again: read per attempt
-        stopped = Stopped(engine)
-        stopped.stop()
-        try:
-            started = [threading.Event() for _ in prompts]
-            batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
-            time.sleep(SETTLE_S)
-            # Both admitted, read from the engine's own counter while it is stopped: they hold their blocks.
-            _run_until(stopped, "both batch requests admitted", lambda: _admitted_tokens(engine) >= admitted_before + 2 * BATCH_PROMPT)
-            if not all(thread.is_alive() for thread, _ in batches):
-                seen.append(f"attempt {attempt}: a batch request had ended at the stop")
-                stopped.resume()
-                [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
-                continue
-            critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
-            time.sleep(SETTLE_S)
-        finally:
-            stopped.resume()
+        swap_out = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out")
+        sent = time.monotonic()
+        started = [threading.Event() for _ in prompts]
+        batches = [_in_thread(_streamed, engine, "batchco", Tier.BATCH, prompt, BATCH_OUTPUT, event) for prompt, event in zip(prompts, started)]
+        # Their first tokens back, not a metrics poll: on a quiet machine a request could finish between two polls.
+        assert all(event.wait(REQUEST_DEADLINE_S) for event in started), "the batch requests did not start"
+        # An objective no wait could meet: it preempts rather than wait for a batch request to end (frees_in_time).
+        critical_sent = time.monotonic()
+        critical = _in_thread(_complete, engine, "critco", Tier.CRITICAL, _prompt(seed + 50 + attempt, 4 * BLOCK_TOKENS - 60), 16, URGENT_TTFT_MS)
         _joined(*critical, "the critical request")
+        critical_s = time.monotonic() - critical_sent
         answers = [_joined(*batch, f"batch request {i}") for i, batch in enumerate(batches)]
         now_preempted = _counter(engine, "slaq_engine_preemptions_total", tier="batch")
         now_sealed = _counter(engine, "slaq_engine_kv_swap_blocks_total", direction="out", outcome="ok")
-        # Posed as above, the question has one answer: a preemption and a sealed copy, every time.
-        assert now_preempted > preempted and now_sealed > sealed, \
-            f"the critical request found both batch requests running and no batch request was preempted and sealed " \
-            f"(preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} blocks)"
-        return answers
-    raise AssertionError(f"the batch requests never both still ran at the stop in {attempts} attempts: {seen}")
+        if now_preempted > preempted and now_sealed > sealed:
+            return answers
+        seen.append(f"preempted {now_preempted - preempted:.0f}, sealed {now_sealed - sealed:.0f} of "
+                    f"{_counter(engine, 'slaq_engine_kv_swap_blocks_total', direction='out') - swap_out:.0f} blocks out, "
+                    f"the critical request sent {critical_sent - sent:.2f} s after the batch ones and answered "
+                    f"{critical_s:.2f} s after that, the batch ones done {time.monotonic() - sent:.2f} s after they were sent")
+    raise AssertionError(f"no batch request was preempted and sealed to host memory in {attempts} attempts: {seen}")
 
 
 def test_a_preempted_request_is_restored_from_its_sealed_host_copy_with_the_same_answer(secured: EngineHandle) -> None:
