@@ -47,7 +47,6 @@ class ReleaseGate:
         self.engine_waiting_by_rank: tuple[int, ...] | None = None  # the engine's waiting requests per tier rank, when exported
         self.engine_running: int | None = None
         self.engine_capacity: int | None = None
-        self.released_total = 0
         self.released_by_rank = [0] * len(Tier)
         self._released_at_scrape = 0
         self._released_by_rank_at_scrape = [0] * len(Tier)
@@ -55,6 +54,10 @@ class ReleaseGate:
     @property
     def not_started(self) -> int:
         return sum(self.not_started_by_rank)
+
+    @property
+    def released_total(self) -> int:
+        return sum(self.released_by_rank)
 
     def engine_queue_estimate(self, tier_rank: int | None = None) -> int:
         """Requests waiting in the engine; with `tier_rank`, only those of that tier and above
@@ -87,7 +90,6 @@ class ReleaseGate:
     def on_release(self, tier_rank: int) -> None:
         self.in_flight += 1
         self.not_started_by_rank[tier_rank] += 1
-        self.released_total += 1
         self.released_by_rank[tier_rank] += 1
 
     def on_first_byte(self, tier_rank: int) -> None:
