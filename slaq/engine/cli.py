@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--request-log", choices=("json", "off"), default="json",
                         help="json (default): one JSON line per finished request on standard output (event engine_request: the "
                         "sidecar's request_id, queue waits, preemptions by reason, KV blocks erased and swapped); off: none")
-    parser.add_argument("--kv-test-hooks", default=None, metavar="JSON", help=argparse.SUPPRESS)  # tests only: inspectPath, tamperFlag
+    parser.add_argument("--kv-test-hooks", default=None, metavar="JSON", help=argparse.SUPPRESS)  # tests only: inspectPath, tamperFlag, stepDelayS
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then further vLLM server arguments")
     parser.set_defaults(handler=_engine)
 

@@ -36,7 +36,7 @@ CPU_RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 MODEL_RUNNER_V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 TINY_MAX_MODEL_LEN = 1024
 KV_HOST_CACHE_GIB_DEFAULT = 1.0
-KV_TEST_HOOKS = ("inspectPath", "tamperFlag")
+KV_TEST_HOOKS = ("inspectPath", "tamperFlag", "stepDelayS")
 # "stock" leaves vLLM's defaults (its own scheduler, FCFS): the baseline slaq is compared against.
 # "stock-priority" is vLLM's own scheduler with its static priority policy (the request's
 # `priority`, then arrival): with every request at the same priority it orders as FCFS does.
@@ -68,7 +68,7 @@ class EngineOptions:
     kv_host_cache_gib: float = KV_HOST_CACHE_GIB_DEFAULT  # host memory for preempted requests' sealed KV; 0: recompute instead
     kv_seal_gb_s: float | None = None  # the swap rule's seal throughput; None: measured when the engine starts
     kv_swap_choice: str = "cost"  # "always": swap every victim that fits, whatever the swap rule says (kv_security/swap.py)
-    kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag: tests only
+    kv_test_hooks: Mapping[str, object] = field(default_factory=dict)  # inspectPath / tamperFlag / stepDelayS: tests only
     request_log: str = "json"  # the scheduler's audit line per finished request (request_log.py); "off": none
     extra: Sequence[str] = field(default_factory=tuple)  # passed through to vLLM
 
@@ -199,9 +199,10 @@ def kv_transfer_config(options: EngineOptions) -> str | None:
     try:
         settings = KVSecuritySettings(erase=options.kv_erase, host_cache_bytes=host_bytes, seal_gb_s=options.kv_seal_gb_s,
                                       swap_choice=options.kv_swap_choice,
-                                      inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"))  # type: ignore[arg-type]
+                                      inspect_path=hooks.get("inspectPath"), tamper_flag=hooks.get("tamperFlag"),  # type: ignore[arg-type]
+                                      step_delay_s=float(hooks.get("stepDelayS", 0.0)))  # type: ignore[arg-type]
     except ValueError as exc:
-        flag = "--kv-seal-gb-s" if "hostSealGbS" in str(exc) else "--kv-swap-choice"
+        flag = "--kv-seal-gb-s" if "hostSealGbS" in str(exc) else "--kv-test-hooks" if "stepDelayS" in str(exc) else "--kv-swap-choice"
         raise LaunchError(f"{flag}: {exc}") from exc
     return transfer_config_json(settings)
 

@@ -44,17 +44,21 @@ def hooks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def secured(hooks: dict[str, Path]) -> Iterator[EngineHandle]:
-    test_hooks = json.dumps({"inspectPath": str(hooks["inspect"]), "tamperFlag": str(hooks["tamper"])})
+    test_hooks = json.dumps({"inspectPath": str(hooks["inspect"]), "tamperFlag": str(hooks["tamper"]), "stepDelayS": STEP_DELAY_S})
     with running_engine("--kv-test-hooks", test_hooks, *ENGINE_ARGS) as engine:
         yield engine
 
 
 # An attempt poses the question only when the critical request reaches the scheduler while both
-# batch requests still run (about 2.5 s); on two busy cores vLLM's API server has taken longer than
-# that to hand it over (traced: sent 1.57 s before the scheduler saw it, against 0.16 s in the next
-# attempt), so an attempt often ends without a preemption and is run again. One full run of the
-# suite in seven, and later one in two, ended all 8 attempts so; the failure
-# message now says, per attempt, what the engine did instead.
+# batch requests still run. The tiny model decodes a step in ~3 ms, so the two ended in the engine
+# within 0.8 s, while vLLM's API server, on two cores the model and the engine core keep busy, took
+# up to 1.5 s to stream their first tokens back and as long again to hand the critical request
+# over (traced: every one of 12 attempts found nothing running when the critical request reached
+# the scheduler). The engine's worker therefore sleeps `STEP_DELAY_S` per forward step (test hook
+# `stepDelayS`): the batch requests' ~250 steps last at least 2.5 s in the engine, and the sleep
+# leaves the API server a core. An attempt that still ends without a preemption is run again; the
+# failure message says, per attempt, what the engine did instead.
+STEP_DELAY_S = 0.01
 PREEMPTION_ATTEMPTS = 12
 
 

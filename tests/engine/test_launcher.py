@@ -241,3 +241,16 @@ def test_the_swap_rule_settings_reach_the_connector_and_bad_values_are_refused_b
         kv_transfer_config(EngineOptions(kv_swap_choice="sometimes"))
     with pytest.raises(ValueError, match="swapChoice must be one of"):
         KVSecuritySettings.from_extra({"swapChoice": "maybe"})
+
+
+def test_the_step_delay_test_hook_reaches_the_worker_and_a_negative_delay_is_refused() -> None:
+    from slaq.engine.kv_security.settings import KVSecuritySettings
+    from slaq.engine.launcher import kv_transfer_config
+
+    extra = json.loads(kv_transfer_config(EngineOptions(kv_test_hooks={"stepDelayS": 0.01})))["kv_connector_extra_config"]
+    assert KVSecuritySettings.from_extra(extra).step_delay_s == 0.01
+    assert "stepDelayS" not in json.loads(kv_transfer_config(EngineOptions()))["kv_connector_extra_config"]  # off unless asked
+    with pytest.raises(LaunchError, match="--kv-test-hooks.*stepDelayS must be 0 or more"):
+        kv_transfer_config(EngineOptions(kv_test_hooks={"stepDelayS": -1}))
+    with pytest.raises(LaunchError, match="unknown hook.*sleepS"):
+        kv_transfer_config(EngineOptions(kv_test_hooks={"sleepS": 1}))

@@ -55,7 +55,8 @@ class SlaqKVConnector(vc.KVConnectorBase_V1):
                 engine_table=engine_table_path(os.environ),
             )
         else:
-            self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag)
+            self.worker = KVSecurityWorker(num_blocks=num_blocks, inspect_path=settings.inspect_path, tamper_flag=settings.tamper_flag,
+                                           step_delay_s=settings.step_delay_s)
 
     def use_step_model(self, step_model: RecomputeModel) -> SwapOrRecompute | None:
         """The scheduler's step-time model prices recomputing a victim: install the swap rule (swap.py)

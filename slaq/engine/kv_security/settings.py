@@ -10,7 +10,7 @@ Settings (`kv_connector_extra_config`, camelCase as slaq's launcher writes them)
 host's seal and open throughput in GB/s, each way, that the swap rule charges a victim; default:
 measured with the worker's own `Vault` when the engine starts, see swap.py), `swapChoice` (`cost`,
 default: swap a victim only when that costs less than recomputing it; `always`: every victim that
-fits), and the test hooks `inspectPath` and `tamperFlag` (see worker.py).
+fits), and the test hooks `inspectPath`, `tamperFlag` and `stepDelayS` (see worker.py).
 """
 
 from __future__ import annotations
@@ -34,16 +34,19 @@ class KVSecuritySettings:
     swap_choice: str = "cost"
     inspect_path: str | None = None
     tamper_flag: str | None = None
+    step_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.swap_choice not in SWAP_CHOICES:
             raise ValueError(f"{CONNECTOR_NAME}: swapChoice must be one of {', '.join(SWAP_CHOICES)}, not {self.swap_choice!r}")
         if self.seal_gb_s is not None and not self.seal_gb_s > 0:
             raise ValueError(f"{CONNECTOR_NAME}: hostSealGbS must be above 0 (GB/s), not {self.seal_gb_s!r}")
+        if not self.step_delay_s >= 0:
+            raise ValueError(f"{CONNECTOR_NAME}: stepDelayS must be 0 or more (seconds), not {self.step_delay_s!r}")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> "KVSecuritySettings":
-        known = {"erase", "hostCacheBytes", "hostSealGbS", "swapChoice", "inspectPath", "tamperFlag"}
+        known = {"erase", "hostCacheBytes", "hostSealGbS", "swapChoice", "inspectPath", "tamperFlag", "stepDelayS"}
         unknown = set(extra) - known
         if unknown:
             raise ValueError(f"{CONNECTOR_NAME}: unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
@@ -54,6 +57,7 @@ class KVSecuritySettings:
             swap_choice=str(extra.get("swapChoice", "cost")),
             inspect_path=extra.get("inspectPath"),
             tamper_flag=extra.get("tamperFlag"),
+            step_delay_s=float(extra.get("stepDelayS", 0.0)),
         )
 
     def to_extra(self) -> dict[str, Any]:
@@ -64,6 +68,8 @@ class KVSecuritySettings:
             extra["inspectPath"] = self.inspect_path
         if self.tamper_flag:
             extra["tamperFlag"] = self.tamper_flag
+        if self.step_delay_s:
+            extra["stepDelayS"] = self.step_delay_s
         return extra
 
 

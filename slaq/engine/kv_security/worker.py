@@ -14,13 +14,17 @@ which recomputes the request from there.
 Test hooks, off in production (`kv_connector_extra_config`): `inspectPath` appends one JSON line
 per block handed to another tenant, with its non-zero element count before and after the erase
 (both before the forward pass writes it); `tamperFlag` names a file: while it exists, one
-ciphertext byte of every host copy is flipped before the copy is opened.
+ciphertext byte of every host copy is flipped before the copy is opened; `stepDelayS` makes every
+forward step sleep that long at `start_load_kv` (the tiny test model's steps, ~3 ms, are shorter than
+the API server's hand-over of a request on two busy cores: without it two 250-token requests can end
+in the engine before a request sent after their first tokens reaches the scheduler).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -76,12 +80,14 @@ class KVBlockPages:
 
 
 class KVSecurityWorker:
-    def __init__(self, *, num_blocks: int, inspect_path: str | None = None, tamper_flag: str | None = None) -> None:
+    def __init__(self, *, num_blocks: int, inspect_path: str | None = None, tamper_flag: str | None = None,
+                 step_delay_s: float = 0.0) -> None:
         self.num_blocks = num_blocks
         self.vault = Vault()
         self.pages: KVBlockPages | None = None
         self.inspect_path = inspect_path
         self.tamper_flag = Path(tamper_flag) if tamper_flag else None
+        self.step_delay_s = step_delay_s
         self._failed: set[int] = set()
 
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -109,6 +115,8 @@ class KVSecurityWorker:
                                           "nonzero_before": before[r.block_id], "nonzero_after": pages.nonzero(r.block_id)}) + "\n")
 
     def load(self, plan: KVSecurityPlan) -> None:
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
         pages = self.pages
         if pages is None:
             return
