@@ -1,6 +1,7 @@
 """The policy registry: a policy name to the scheduler class the simulator drives.
 
-- `fcfs`, `priority`: stock vLLM 0.32 `AsyncScheduler` with that scheduling policy;
+- `fcfs`, `priority`: stock vLLM 0.32 `AsyncScheduler` with that scheduling policy, loaded through
+  the vLLM seam (`slaq.engine.vllm_compat`) like every other use of vLLM;
 - `slaq`: `slaq.engine.scheduler.SLAScheduler` (vLLM policy `priority`), loaded by name so the
   benchmark never imports a scheduler that is not there: when it is absent the policy fails
   with a message saying so, it is never replaced by something else;
@@ -49,8 +50,8 @@ class PolicySpec:
 POLICIES: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
-        PolicySpec("fcfs", "fcfs", "stock vLLM AsyncScheduler, first come first served", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
-        PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
+        PolicySpec("fcfs", "fcfs", "stock vLLM AsyncScheduler, first come first served", "slaq.engine.vllm_compat", "AsyncScheduler"),
+        PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "slaq.engine.vllm_compat", "AsyncScheduler"),
         PolicySpec("slaq", "priority", "slaq SLAScheduler (slaq/engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True,
                    ships_kv_connector=True),
         PolicySpec("oracle", "priority", "bound: knows true output lengths and the step-time model", "slaq.bench.oracle", "OracleScheduler", knows_true_lengths=True),

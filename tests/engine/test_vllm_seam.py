@@ -25,19 +25,36 @@ def _package_sources() -> Iterator[Path]:
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
+def _is_vllm(name: str) -> bool:
+    return name == "vllm" or name.startswith("vllm.")
+
+
+def _imported_by_call(node: ast.Call) -> list[str]:
+    """The module a call to `importlib.import_module` or `__import__` names with a string literal."""
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if called not in ("import_module", "__import__"):
+        return []
+    first = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "name"), None)
+    return [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else []
+
+
 def vllm_imports(text: str, filename: str = "<text>") -> list[int]:
-    """Lines of `text` that import vLLM (anywhere: module level, in functions, under TYPE_CHECKING)."""
+    """Lines of `text` that import vLLM (anywhere: module level, in functions, under TYPE_CHECKING,
+    or by name through `importlib.import_module` / `__import__` with a string literal)."""
     lines = []
     for node in ast.walk(ast.parse(text, filename)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
+        elif isinstance(node, ast.Call):
+            names = _imported_by_call(node)
         else:
             continue
-        if any(name == "vllm" or name.startswith("vllm.") for name in names):
+        if any(_is_vllm(name) for name in names):
             lines.append(node.lineno)
-    return lines
+    return sorted(lines)
 
 
 def _imports_the_seam(text: str) -> bool:
@@ -85,6 +102,18 @@ def test_the_import_scan_sees_every_form_of_import() -> None:
     assert vllm_imports("def f():\n    from vllm.v1.request import Request\n") == [2]
     assert vllm_imports("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vllm import LLM\n") == [3]
     assert vllm_imports("import vllm_compat\nfrom slaq.engine.vllm_compat import Request\nfrom . import vllm\n") == []
+    assert vllm_imports('import importlib\nimportlib.import_module("vllm.v1.core.sched.async_scheduler")\n') == [2]
+    assert vllm_imports('from importlib import import_module\ndef f():\n    return import_module(name="vllm.config")\n') == [3]
+    assert vllm_imports('__import__("vllm")') == [1]
+    assert vllm_imports('import importlib\nimportlib.import_module("slaq.engine.vllm_compat")\n__import__("vllm_compat")\n') == []
+
+
+def test_no_registered_policy_loads_its_scheduler_from_vllm_directly() -> None:
+    # A policy names its module as data and loads it with importlib, out of sight of the import scan.
+    from slaq.bench.policies import POLICIES
+
+    assert POLICIES["fcfs"].module == SEAM_MODULE
+    assert {name: spec.module for name, spec in POLICIES.items() if _is_vllm(spec.module)} == {}
 
 
 # -- overridden vLLM methods -------------------------------------------------------------------
