@@ -13,6 +13,10 @@ forwards no such header):
     x-fake-break: 1          cut the stream after the first token
     x-fake-linger-ms: L      keep the stream open L ms after its `data: [DONE]`
     x-fake-usage-delay-ms: U the usage chunk (when asked for) comes U ms after the last token
+    x-fake-delta: K          what a streamed chat token's delta holds: `content` (the default),
+                             `reasoning` or `reasoning_content` (that field for the first half of the
+                             tokens, then content), or `tool_calls` (one tool call: its name, then
+                             its arguments piece by piece), one token per event as vLLM sends them
 
 `ServerThread` runs any ASGI app with uvicorn on 127.0.0.1 in a thread of its own and stops it.
 """
@@ -165,9 +169,9 @@ class FakeEngine:
         for i in range(tokens):
             if delay:
                 await asyncio.sleep(delay)
-            finish = "length" if i == tokens - 1 else None
+            finish = None if i < tokens - 1 else "tool_calls" if chat and headers.get("x-fake-delta") == "tool_calls" else "length"
             if chat:
-                delta = {"content": "tok "}
+                delta = _chat_delta(headers.get("x-fake-delta", "content"), i, tokens)
                 chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": self.model,
                          "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
                 if i == 0:
@@ -189,6 +193,19 @@ class FakeEngine:
         if linger:
             await asyncio.sleep(linger)
             await send({"type": "http.response.body", "body": b""})
+
+
+def _chat_delta(kind: str, i: int, tokens: int) -> dict[str, Any]:
+    """The delta of a streamed chat token `i` of `tokens`, shaped as vLLM's DeltaMessage serialises it."""
+    if kind == "tool_calls":
+        if i == 0:
+            return {"tool_calls": [{"id": "chatcmpl-tool-fake", "type": "function", "index": 0, "function": {"name": "get_weather"}}]}
+        return {"tool_calls": [{"index": 0, "function": {"arguments": "tok "}}]}
+    if kind in ("reasoning", "reasoning_content") and i < tokens // 2:
+        return {kind: "think "}
+    if kind not in ("content", "reasoning", "reasoning_content"):
+        raise ValueError(f"x-fake-delta: {kind!r} is not content, reasoning, reasoning_content or tool_calls")
+    return {"content": "tok "}
 
 
 class RecordingPassthrough:

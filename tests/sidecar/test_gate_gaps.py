@@ -100,6 +100,119 @@ def test_a_client_that_leaves_before_the_usage_chunk_is_charged_what_it_streamed
     assert sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]["tokensPerMinute"] == prompt + streamed
 
 
+# -- 5b. streams whose tokens are tool calls or reasoning, not content ------------------------------
+# vLLM 0.32's DeltaMessage streams reasoning as `reasoning`; `reasoning_content` is the older name.
+DELTA_KINDS = ["tool_calls", "reasoning", "reasoning_content"]
+CHAT_PROMPT = [{"role": "user", "content": "x" * 384}]  # estimated at 100 tokens: 384 characters / 4 and the message overhead, 4
+
+
+def _deltas(lines: list[str]) -> list[dict]:
+    """The deltas of the chunks a client read (the role chunk included)."""
+    chunks = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: {")]
+    return [choice["delta"] for chunk in chunks for choice in chunk.get("choices", [])]
+
+
+def _frozen_sidecar(start_sidecar, fake_upstream):
+    sidecar = start_sidecar(fake_upstream[1], abc_table(std={"tokens_per_minute": 6000.0}), served_model_name="fake-model")
+    frozen = sidecar.app.core.clock()
+    sidecar.app.core.clock = lambda: frozen  # no refill while it runs: the bucket's level is the charge
+    return sidecar
+
+
+def _assert_charged(sidecar, prompt: int, output: int) -> None:
+    core = sidecar.app.core
+    assert _tokens_left(core, "std") == pytest.approx(6000 - prompt - output, abs=0.01)
+    metrics = sidecar.metrics.get("/metrics").text
+    assert f'slaq_tokens_total{{direction="out",tenant="std",tier="standard"}} {float(output)}' in metrics
+    assert f'slaq_tokens_total{{direction="in",tenant="std",tier="standard"}} {float(prompt)}' in metrics
+    assert sidecar.metrics.get("/slaq/usage").json()["tenants"]["std"]["tokensPerMinute"] == prompt + output
+    assert core.accounting.service_share("standard", "std") > 0
+
+
+@pytest.mark.parametrize("asked_for_usage", [False, True], ids=["usage-hidden", "usage-asked"])
+@pytest.mark.parametrize("delta", DELTA_KINDS)
+def test_a_tool_call_or_reasoning_stream_is_charged_the_engines_usage(start_sidecar, fake_upstream, delta: str, asked_for_usage: bool) -> None:
+    """With the usage chunk the charge is the engine's completion tokens, whatever the deltas held:
+    6 here, where the sidecar's own count would say 6 events x stream_interval 4 = 24."""
+    from slaq.testing.fake_engine import fake_user
+    from tests.support.polling import wait_for
+
+    sidecar = _frozen_sidecar(start_sidecar, fake_upstream)
+    body = {**CHAT, "stream": True, "max_tokens": 1000, "stream_interval": 4, "messages": CHAT_PROMPT, "user": fake_user(tokens=6, delta=delta)}
+    if asked_for_usage:
+        body["stream_options"] = {"include_usage": True}
+    with sidecar.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer("std")) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert response.status_code == 200 and lines[-1] == "data: [DONE]"
+    deltas = _deltas(lines)
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert sum(delta in d for d in deltas) == (6 if delta == "tool_calls" else 3)  # the fake streamed the shape under test
+    assert any('"usage"' in line for line in lines) is asked_for_usage
+    wait_for(lambda: sidecar.app.core.quotas.in_flight("std") == 0, 10.0, "the stream settled")
+    _assert_charged(sidecar, prompt=7, output=6)  # the fake engine's usage: 7 prompt, 6 completion tokens
+    # A complete stream records its time to first token only if a token event went past.
+    assert 'slaq_ttft_seconds_count{tenant="std",tier="standard"} 1.0' in sidecar.metrics.get("/metrics").text
+
+
+@pytest.mark.parametrize("cut", ["client-left", "engine-broke"])
+@pytest.mark.parametrize("delta", DELTA_KINDS)
+def test_a_tool_call_or_reasoning_stream_cut_before_usage_is_charged_its_streamed_events(start_sidecar, fake_upstream, delta: str, cut: str) -> None:
+    """Cut before the usage chunk, the sidecar's count of token events is the charge, and a tool-call or
+    reasoning delta is a token event like content. Counting content alone, a reasoning stream left at
+    finish_reason paid for its answer but not its thinking (12 of 24 here), and a tool-call stream
+    counted nothing: its bucket kept the whole reservation and fairness, /slaq/usage and
+    slaq_tokens_total saw no tokens at all."""
+    from slaq.testing.fake_engine import fake_user
+    from tests.support.polling import wait_for
+
+    sidecar = _frozen_sidecar(start_sidecar, fake_upstream)
+    controls = {"usage_delay_ms": 3000} if cut == "client-left" else {"break": 1}  # break: the engine cuts after one token event
+    body = {**CHAT, "stream": True, "max_tokens": 1000, "stream_interval": 4, "messages": CHAT_PROMPT,
+            "user": fake_user(tokens=6, delta=delta, **controls)}
+    lines = []
+    with sidecar.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer("std")) as response:
+        for line in filter(None, response.iter_lines()):
+            lines.append(line)
+            if '"finish_reason":' in line.replace(" ", "") and '"finish_reason":null' not in line.replace(" ", ""):
+                break  # the whole answer: leave before the usage chunk
+    deltas = _deltas(lines)
+    assert deltas[0] == {"role": "assistant", "content": ""} and delta in deltas[1]  # the first token event holds the shape under test
+    if cut == "engine-broke":
+        assert "engine_stream_broken" in lines[-1]
+    wait_for(lambda: sidecar.app.core.quotas.in_flight("std") == 0, 10.0, "the stream settled")
+    events = 6 if cut == "client-left" else 1
+    _assert_charged(sidecar, prompt=100, output=events * 4)  # no usage: the prompt estimate, events x stream_interval
+
+
+@pytest.mark.parametrize("delta", ["tool_calls", "reasoning"])
+def test_the_first_token_is_the_first_tool_call_or_reasoning_delta(start_sidecar, fake_upstream, delta: str) -> None:
+    """Time to first token is taken when the first token event goes past, before it is sent on: when
+    the client reads the first tool-call or reasoning delta, the sidecar has recorded its first token
+    (the content of a reasoning stream comes 600 ms later; a tool-call stream has none)."""
+    from slaq.testing.fake_engine import fake_user
+
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model")
+    core = sidecar.app.core
+    recorded: list[float] = []
+    record_first_token = core.first_token
+
+    def first_token(flight) -> None:
+        record_first_token(flight)
+        recorded.append(flight.first_token_time)
+
+    core.first_token = first_token
+    body = {**CHAT, "stream": True, "max_tokens": 4, "user": fake_user(tokens=4, delta=delta, delay_ms=300)}
+    with sidecar.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer("std")) as response:
+        for line in response.iter_lines():
+            deltas = _deltas([line])
+            if deltas and deltas[0] != {"role": "assistant", "content": ""}:
+                assert delta in deltas[0]
+                assert len(recorded) == 1 and recorded[0] is not None
+                break
+        else:
+            pytest.fail("no token event reached the client")
+
+
 # -- 4. prompt logprobs: logits over the vocabulary at every prompt position --------------------------
 def _frozen_core(**tenant) -> SidecarCore:
     return SidecarCore(CoreConfig(limits=limits()), TenantDirectory.from_table(abc_table(std={"tokens_per_minute": 6000.0, **tenant})),

@@ -38,6 +38,36 @@ def test_a_completion_chunk_with_an_empty_text_is_a_token() -> None:
     assert observer.output_tokens() == 2
 
 
+
+# Chunks as vLLM 0.32 writes them (`ChatCompletionStreamResponse.model_dump_json(exclude_unset=True)`:
+# compact, `reasoning` not `reasoning_content`), the role chunk first.
+VLLM_ROLE = b'{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}'
+VLLM_REASONING = b'{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning":"Let"},"logprobs":null,"finish_reason":null}]}'
+VLLM_CONTENT_AFTER_REASONING = b'{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi","reasoning":""},"logprobs":null,"finish_reason":null}]}'
+VLLM_TOOL_NAME = (b'{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","index":0,'
+                  b'"function":{"name":"get_weather"}}]},"logprobs":null,"finish_reason":null}]}')
+VLLM_TOOL_ARGUMENTS = (b'{"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"content\\": \\""}}]},'
+                       b'"logprobs":null,"finish_reason":null}]}')
+
+
+def event(raw: bytes) -> bytes:
+    return b"data: " + raw + b"\n\n"
+
+
+def test_reasoning_and_tool_call_deltas_are_token_events_and_the_first_one_is_the_first_token() -> None:
+    """A reasoning model streams its thinking as `reasoning` deltas, a tool call streams as `tool_calls`
+    deltas with no content: each is a token event (the count a stream cut before usage is charged) and
+    the first one is the first token (TTFT). The role chunk, and one with an empty tool-call list, are not."""
+    for first in (VLLM_REASONING, VLLM_TOOL_NAME):
+        observer = ResponseObserver(streaming=True)
+        assert observer.feed(event(VLLM_ROLE)) is False
+        assert observer.feed(event(VLLM_ROLE.replace(b'"content":""', b'"content":"","tool_calls":[]'))) is False
+        assert observer.feed(event(first)) is True
+        # A tool call's arguments may spell `"content": "` (escaped): one event still, never more.
+        for later in (VLLM_REASONING, VLLM_CONTENT_AFTER_REASONING, VLLM_TOOL_NAME, VLLM_TOOL_ARGUMENTS):
+            assert observer.feed(event(later)) is False
+        assert observer.output_tokens() == 5 and observer.token_events == 5
+
 def test_usage_in_the_tail_wins_over_event_count() -> None:
     observer = ResponseObserver(streaming=True)
     observer.feed(sse({"choices": [{"text": "a"}]}, {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}))
