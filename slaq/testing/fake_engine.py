@@ -165,13 +165,17 @@ class FakeEngine:
                            "choices": [{"index": 0, "text": "tok " * tokens, "finish_reason": "length"}], "usage": usage}
             await self._reply(send, *_json_response(200, payload))
             return
+        delta_kind = headers.get("x-fake-delta", "content")
+        if delta_kind not in DELTA_KINDS:
+            raise ValueError(f"x-fake-delta: {delta_kind!r} is not one of {', '.join(DELTA_KINDS)}")
+        last_finish = "tool_calls" if chat and delta_kind == "tool_calls" else "length"
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
         for i in range(tokens):
             if delay:
                 await asyncio.sleep(delay)
-            finish = None if i < tokens - 1 else "tool_calls" if chat and headers.get("x-fake-delta") == "tool_calls" else "length"
+            finish = last_finish if i == tokens - 1 else None
             if chat:
-                delta = _chat_delta(headers.get("x-fake-delta", "content"), i, tokens)
+                delta = _chat_delta(delta_kind, i, tokens)
                 chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": self.model,
                          "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
                 if i == 0:
@@ -195,6 +199,9 @@ class FakeEngine:
             await send({"type": "http.response.body", "body": b""})
 
 
+DELTA_KINDS = ("content", "reasoning", "reasoning_content", "tool_calls")  # x-fake-delta
+
+
 def _chat_delta(kind: str, i: int, tokens: int) -> dict[str, Any]:
     """The delta of a streamed chat token `i` of `tokens`, shaped as vLLM's DeltaMessage serialises it."""
     if kind == "tool_calls":
@@ -203,8 +210,6 @@ def _chat_delta(kind: str, i: int, tokens: int) -> dict[str, Any]:
         return {"tool_calls": [{"index": 0, "function": {"arguments": "tok "}}]}
     if kind in ("reasoning", "reasoning_content") and i < tokens // 2:
         return {kind: "think "}
-    if kind not in ("content", "reasoning", "reasoning_content"):
-        raise ValueError(f"x-fake-delta: {kind!r} is not content, reasoning, reasoning_content or tool_calls")
     return {"content": "tok "}
 
 
