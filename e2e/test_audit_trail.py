@@ -7,9 +7,13 @@ timing: 9 usable blocks of 128 tokens, and two requests of 64 + 640 tokens (6 bl
 the standard and the batch tenant, so they cannot both finish without one being preempted once
 both run, and vLLM's KV-exhaustion preemption picks the lower tier (batch). Each tenant's KV share
 admits its one request (a request larger than the share runs while the tenant holds nothing else),
-and both are admitted at once (a 1-block prompt fits), so arrival order and step times do not
-matter. The batch tenant's freed blocks then go to the standard request, which the engine zeroes
-first: its line counts them erased.
+and both are admitted at once (a 1-block prompt fits), so arrival order does not matter as long as
+both run together. To make sure they do, the engine sleeps 10 ms per forward step (the KV
+connector's `stepDelayS` test hook): each request's 640 steps then last over 6 s, where vLLM's API
+server, short of CPU on two cores, can take most of a second to hand the second request over; the
+tiny model alone finishes one in about 1.4 s, and in one CI run the first finished before the
+second had grown past the 3 blocks left free. The batch tenant's freed blocks then go to the standard request, which the engine
+zeroes first: its line counts them erased.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 EXAMPLES = Path(__file__).resolve().parents[1] / "crds" / "examples"
 KEYS = {"standard": "sk-demo-standard-0123456789abcdef", "free": "sk-demo-free-0123456789abcdef"}
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 640  # 704 tokens: 6 blocks of 128 each, 12 for both against 9
-ENGINE_ARGS = ("--max-model-len", "1024", "--max-num-seqs", "4", "--", "--num-gpu-blocks-override", "10")
+STEP_DELAY_S = 0.01
+ENGINE_ARGS = ("--max-model-len", "1024", "--max-num-seqs", "4", "--kv-test-hooks", json.dumps({"stepDelayS": STEP_DELAY_S}),
+               "--", "--num-gpu-blocks-override", "10")
 START_TIMEOUT_S = 420.0
 ANSWER_TIMEOUT_S = 300.0
 
@@ -112,6 +118,7 @@ def test_the_access_line_of_a_preempted_request_leads_to_the_engines_facts_for_i
 
     # The standard request was not preempted; it got the batch request's blocks, zeroed first.
     standard = engine[ids["standard"]]
+    assert standard["engine_s"] >= OUTPUT_TOKENS * STEP_DELAY_S, standard  # the step delay held both in the engine together
     assert access[ids["standard"]]["tier"] == "standard" and standard["tier"] == "standard"
     assert standard["preemptions"] == 0 and standard["preemptions_by_reason"] == {}, standard
     assert standard["kv_erased_by_reason"].get("reuse", 0) >= 1 and standard["kv_erased_blocks"] >= 1, standard
