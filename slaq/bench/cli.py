@@ -69,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loads.add_argument("--load-sweep", type=_floats, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
     loads.add_argument("--slo-capacity", action="store_true",
                        help="search each policy's SLO capacity: the highest load with critical >= 0.99 and standard >= 0.95 "
-                            "attainment (bracketing, then bisection to --slo-resolution)")
-    sim.add_argument("--slo-resolution", type=_positive, default=0.1, metavar="LOAD", help="with --slo-capacity: stop bisecting at this load step (default 0.1)")
+                            "attainment (bracketing, then bisection over multiples of --slo-resolution)")
+    sim.add_argument("--slo-resolution", type=_positive, default=0.1, metavar="LOAD", help="with --slo-capacity: bisect over loads that are multiples of this step (default 0.1)")
     sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")

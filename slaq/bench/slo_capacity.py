@@ -4,13 +4,16 @@ A load meets the SLO when every tier with a target attains it (by default critic
 standard >= 0.95, the issue's definition). The search runs the policy at loads that bracket the
 boundary and then bisects it down to `resolution`: start at `start`; while it meets, step up by
 `growth`x; while it fails, step down by the same factor; then bisect between the highest load that
-met and the lowest that failed. Attainment is assumed to fall with load (it does on these traces;
+met and the lowest that failed, over the loads that are multiples of `resolution` (1.9, 2.0, 2.1 at
+0.1; not the midpoints 1.969 or 2.0625), until none is left between them. The capacity is then a
+load that was run and met, at most `resolution` below the lowest that failed. Attainment is assumed to fall with load (it does on these traces;
 every probe is kept in the result, so a non-monotone case shows). A policy that fails even at
 `floor` has an SLO capacity of 0; one that meets at `ceiling` reports the ceiling, marked.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -73,11 +76,14 @@ def search(probe: Probe, targets: Mapping[Tier, float] = DEFAULT_TARGETS, *, sta
                 good = load
             else:
                 bad = load
-    while bad - good > resolution:
-        middle = (good + bad) / 2
-        if run(middle):
-            good = middle
+    # Grid indices strictly between the two: an open interval longer than `resolution` holds one,
+    # so when none is left, bad - good <= resolution.
+    low, high = math.floor(good / resolution + 1e-9) + 1, math.ceil(bad / resolution - 1e-9) - 1
+    while low <= high:
+        index = (low + high) // 2
+        if run(index * resolution):
+            good, low = index * resolution, index + 1
         else:
-            bad = middle
+            bad, high = index * resolution, index - 1
     result.capacity = round(good, 4)
     return result

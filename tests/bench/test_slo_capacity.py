@@ -35,6 +35,18 @@ def test_the_search_finds_the_highest_load_meeting_every_target(critical_up_to: 
     assert all(p["meets"] == (p["load"] <= expected) for p in found.probes)
 
 
+@pytest.mark.parametrize("resolution", [0.1, 0.05, 0.25])
+def test_the_bisection_runs_multiples_of_the_resolution_so_the_capacity_is_a_round_load_that_met(resolution: float) -> None:
+    probe, _ = _boundary(2.04, 9.0)  # brackets 1.5 (met) and 2.25 (failed); the midpoints 1.875 and 2.0625 are not round
+    found = search(probe, resolution=resolution)
+    bisected = [p["load"] for p in found.probes[3:]]
+    assert [p["load"] for p in found.probes[:3]] == [1.0, 1.5, 2.25] and bisected
+    assert all(abs(load / resolution - round(load / resolution)) < 1e-6 for load in bisected), bisected
+    failed = min(p["load"] for p in found.probes if not p["meets"])
+    assert found.capacity <= 2.04 < failed and failed - found.capacity <= resolution + 1e-9
+    assert found.capacity == {0.1: 2.0, 0.05: 2.0, 0.25: 2.0}[resolution]
+
+
 def test_a_policy_failing_at_the_floor_has_no_slo_capacity() -> None:
     probe, _ = _boundary(0.0, 0.0)
     found = search(probe, floor=0.2)
