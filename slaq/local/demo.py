@@ -37,6 +37,7 @@ systems serve the same traffic and face the same KV state.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -46,6 +47,7 @@ import time
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -502,9 +504,13 @@ class EngineHold:
     prompt: a counter, so an earlier run's last value does not answer) and holds its blocks
     (`vllm:kv_cache_usage_perc`, from its last step). So the background cannot run to its end
     between two looks, however slowly this machine steps or answers a scrape; traced with a poll
-    of a running engine, the background's 64 tokens were often done before a scrape came back."""
+    of a running engine, the background's 64 tokens were often done before a scrape came back.
+    It also counts the tokens generated meanwhile (`vllm:generation_tokens_total`): a background
+    that decoded past `KvPlan.decode_margin` would rightly keep C waiting for B, so that run is
+    run again (`NotTogether`)."""
 
     QUERIES = "vllm:prefix_cache_queries_total"
+    GENERATED = "vllm:generation_tokens_total"
     KV_USAGE = "vllm:kv_cache_usage_perc"
     PULSE_S = 0.01
 
@@ -513,35 +519,41 @@ class EngineHold:
             raise ScenarioError("the stack has no engine to hold")
         self.stack = stack
         self.metrics_url = f"http://127.0.0.1:{stack.engine_port}/metrics"
-        self._queries = 0.0
+        self._queries = self._generated = 0.0
         self._stopped: list[int] = []
 
-    async def _read(self, client: Any) -> tuple[float, float]:
+    async def _read(self, client: Any) -> tuple[float, float, float]:
+        """The engine's prefix-cache lookups (prompt tokens), tokens generated, and KV use (0 until
+        its first step: vLLM's multiprocess gauge has no sample before it is set)."""
         text = (await client.get(self.metrics_url, timeout=10.0)).text
-        queries, usage = gauge_sum(text, self.QUERIES), gauge_sum(text, self.KV_USAGE)
-        if queries is None or usage is None:
-            raise ScenarioError(f"the engine's /metrics has no {self.QUERIES} or {self.KV_USAGE}: cannot tell when it holds the background")
-        return queries, usage
+        queries, generated, usage = (gauge_sum(text, name) for name in (self.QUERIES, self.GENERATED, self.KV_USAGE))
+        if queries is None or generated is None:
+            raise ScenarioError(f"the engine's /metrics has no {self.QUERIES} or {self.GENERATED}: cannot tell when it holds the background")
+        return queries, generated, usage or 0.0
 
     async def arm(self) -> None:
-        """Read the counter before the background is sent."""
+        """Read the counters before the background is sent."""
         import httpx
 
         async with httpx.AsyncClient() as client:
-            self._queries = (await self._read(client))[0]
+            self._queries, self._generated, _ = await self._read(client)
 
-    async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+    async def holding(self, prompt_tokens: int, blocks: int, max_decoded: int, timeout_s: float) -> None:
         """Return, the engine stopped, once it admitted `prompt_tokens` more prompt tokens and holds
-        `blocks` blocks."""
+        `blocks` blocks; `NotTogether` when it decoded more than `max_decoded` tokens by then."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
         try:
+            self._stop()  # at once: making the HTTP client below took 0.3 s once, time enough for the background to run to its end
             async with httpx.AsyncClient() as client:
                 while True:
                     self._stop()
                     await asyncio.sleep(self.PULSE_S)  # the step's stats in flight reach the API server
-                    queries, usage = await self._read(client)
+                    queries, generated, usage = await self._read(client)
+                    if generated - self._generated > max_decoded:  # also when it ran to its end (its blocks free again)
+                        raise NotTogether(f"the background decoded {generated - self._generated:.0f} tokens before the engine "
+                                          f"was held, more than the {max_decoded} that leave C time to finish before B's room")
                     if queries >= self._queries + prompt_tokens and usage * KV_BLOCKS >= blocks - 0.5:
                         return
                     if time.monotonic() > deadline:
@@ -561,6 +573,20 @@ class EngineHold:
             yield
         finally:
             self._resume()
+
+    @contextmanager
+    def unread(self) -> Iterator[None]:
+        """The sidecar stopped inside the block (SIGSTOP to its process group): requests sent meanwhile
+        wait in its listening socket, their arrival not yet stamped; continued after."""
+        sidecar = self.stack.sidecar
+        if sidecar is None:
+            yield
+            return
+        try:
+            sidecar.signal(signal.SIGSTOP)
+            yield
+        finally:
+            sidecar.signal(signal.SIGCONT)
 
     def _stop(self) -> None:
         if self._stopped:
@@ -590,9 +616,36 @@ def _scenario(stack: LocalStack, model: str, keys: Mapping[str, str], system: st
         except NotTogether as exc:
             print(f"  {system}: {exc}; again", flush=True)
             continue
-        print(f"  {system}: started {order_text(run.groups)}", flush=True)
+        if stack.options.scheduler == "slaq" and stack.engine is not None:
+            run.engine_started = engine_started(stack.engine.log_path, {x: run.outcomes[x].request_id for x in "ABC"})
+        engine = f" (in the engine: {order_text(run.engine_groups)})" if run.engine_groups is not None else ""
+        print(f"  {system}: started {order_text(run.groups)}{engine}", flush=True)
         return run
     raise ScenarioError(f"scenario 4.5 under {system}: A, B and C were never sent together in {attempts} attempts")
+
+
+def engine_started(log_path: Path, request_ids: Mapping[str, str | None], timeout_s: float = 10.0) -> dict[str, float]:
+    """When slaq's engine first scheduled each request (by letter, epoch seconds: its request-log
+    line's arrival `time` plus `queue_wait_s`, both the engine's own), read from the engine's log;
+    a letter whose line has not appeared within `timeout_s` (the line is written when the request
+    leaves the engine) is left out."""
+    wanted = {rid: letter for letter, rid in request_ids.items() if rid}
+    found: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if not line.startswith("{") or '"engine_request"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+                letter = wanted.get(record.get("request_id"))
+                if letter is not None and record.get("event") == "engine_request":
+                    found[letter] = datetime.fromisoformat(record["time"]).timestamp() + float(record["queue_wait_s"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        if len(found) == len(wanted) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def _wait_ready(stack: LocalStack, timeout_s: float = 30.0) -> None:

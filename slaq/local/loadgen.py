@@ -56,6 +56,7 @@ class Outcome:
     finished: bool = False
     ended_at: float | None = None  # seconds after the plan's start, when the response ended
     late_s: float = 0.0  # how long after its planned time the request was sent (the client's CPU wait)
+    request_id: str | None = None  # the sidecar's id for it (its x-request-id answer header)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ async def stream_one(url: str, model: str, request: PlannedRequest, origin: floa
     result = await post_stream(url + "/v1/completions", request_body(model, request), {"Authorization": f"Bearer {request.key}"},
                                on_first_token=None if first_token is None else first_token.set, lazy_after_first_token=lazy)
     outcome.status = result.status
+    outcome.request_id = result.request_id
     if result.first_token_at is not None:
         outcome.ttft_s = result.first_token_at - started
         outcome.first_token_at = result.first_token_at - origin

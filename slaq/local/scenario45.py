@@ -39,13 +39,18 @@ KV_BLOCKS = 64
 ARRIVAL_ORDER = ("B", "A", "C")
 ARRIVAL_GAP_S = 0.005
 TOGETHER_S = 0.03
-# With a `hold` (the engine's scheduler stopped): how long A, B and C are given to reach the
-# engine's input queue before it continues; a run where one was sent later than half of it is
-# run again. The sidecar and the API server have the CPU to themselves meanwhile: handing a
-# request over takes milliseconds. Not longer: the objectives' clocks run from the sidecar's
-# arrival stamp, and a hold past half of B's (about 1 s in the demo) would end the backfill
-# window the report's answer rests on (C passes B only while B can still wait).
+# With a `hold` (the engine's scheduler stopped): how long the background, and then A, B and C, are
+# given to be sent; a run where one of A, B and C was sent later than half of it is run again. A,
+# B and C are sent while the sidecar is stopped too: they wait in its listening socket, unread, so
+# their objectives' clocks (from the sidecar's arrival stamp) have not started. Then the sidecar
+# reads, stamps and forwards all three, and the API server hands them to the engine's input queue,
+# with the CPU to themselves (the engine still stopped), in `HANDOVER_S`; the engine continues
+# after it. The clocks run for that handover only: a calibrated A objective can be 30 ms (three
+# times its unloaded p90), and B's backfill window (half of its objective, `backfillSlack`) about
+# 80 ms; once a 100 ms hold ran on their clocks, A's deadline had passed and B's window had closed
+# before the engine's first step, which then kept C behind B.
 SETTLE_S = 0.1
+HANDOVER_S = 0.015
 REPORT_ORDER = {"fcfs": ("B", "A", "C"), "priority": ("A", "B", "C"), "slaq": ("A", "C", "B")}
 REPORT_ANSWER = {
     "fcfs": "arrival order: B first holds the KV cache, A and C wait (A's SLO lost)",
@@ -95,7 +100,17 @@ class KvPlan:
         held_when_done = [s.blocks_when_done() for s in self.background]
         if b.blocks_at_admission() > self.kv_blocks - sum(held_when_done) + min(held_when_done):
             out.append("B does not fit even once one background request is done")
+        if self.decode_margin() < 1:
+            out.append("C cannot finish before a background request does: serving it first would delay B")
         return out
+
+    def decode_margin(self) -> int:
+        """The most tokens each background request may have decoded when A, B and C arrive for C to
+        be done (its prefill step and its output) before a background request frees B's room. Past
+        it, serving C beside A would delay B, and a backfilling scheduler rightly makes C wait: the
+        run would not ask the report's question."""
+        c = self.requests["C"]
+        return min(s.output_tokens for s in self.background) - (1 + c.output_tokens)
 
 
 @dataclass
@@ -103,28 +118,31 @@ class ScenarioRun:
     system: str
     outcomes: dict[str, Outcome]  # by letter: A, B, C
     held_until: float | None = None  # when the engine continued after a `hold` (seconds since the run's origin)
+    # When the engine first scheduled each letter (epoch seconds, from slaq's engine request log;
+    # empty for stock vLLM, which keeps none): the scheduler's own order.
+    engine_started: dict[str, float] = field(default_factory=dict)
 
     @property
     def order(self) -> list[str]:
         """The letters in the order their first tokens came back; a request without one comes last."""
-        started = [x for x in self.outcomes if self.outcomes[x].first_token_at is not None]
-        started.sort(key=lambda x: self.outcomes[x].first_token_at)  # type: ignore[arg-type, return-value]
-        return started + [x for x in self.outcomes if x not in started]
+        return _ordered({x: o.first_token_at for x, o in self.outcomes.items()})
 
     @property
     def groups(self) -> list[list[str]]:
         """`order` cut where first tokens came more than `TOGETHER_S` apart: a group started in one go
         (the client's own reading spreads one engine step's tokens over a few milliseconds)."""
-        out: list[list[str]] = []
-        last: float | None = None
-        for letter in self.order:
-            at = self.outcomes[letter].first_token_at
-            if out and at is not None and last is not None and at - last <= TOGETHER_S:
-                out[-1].append(letter)
-            else:
-                out.append([letter])
-            last = at
-        return out
+        return _grouped({x: o.first_token_at for x, o in self.outcomes.items()})
+
+    @property
+    def engine_groups(self) -> list[list[str]] | None:
+        """The letters grouped as the engine first scheduled them (`TOGETHER_S` apart: a group started
+        in one step); None without the engine's log. The client's view (`groups`) is this one seen
+        through the API server, the sidecar and this client's reading: on a busy two-core machine a
+        stall there delivered the first tokens of A, C and then B (admitted 200 ms apart) in one go."""
+        if set(self.engine_started) != set(self.outcomes):
+            return None
+        # within a step there is no order (the times are the engine's millisecond stamps plus waits)
+        return [sorted(group) for group in _grouped(dict(self.engine_started))]
 
     def ttft_ms(self, letter: str) -> float | None:
         """From its send, or, under a hold, from when the engine continued (the wait for the hold is
@@ -143,7 +161,28 @@ class ScenarioRun:
         return {"order": self.order, "together": self.groups, "arrival_order": list(ARRIVAL_ORDER), "report_order": list(REPORT_ORDER[self.system]),
                 "ttft_ms": {x: self.ttft_ms(x) for x in "ABC"}, "finished": {x: self.finished(x) for x in "ABC"},
                 "sent_ms": {x: _ms(self.outcomes[x].sent_at) for x in "ABC"},
-                "first_token_ms": {x: _ms(self.outcomes[x].first_token_at) for x in "ABC"}}
+                "first_token_ms": {x: _ms(self.outcomes[x].first_token_at) for x in "ABC"},
+                "engine_together": self.engine_groups}
+
+
+def _ordered(times: Mapping[str, float | None]) -> list[str]:
+    """The letters by time; those without one last, in their given order."""
+    timed = sorted((x for x in times if times[x] is not None), key=lambda x: times[x])  # type: ignore[arg-type, return-value]
+    return timed + [x for x in times if times[x] is None]
+
+
+def _grouped(times: Mapping[str, float | None]) -> list[list[str]]:
+    """`_ordered`, cut where two times are more than `TOGETHER_S` apart."""
+    out: list[list[str]] = []
+    last: float | None = None
+    for letter in _ordered(times):
+        at = times[letter]
+        if out and at is not None and last is not None and at - last <= TOGETHER_S:
+            out[-1].append(letter)
+        else:
+            out.append([letter])
+        last = at
+    return out
 
 
 def scenario_requests(seed: int, keys: Mapping[str, str], priorities: Mapping[str, int | None], background_key: str,
@@ -163,13 +202,18 @@ class Hold(Protocol):
     async def arm(self) -> None:
         """Called before the background is sent."""
 
-    async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+    async def holding(self, prompt_tokens: int, blocks: int, max_decoded: int, timeout_s: float) -> None:
         """Return once the engine admitted `prompt_tokens` more prompt tokens and holds `blocks`
-        blocks (it may return with the engine already stopped)."""
+        blocks (it may return with the engine already stopped); raise `NotTogether` when it had
+        decoded more than `max_decoded` tokens by then."""
 
     def stopped(self) -> AbstractContextManager[object]:
         """The engine's scheduler does not run inside it; requests sent meanwhile reach its input
         queue; after it, the engine runs."""
+
+    def unread(self) -> AbstractContextManager[object]:
+        """Requests sent inside it are not read (nor stamped) by the sidecar until it ends (a stack
+        without a sidecar: nothing to do)."""
 
 
 async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str], priorities: Mapping[str, int | None],
@@ -177,10 +221,16 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
                        timeout_s: float = 60.0, hold: Hold | None = None) -> ScenarioRun:
     """Fill the KV cache with the background, then send B, A, C together; `keys`/`priorities` by letter.
 
-    With a `hold` (the demo's): once the engine itself says it holds the background's blocks
-    (`KvPlan`'s count at admission), its scheduler is stopped, A, B and C are sent and given
-    `SETTLE_S` to reach its input queue, so its first step after the hold finds all three beside the
-    background however slowly this machine streams tokens or hands requests over. Without one, the
+    With a `hold` (the demo's): the background is sent while the engine's scheduler is stopped and
+    given `SETTLE_S` to reach its input queue, so one step admits all of it and it decodes in step
+    (sent to a running engine, the first could be far along before the last was handed over on a
+    busy machine, and one close to its end rightly keeps C waiting for B). Once the engine itself
+    says it holds the background's blocks (`KvPlan`'s count at admission), having decoded no more
+    than `KvPlan.decode_margin` tokens each, its scheduler is stopped, A, B and C are sent to the
+    stopped sidecar within `SETTLE_S`, and the sidecar and the API server get `HANDOVER_S` to put
+    them in the engine's input queue, so its first step after the hold finds all three beside the
+    background however slowly this machine streams tokens or hands requests over, with their
+    objectives' clocks `HANDOVER_S` old. Without one, the
     background holds its blocks once its first tokens are back, and the three are sent
     `ARRIVAL_GAP_S` apart and must leave within `TOGETHER_S`.
 
@@ -191,30 +241,41 @@ async def run_scenario(system: str, url: str, model: str, keys: Mapping[str, str
         await hold.arm()
     origin = time.monotonic()
     decoding = [asyncio.Event() for _ in background]
-    running = [asyncio.create_task(stream_one(url, model, r, origin, event)) for r, event in zip(background, decoding)]
+    running: list[asyncio.Task] = []
+    with hold.stopped() if hold is not None else nullcontext():
+        running += [asyncio.create_task(stream_one(url, model, r, origin, event)) for r, event in zip(background, decoding)]
+        if hold is not None:
+            await asyncio.sleep(SETTLE_S)
     if hold is not None:
-        await hold.holding(sum(r.prompt_tokens for r in background), KV_BLOCKS - KvPlan().free_blocks(background_done=False), timeout_s)
+        plan = KvPlan()
+        await hold.holding(sum(r.prompt_tokens for r in background), KV_BLOCKS - plan.free_blocks(background_done=False),
+                           plan.decode_margin() * len(background), timeout_s)
     else:  # the background holds its KV blocks once it decodes: its first token is back
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in decoding)), timeout_s)
     trio: dict[str, asyncio.Task] = {}
     held_until: float | None = None
+    read_from: float | None = None
     with hold.stopped() if hold is not None else nullcontext():
         if ended := [t.result() for t in running if t.done()]:
             raise NotTogether(f"a background request ended before A, B and C were sent (status {ended[0].status}, "
                               f"{'finished' if ended[0].finished else 'not finished'})")
-        for n, request in enumerate(trio_requests):
-            if n:
-                await asyncio.sleep(ARRIVAL_GAP_S)
-            # A new connection is made by the kernel's handshake alone (the server accepts it when it
-            # gets to it), so sending on one costs no more than on an open one.
-            trio[request.letter] = asyncio.create_task(stream_one(url, model, request, origin))
+        with hold.unread() if hold is not None else nullcontext():
+            for n, request in enumerate(trio_requests):
+                if n:
+                    await asyncio.sleep(ARRIVAL_GAP_S)
+                # A new connection is made by the kernel's handshake alone (the server accepts it when it
+                # gets to it), so sending on one costs no more than on an open one.
+                trio[request.letter] = asyncio.create_task(stream_one(url, model, request, origin))
+            if hold is not None:
+                await asyncio.sleep(SETTLE_S)
+                read_from = time.monotonic() - origin
         if hold is not None:
-            await asyncio.sleep(SETTLE_S)
+            await asyncio.sleep(HANDOVER_S)
             held_until = time.monotonic() - origin
     await asyncio.wait_for(asyncio.gather(*trio.values(), *running), timeout_s)
     sent = [task.result().sent_at for task in trio.values()]
-    if held_until is not None and max(sent) > held_until - SETTLE_S / 2:
-        raise NotTogether(f"a request was sent {1000 * (held_until - max(sent)):.0f} ms before the engine continued, "
+    if read_from is not None and max(sent) > read_from - SETTLE_S / 2:
+        raise NotTogether(f"a request was sent {1000 * (read_from - max(sent)):.0f} ms before the sidecar read it, "
                           f"less than half of the {SETTLE_S:g} s it is given to arrive")
     if held_until is None and max(sent) - min(sent) > TOGETHER_S:
         # This client's event loop was held up between two sends (it happens on a busy machine):

@@ -33,6 +33,7 @@ class StreamResult:
     ended_at: float | None = None  # time.monotonic() when the response ended (or broke)
     done: bool = False  # the stream ended with its [DONE] event
     error: str | None = None
+    request_id: str | None = None  # the response's x-request-id (the sidecar's id for the request)
 
 
 class ChunkedDecoder:
@@ -146,6 +147,8 @@ class _StreamProtocol(asyncio.Protocol):
                 self._chunked = ChunkedDecoder()
             elif name == b"content-length":
                 self._body_left = int(value.strip())
+            elif name == b"x-request-id":
+                self.result.request_id = value.strip().decode("ascii", "replace")
 
     def _payload(self, payload: bytes) -> None:
         if self.result.first_token_at is None and self.result.status == 200:

@@ -130,8 +130,12 @@ def test_the_kv_plan_leaves_room_for_a_and_c_but_not_b() -> None:
     assert b.blocks_at_admission() > plan.free_blocks(background_done=False)
     assert KvPlan(kv_blocks=KV_BLOCKS + 8).problems() == ["B fits beside the background: nothing waits"]
     assert "A and C do not both fit beside the background" in KvPlan(kv_blocks=34).problems()
-    small_first = KvPlan(background=(*KvPlan().background, Sized(32, 0)))  # it frees only one block when it ends
-    assert small_first.problems() == ["B does not fit even once one background request is done"]
+    small_first = KvPlan(background=(*KvPlan().background, Sized(32, 16)))  # it frees only two blocks when it ends
+    assert small_first.problems() == ["B does not fit even once one background request is done",
+                                      "C cannot finish before a background request does: serving it first would delay B"]
+    short = KvPlan(background=(Sized(544, 16),) * 3)  # done in 16 steps; C takes 17 (its prefill and 16 tokens)
+    assert short.decode_margin() == -1
+    assert short.problems() == ["C cannot finish before a background request does: serving it first would delay B"]
 
 
 def test_no_two_scenario_runs_send_a_prompt_block_twice() -> None:
@@ -160,6 +164,48 @@ def test_the_order_is_the_first_tokens_order_and_close_ones_started_together() -
     assert data["order"] == ["B", "C", "A"] and data["report_order"] == ["B", "A", "C"] and data["finished"]["A"] is False
     block = scenario_block([run, late])
     assert "[A C], B" in block and "A and C first" in block and "not finished: A" in block
+
+
+def test_the_engine_order_comes_from_the_engines_request_log_whatever_the_client_saw(tmp_path: Path) -> None:
+    from slaq.local.demo import engine_started
+
+    def line(request_id: str, arrived: str, queue_wait_s: float) -> str:
+        return json.dumps({"time": arrived, "event": "engine_request", "request_id": request_id, "tenant": "t", "tier": "standard",
+                           "queue_wait_s": queue_wait_s, "engine_s": 0.3})
+
+    log = tmp_path / "engine-slaq.log"
+    log.write_text("\n".join([
+        "INFO:     127.0.0.1:43110 - \"POST /v1/completions HTTP/1.1\" 200 OK",
+        line("other", "2026-12-02T22:12:35.000Z", 0.5),
+        line("rid-a", "2026-12-02T22:12:35.480Z", 0.001),
+        line("rid-b", "2026-12-02T22:12:35.479Z", 0.200),  # waited for the background's blocks
+        '{"event": "engine_request", "request_id": "rid-c"',  # a torn line is skipped
+        line("rid-c", "2026-12-02T22:12:35.481Z", 0.0005),
+    ]) + "\n")
+    started = engine_started(log, {"A": "rid-a", "B": "rid-b", "C": "rid-c"}, timeout_s=0.0)
+    assert set(started) == {"A", "B", "C"} and started["B"] - started["A"] == pytest.approx(0.198, abs=1e-6)
+    # the client got all three first tokens in one go (a stall on the way out); the engine did not start them so
+    run = ScenarioRun("slaq", {"A": _outcome("A", 0.260), "B": _outcome("B", 0.2601), "C": _outcome("C", 0.2602)}, engine_started=started)
+    assert run.groups == [["A", "B", "C"]] and run.engine_groups == [["A", "C"], ["B"]]
+    assert run.as_json()["engine_together"] == [["A", "C"], ["B"]]
+    missing = engine_started(log, {"A": "rid-a", "B": "rid-x", "C": "rid-c"}, timeout_s=0.0)
+    assert set(missing) == {"A", "C"}
+    assert ScenarioRun("slaq", run.outcomes, engine_started=missing).engine_groups is None
+    assert ScenarioRun("fcfs", run.outcomes).as_json()["engine_together"] is None  # stock vLLM keeps no such log
+
+
+def test_the_client_keeps_the_answers_request_id() -> None:
+    async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nX-Request-Id: 3f2a9c\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(chunk(sse_event("x")) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async def go() -> Outcome:
+        server, url, _ = await serve(handler)
+        async with server:
+            return await stream_one(url, "m", PlannedRequest(0.0, "A", "k", 4, 2, 1), time.monotonic())
+
+    outcome = asyncio.run(go())
+    assert outcome.finished and outcome.request_id == "3f2a9c"
 
 
 # ---------------------------------------------------------------- the client
@@ -303,36 +349,59 @@ def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: d
 
 
 def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_counts_from_there() -> None:
-    """The demo's hold (the engine core stopped): the fake engine answers nothing of A, B and C until
-    the hold ends, however late the client's loop sent them, and the background keeps its stream."""
+    """The demo's hold (the engine core stopped): the background arrives while the engine is stopped
+    (one step admits all of it); the fake engine answers nothing of A, B and C until the second hold
+    ends, however late the client's loop sent them, and the background keeps its stream."""
     from contextlib import contextmanager
 
-    from slaq.local.scenario45 import BACKGROUND, SETTLE_S, run_scenario
+    from slaq.local.scenario45 import BACKGROUND, SETTLE_S, KvPlan, run_scenario
 
     background = BACKGROUND[0].prompt_tokens
     first_token_after_s = {100: 0.01, 500: 0.2, 10: 0.06}
     seen: list[int] = []
+    background_stopped: list[bool] = []  # for each background request: was the engine stopped when it arrived?
+    trio_unread: list[bool] = []  # for each of A, B and C: was the sidecar stopped when it was sent?
 
     async def go() -> ScenarioRun:
         released = asyncio.Event()
 
         class Hold:
+            stops, inside, unread_inside = 0, False, False
+
             async def arm(self) -> None:
                 pass
 
-            async def holding(self, prompt_tokens: int, blocks: int, timeout_s: float) -> None:
+            async def holding(self, prompt_tokens: int, blocks: int, max_decoded: int, timeout_s: float) -> None:
                 assert prompt_tokens == 3 * background and blocks == 3 * BACKGROUND[0].blocks_at_admission()
+                assert max_decoded == 3 * KvPlan().decode_margin() == 3 * (64 - 17)  # C's 16 tokens and its prefill step
+                assert self.stops == 1 and not self.inside  # after the background's hold
                 await asyncio.sleep(0.05)  # the fake background streams for 0.3 s
 
             @contextmanager
             def stopped(self):
+                self.stops += 1
+                self.inside = True
                 yield
-                released.set()
+                self.inside = False
+                if self.stops == 2:  # the trio's hold
+                    released.set()
+
+            @contextmanager
+            def unread(self):
+                assert self.inside and self.stops == 2  # inside the trio's hold
+                self.unread_inside = True
+                yield
+                self.unread_inside = False
+
+        hold = Hold()
 
         async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
             n = len(body["prompt"])
-            if n != background:
+            if n == background:
+                background_stopped.append(hold.inside)
+            else:
                 seen.append(n)
+                trio_unread.append(hold.unread_inside)
                 time.sleep(0.2 if n == 500 else 0.0)  # reading B holds the loop up: no matter under a hold
                 await released.wait()
             await asyncio.sleep(0.0 if n == background else first_token_after_s[n])
@@ -342,9 +411,10 @@ def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_c
 
         server, url, _ = await serve(handler)
         async with server:
-            return await run_scenario("slaq", url, "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k", hold=Hold())
+            return await run_scenario("slaq", url, "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k", hold=hold)
 
     run = asyncio.run(go())
+    assert background_stopped == [True, True, True] and trio_unread == [True, True, True]
     assert sorted(seen) == [10, 100, 500] and run.held_until is not None and run.held_until >= SETTLE_S
     assert run.order == ["A", "C", "B"]
     assert run.ttft_ms("A") == round(1000 * (run.outcomes["A"].first_token_at - run.held_until), 1)  # from the hold's end
