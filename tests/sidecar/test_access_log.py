@@ -111,7 +111,7 @@ def test_off_writes_nothing(sidecar) -> None:
     assert buffer.getvalue() == ""
 
 
-def test_the_request_id_is_the_clients_x_request_id_and_reaches_the_engine_in_header_and_xargs(sidecar, fake_upstream) -> None:
+def test_the_request_id_is_the_sidecars_own_not_the_clients_x_request_id_and_reaches_the_engine_in_header_and_xargs(sidecar, fake_upstream) -> None:
     fake = fake_upstream[0]
     fake.received.clear()
     fake.received_headers.clear()
