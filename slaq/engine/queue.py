@@ -224,6 +224,8 @@ class SLARequestQueue(RequestQueue):
         still has `backfill_slack` of its horizon left, or held for a higher-tier request passed
         over for blocks (see the module doc)."""
         reason = self.admission(request)  # type: ignore[misc]
+        if reason is None and not self._short_of_blocks:
+            return False  # the common case, first: admissible, and no one passed over for blocks
         info = self._info_of(request)
         if reason is None:
             ahead = [r for rank, r in self._short_of_blocks if rank < info.tier_rank]
