@@ -1,4 +1,4 @@
-"""The control plane of the e2e tests without a cluster: the Kubernetes API emulator (slaq/testing/kube.py)
+"""The control plane of the e2e tests without a cluster: the Kubernetes API emulator (tools/src/slaq/testing/kube.py)
 served from a thread of its own, and slaq's operator (OperatorThread) reconciling against it.
 
 Tests talk to the emulator over HTTP like to an API server (`ControlPlane.create/get`), so a

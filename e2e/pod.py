@@ -83,7 +83,7 @@ class PodSpecRun:
         container = self.container(name)
         mounts = self._mounts(container)
         program = shutil.which(container["command"][0])
-        assert program, f"{container['command'][0]} is not on PATH (pip install -e .)"
+        assert program, f"{container['command'][0]} is not on PATH (scripts/setup.sh installs it)"
         rest = [*container["command"][1:], *self._remap_ports(name, container["args"])]
         argv = [program, *(self._local_path(a, mounts) for a in rest)]  # the program is this machine's, not the image's
         env = dict(os.environ)  # the image's environment

@@ -8,7 +8,7 @@
 # 2. erase test: the real-engine KV erase test and its negative control on the GPU engine: Llama-3-8B
 #                geometry with dummy weights (nothing downloaded), the tiny model's tokenizer (vocab
 #                512, so answers detokenize), vLLM block size 128 as on CPU, 10 blocks -> DIR/erase-test.log
-# 3. step times: measured prefill and decode steps beside slaq/bench/models/h200-llama3-8b.yaml's
+# 3. step times: measured prefill and decode steps beside tools/src/slaq/bench/models/h200-llama3-8b.yaml's
 #                prediction, to calibrate it (scripts/gpu_step_times.py)                -> DIR/step_times.json
 # 4. seal cost:  the KV connector worker's seal and open of a Llama-3-8B block, device-to-host copies
 #                included, to calibrate the profile's gpu.host_seal_gb_s

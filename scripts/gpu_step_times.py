@@ -1,5 +1,5 @@
 """Measured vLLM step times for Llama-3-8B geometry (dummy weights, nothing downloaded), beside what
-`slaq/bench/models/h200-llama3-8b.yaml` predicts, so its efficiencies and overhead can be calibrated.
+`tools/src/slaq/bench/models/h200-llama3-8b.yaml` predicts, so its efficiencies and overhead can be calibrated.
 
     python scripts/gpu_step_times.py model-dir [--out FILE] [--write-model-only] [--vocab N]
 

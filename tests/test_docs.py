@@ -11,7 +11,8 @@ Checked in every doc (tests/support/docs.py says which files those are):
 - every dotted `slaq.…` name resolves to a package, a module, or a name a module defines.
 
 Decision records (docs/decisions/NNNN-title.md) are docs like the others, their bare file names
-looked up in the whole repository; each has a `# NNNN: title` heading and the sections Context,
+looked up in the whole repository (a superseded record's paths are those of the layout it describes,
+and are not checked); each has a `# NNNN: title` heading and the sections Context,
 Decision, Consequences and Measurement, in that order, and docs/decisions/README.md lists each.
 """
 
@@ -20,12 +21,12 @@ from __future__ import annotations
 import ast
 import functools
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from tests.support.docs import NOT_DOCS, REPO_ROOT, inline_spans, repository_docs, split_code
+from tests.support.layout import COMPONENTS, module_path
 
 WORK_SESSION = re.compile(r"\bsessions?\b", re.IGNORECASE)
 TECHNICAL_SESSION = re.compile(
@@ -36,8 +37,10 @@ CHECKED_SUFFIXES = (".py", ".md", ".sh", ".toml", ".txt", ".csv", ".tpl")
 PROSE_PATH = re.compile(r"(?<![\w./-])(?:\.\.?/)?[\w.-]+/[\w./{},-]*\.\w+")
 DOTTED = re.compile(r"(?<![\w./-])slaq(?:\.[A-Za-z_]\w*)+")
 API_GROUP = "slaq.dev"  # the CRDs' API group, a domain name, not a module
+COMMANDS_GROUP = "slaq.commands"  # the entry-point group of the `slaq` command's subcommands, not a module
 DECISIONS = REPO_ROOT / "docs" / "decisions"
 RECORD_NAME = re.compile(r"^(\d{4})-[a-z0-9]+(?:-[a-z0-9]+)*\.md$")
+SUPERSEDED = re.compile(r"^Status: superseded", re.MULTILINE)
 RECORD_SECTIONS = ("Context", "Decision", "Consequences", "Measurement")
 
 
@@ -49,8 +52,8 @@ def _scopes(doc: Path) -> list[Path]:
     if doc.parent == DECISIONS:
         return [REPO_ROOT]  # a decision record may name a file of any component
     if doc.parent == REPO_ROOT / "docs":
-        component = REPO_ROOT / "slaq" / doc.stem
-        return [doc.parent, component] if component.is_dir() else [REPO_ROOT]
+        component = REPO_ROOT / doc.stem
+        return [doc.parent, component] if doc.stem in COMPONENTS else [REPO_ROOT]
     return [doc.parent]
 
 
@@ -89,19 +92,12 @@ def missing_path(doc: Path, token: str) -> str | None:
                     return f"{name} does not exist"
             elif (doc.parent / first).exists() and not (doc.parent / path).exists():
                 return f"{name} does not exist beside {doc.relative_to(REPO_ROOT)}"
-            elif not (doc.parent / first).exists() and (REPO_ROOT / "slaq" / first).is_dir():
-                return f"{name} does not exist: the folder is slaq/{first}/"
+            elif not (doc.parent / first).exists() and first == "slaq":
+                return f"{name} does not exist: the code is in the components' folders (core/src/slaq/, engine/src/slaq/, …)"
         elif path.endswith(CHECKED_SUFFIXES) and not any(path in _names_under(scope) for scope in _scopes(doc)):
             where = ", ".join(f"{scope.relative_to(REPO_ROOT)}/" if scope != REPO_ROOT else "the repository" for scope in _scopes(doc))
             return f"{name} is in no folder the doc describes ({where})"
     return None
-
-
-@functools.cache
-def _package_dirs() -> dict[str, Path]:
-    """Import names and their folders: every package is the folder of its name under slaq/."""
-    packages = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    return {name: REPO_ROOT.joinpath(*name.split(".")) for name in packages}
 
 
 @functools.cache
@@ -121,22 +117,17 @@ def _defined_names(module: Path) -> frozenset[str]:
 def unresolved_module(dotted: str) -> str | None:
     """Why `slaq.x.y` names no package, module or module-level name of the repository (None: it does)."""
     parts = dotted.split(".")
-    prefix = max((name for name in _package_dirs() if parts[:len(name.split("."))] == name.split(".")), key=len)
-    folder, rest = _package_dirs()[prefix], parts[len(prefix.split(".")):]
-    for index, name in enumerate(rest):
-        if (folder / name / "__init__.py").is_file():
-            folder = folder / name
-            continue
-        module = folder / f"{name}.py"
-        if module.is_file():
-            attributes = rest[index + 1:]
-            if attributes and attributes[0] not in _defined_names(module):
-                return f"{dotted}: {module.relative_to(REPO_ROOT)} defines no {attributes[0]}"
-            return None
-        if name not in _defined_names(folder / "__init__.py"):
-            return f"{dotted}: no module {'.'.join(parts[:len(parts) - len(rest) + index + 1])}"
+    for cut in range(len(parts), 1, -1):
+        if (path := module_path(".".join(parts[:cut]))) is not None:
+            break
+    else:
+        return f"{dotted}: no module {'.'.join(parts[:2])}"
+    rest = parts[cut:]
+    if not rest or rest[0] in _defined_names(path):
         return None
-    return None
+    if path.name == "__init__.py":
+        return f"{dotted}: no module {'.'.join(parts[:cut + 1])}"
+    return f"{dotted}: {path.relative_to(REPO_ROOT)} defines no {rest[0]}"
 
 
 def problems(doc: Path) -> list[str]:
@@ -149,8 +140,10 @@ def problems(doc: Path) -> list[str]:
                 found.append(f"{number}: says {line[max(0, match.start() - 20):match.end() + 10].strip()!r}")
         for match in DOTTED.finditer(line):
             name = match.group(0)
-            if name != API_GROUP and not name.startswith(API_GROUP + ".") and (reason := unresolved_module(name)):
+            if name not in (API_GROUP, COMMANDS_GROUP) and not name.startswith(API_GROUP + ".") and (reason := unresolved_module(name)):
                 found.append(f"{number}: {reason}")
+    if doc.parent == DECISIONS and SUPERSEDED.search(text):
+        return sorted(set(found), key=lambda item: int(item.split(":")[0]))  # the paths of a layout that is gone
     code, prose = split_code(text)
     candidates = [(line.number, token) for line in [*code, *inline_spans(prose)] for token in line.text.split()]
     candidates += [(line.number, m.group(0)) for line in prose for m in PROSE_PATH.finditer(line.text)]
@@ -166,19 +159,21 @@ def test_doc_speaks_of_the_project_as_it_is(doc: Path) -> None:
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    engine_doc = REPO_ROOT / "slaq" / "engine" / "README.md"
-    assert missing_path(engine_doc, "`fairness.py`") == "fairness.py is in no folder the doc describes (slaq/engine/)"
-    assert missing_path(engine_doc, "planner.py") is None  # slaq/engine/kv_security/planner.py
-    assert missing_path(REPO_ROOT / "README.md", "slaq/engine/fairness.py") == "slaq/engine/fairness.py does not exist"
-    assert missing_path(REPO_ROOT / "README.md", "engine/blocks.py") == "engine/blocks.py does not exist: the folder is slaq/engine/"
-    assert missing_path(REPO_ROOT / "README.md", "(slaq/bench/README.md).") is None
+    engine_doc = REPO_ROOT / "engine" / "README.md"
+    assert missing_path(engine_doc, "`fairness.py`") == "fairness.py is in no folder the doc describes (engine/)"
+    assert missing_path(engine_doc, "planner.py") is None  # engine/src/slaq/engine/kv_security/planner.py
+    assert missing_path(REPO_ROOT / "README.md", "engine/src/slaq/engine/fairness.py") == "engine/src/slaq/engine/fairness.py does not exist"
+    assert missing_path(REPO_ROOT / "README.md", "engine/blocks.py") == "engine/blocks.py does not exist"
+    assert missing_path(REPO_ROOT / "README.md", "slaq/engine/blocks.py") == (
+        "slaq/engine/blocks.py does not exist: the code is in the components' folders (core/src/slaq/, engine/src/slaq/, …)")
+    assert missing_path(REPO_ROOT / "README.md", "(tools/src/slaq/bench/README.md).") is None
     assert missing_path(REPO_ROOT / "docs" / "DESIGN.md", "../../shared/traces/x.csv") == "../../shared/traces/x.csv is outside the repository"
-    assert missing_path(REPO_ROOT / "docs" / "sidecar.md", "tests/sidecar/test_{queue,nothing}.py") == "tests/sidecar/test_nothing.py does not exist"
-    assert missing_path(REPO_ROOT / "docs" / "operator.md", "handlers.py") is None  # slaq/operator/handlers.py
+    assert missing_path(REPO_ROOT / "sidecar" / "README.md", "tests/sidecar/test_{queue,nothing}.py") == "tests/sidecar/test_nothing.py does not exist"
+    assert missing_path(REPO_ROOT / "operator" / "README.md", "handlers.py") is None  # operator/src/slaq/operator/handlers.py
     assert missing_path(REPO_ROOT / "README.md", "autoscaling/v2") is None and missing_path(REPO_ROOT / "README.md", "/etc/slaq") is None
     assert unresolved_module("slaq.scoring") == "slaq.scoring: no module slaq.scoring"
     assert unresolved_module("slaq.api.contract.RequestSLA.to_xargs") is None
-    assert unresolved_module("slaq.api.contract.NoSuchThing") == "slaq.api.contract.NoSuchThing: slaq/api/contract.py defines no NoSuchThing"
+    assert unresolved_module("slaq.api.contract.NoSuchThing") == "slaq.api.contract.NoSuchThing: core/src/slaq/api/contract.py defines no NoSuchThing"
     assert unresolved_module("slaq.engine.kv_security.seal_cost") is None and unresolved_module("slaq.operator") is None
     said = ["(session 7)", "Until this session the", "in Session 5,"]
     technical = ["an HTTP session", "a TLS session ticket", 'scope="session"', "session affinity", "aiohttp's ClientSession"]
@@ -223,7 +218,7 @@ def test_decision_records_are_numbered_once_each_and_all_in_the_index() -> None:
 
 
 def test_the_record_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    assert missing_path(DECISIONS / "0001-x.md", "queue.py") is None  # slaq/engine/queue.py, slaq/sidecar/queue.py
+    assert missing_path(DECISIONS / "0001-x.md", "queue.py") is None  # engine/src/slaq/engine/queue.py, sidecar/src/slaq/sidecar/queue.py
     assert missing_path(DECISIONS / "0001-x.md", "nowhere.py") == "nowhere.py is in no folder the doc describes (the repository)"
     good = tmp_path / "0007-one-rule.md"
     good.write_text("# 0007: One rule\n\n## Context\n\n## Decision\n\n## Consequences\n\n## Measurement\n")

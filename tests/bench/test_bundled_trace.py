@@ -33,7 +33,7 @@ def test_the_code_trace_is_bundled_whole_and_named_by_trace_code(tmp_path: Path)
 
 
 def test_every_file_of_the_traces_folder_is_package_data_with_its_attribution() -> None:
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["slaq.bench"]
+    patterns = tomllib.loads((ROOT / "tools" / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["slaq.bench"]
     folder = BUNDLED_TRACE.parent
     shipped = sorted(p.relative_to(folder.parent).as_posix() for p in folder.iterdir())
     assert shipped == ["traces/README.md", "traces/azure_llm_code_2023.csv", "traces/azure_llm_conv_2023.csv"]

@@ -98,7 +98,7 @@ def test_commands_are_found_in_code_blocks_and_prose() -> None:
 
 def test_the_readmes_show_commands() -> None:
     places = {place.split(":")[0] for place in COMMANDS.values()}
-    assert {"README.md", "slaq/bench/README.md"} <= places, places
+    assert {"README.md", "tools/src/slaq/bench/README.md"} <= places, places
 
 
 @pytest.mark.timeout(120)
@@ -115,14 +115,14 @@ def test_documented_command_runs_from_a_clone(arguments: tuple[str, ...], tmp_pa
 
 # -- slaq render, slaq validate ----------------------------------------------------------------
 CLI_COMMANDS = _all_commands(CLI_COMMAND)
-# Files a doc has the reader make before its command. docs/operator.md takes `salt.key` from the
+# Files a doc has the reader make before its command. operator/README.md takes `salt.key` from the
 # cluster (`kubectl get secret ... slaq-cache-salt-key ... | base64 -d > salt.key`): raw bytes,
 # at least 16; any 32 stand in for the cluster's here.
 READER_FILES = {"salt.key": bytes(range(32))}
 # Documented command lines that are not run, each with why (a test checks each is still documented).
 NOT_RUN = {
     ("render", "...", "|", "kubectl", "apply", "--dry-run=server", "-f", "-"):
-        "docs/operator.md: `...` stands for the arguments shown above it, and kubectl's server-side dry run needs a cluster",
+        "operator/README.md: `...` stands for the arguments shown above it, and kubectl's server-side dry run needs a cluster",
 }
 
 
@@ -167,7 +167,7 @@ def test_render_and_validate_commands_are_found_with_their_arguments() -> None:
 
 def test_the_docs_show_render_and_validate_commands() -> None:
     places = {place.split(":")[0] for place in CLI_COMMANDS.values()}
-    assert {"README.md", "docs/operator.md"} <= places, places
+    assert {"README.md", "operator/README.md"} <= places, places
     assert {arguments[0] for arguments in CLI_COMMANDS} == {"render", "validate"}
     assert set(NOT_RUN) <= set(CLI_COMMANDS), "a command NOT_RUN names is no longer in the docs"
 

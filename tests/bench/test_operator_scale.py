@@ -1,4 +1,4 @@
-"""slaq/bench/operator_scale.py at a tiny size: the real operator against the emulator, as the script runs it."""
+"""tools/src/slaq/bench/operator_scale.py at a tiny size: the real operator against the emulator, as the script runs it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "slaq" / "bench" / "operator_scale.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "src" / "slaq" / "bench" / "operator_scale.py"
 
 
 def test_the_script_prints_its_figures_as_json_and_a_change_stays_within_the_call_bound(tmp_path: Path) -> None:

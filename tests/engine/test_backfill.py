@@ -155,7 +155,7 @@ def test_lower_tier_backfill_does_not_take_the_room_a_passed_over_head_waits_for
     driver.add(*holders)  # 16 blocks each (96 of 100), one done every 5 steps
     _step(driver, clock)
     # 50 blocks; no TTFT objective, so it waits rather than preempt (as an urgent request that
-    # expects finishing requests to free its room in time does, slaq/engine/preemption.py)
+    # expects finishing requests to free its room in time does, engine/src/slaq/engine/preemption.py)
     head = make_request(Tier.STANDARD, prompt_tokens=800, max_tokens=4, arrival=clock[0])
     driver.add(head)
     added_at = driver.steps

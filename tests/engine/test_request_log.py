@@ -1,4 +1,4 @@
-"""The engine's audit line (slaq/engine/request_log.py) on the real vLLM 0.32 scheduler machinery (no model):
+"""The engine's audit line (engine/src/slaq/engine/request_log.py) on the real vLLM 0.32 scheduler machinery (no model):
 one line per request that leaves the scheduler, with the sidecar's request id, its queue waits
 and its preemptions by reason; nothing is kept once it has left."""
 

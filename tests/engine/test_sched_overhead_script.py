@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "slaq" / "bench" / "sched_overhead.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "src" / "slaq" / "bench" / "sched_overhead.py"
 
 
 def test_benchmark_prints_a_row_per_scenario_and_size(capsys: pytest.CaptureFixture[str]) -> None:

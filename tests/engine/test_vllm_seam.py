@@ -12,16 +12,18 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from slaq.engine.vllm_compat import KVCacheManager
+from tests.support.layout import module_name, python_sources
 
 ROOT = Path(__file__).resolve().parents[2]
-SEAM = ROOT / "slaq" / "engine" / "vllm_compat"
+SEAM = ROOT / "engine" / "src" / "slaq" / "engine" / "vllm_compat"
 SEAM_MODULE = "slaq.engine.vllm_compat"
 # Scripts are not package modules but import what the package does; tests/ and e2e/ may use vLLM.
 EXTRA_FOLDERS = ("scripts",)
 
 
 def _package_sources() -> Iterator[Path]:
-    for folder in ("slaq", *EXTRA_FOLDERS):
+    yield from python_sources()
+    for folder in EXTRA_FOLDERS:
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
@@ -69,10 +71,9 @@ def _imports_the_seam(text: str) -> bool:
 
 def _seam_users() -> Iterator[str]:
     """Package modules that import the seam: the only ones that can subclass a vLLM class."""
-    for source in sorted((ROOT / "slaq").rglob("*.py")):
+    for source in python_sources():
         if source.is_relative_to(SEAM) or _imports_the_seam(source.read_text()):
-            parts = source.relative_to(ROOT).with_suffix("").parts
-            yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            yield module_name(source)
 
 
 def test_only_the_seam_imports_vllm() -> None:

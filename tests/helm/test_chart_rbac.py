@@ -1,7 +1,7 @@
 """The chart's RBAC allows every API call the real operator makes, and little more.
 
 The operator (slaq.operator.runner.run_operator, as `slaq operator` runs it, with the real
-HttpUsageSource) runs against the Kubernetes API emulator (slaq/testing/kube.py) through a whole
+HttpUsageSource) runs against the Kubernetes API emulator (tools/src/slaq/testing/kube.py) through a whole
 life cycle of the example pool and tenants: create, a pod whose sidecar (a local stand-in on
 the metrics port) reports a tenant missing its SLO (an AtRisk Event), quota change, autoscaling
 switched off, the Inference Extension InferencePool switched on and off, tenant deleted, pool

@@ -1,4 +1,4 @@
-"""The informer (slaq/operator/informer.py) against the API emulator: list, watch from the list's
+"""The informer (operator/src/slaq/operator/informer.py) against the API emulator: list, watch from the list's
 version, and a periodic relist that drops what a restarted watch would not report as deleted."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A rotated API key: from the key Secret's change to a real `slaq sidecar` process accepting it.
 
-The operator runs against the API emulator and watches the key Secret (slaq/operator/keys.py);
+The operator runs against the API emulator and watches the key Secret (operator/src/slaq/operator/keys.py);
 a stand-in for the kubelet copies the pool's table Secret into the sidecar's table file as soon
-as it changes (a real kubelet adds its own Secret-volume sync delay, see docs/operator.md); the
+as it changes (a real kubelet adds its own Secret-volume sync delay, see operator/README.md); the
 sidecar is the real process, in front of the fake engine.
 """
 

@@ -1,4 +1,4 @@
-"""The test Kubernetes API emulator (slaq/testing/kube.py) answers like an API server."""
+"""The test Kubernetes API emulator (tools/src/slaq/testing/kube.py) answers like an API server."""
 
 from __future__ import annotations
 

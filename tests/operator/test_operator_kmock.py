@@ -1,4 +1,4 @@
-"""The kopf operator, run in-process against the Kubernetes API emulator (slaq/testing/kube.py)."""
+"""The kopf operator, run in-process against the Kubernetes API emulator (tools/src/slaq/testing/kube.py)."""
 
 from __future__ import annotations
 

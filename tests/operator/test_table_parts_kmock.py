@@ -1,6 +1,6 @@
 """A pool whose tenant table outgrows one Secret (1 MiB, enforced by the emulator as by the API
 server): the operator splits it over several Secrets, the pod's projected volume gathers them,
-and the shared table reader (slaq/table_file.py) joins them; one tenant's change rewrites one part."""
+and the shared table reader (core/src/slaq/table_file.py) joins them; one tenant's change rewrites one part."""
 
 from __future__ import annotations
 

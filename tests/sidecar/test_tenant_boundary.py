@@ -107,7 +107,7 @@ def test_embeddings_as_content_parts_are_refused() -> None:
 def test_the_docs_table_is_the_allowlist() -> None:
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "sidecar.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[2] / "sidecar" / "README.md").read_text(encoding="utf-8")
     assert allowlist_markdown() in doc
 
 

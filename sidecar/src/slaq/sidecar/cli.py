@@ -1,0 +1,132 @@
+"""`slaq sidecar`: the pod's front door (flags rendered by the operator; see sidecar/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """Seconds as a number, or a duration such as 30s / 1m30s (the pool's drainTimeout format)."""
+    from slaq.api.common import duration_seconds
+
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            value = duration_seconds(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from slaq.sidecar.connections import ConnectionLimits
+
+    defaults = ConnectionLimits()
+    parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
+    parser.add_argument("--port", type=_positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
+    parser.add_argument("--metrics-port", type=_positive_int, default=METRICS_PORT,
+                        help=f"Metrics port: /metrics (the sidecar's and the engine's series) and /slaq/usage, kept off the tenant port (default {METRICS_PORT}).")
+    parser.add_argument("--access-log", choices=("json", "off"), default="json",
+                        help="One JSON line per answered or refused request on standard output (default json); never prompt or output text, never the key.")
+    parser.add_argument("--engine-url", default=f"http://{ENGINE_HOST}:{ENGINE_PORT}", help="The engine's OpenAI server.")
+    parser.add_argument("--tenant-table", type=Path, default=Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY, help="Tenant table JSON file; reloaded when it changes.")
+    parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
+    parser.add_argument("--drain-timeout", type=_seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
+    parser.add_argument("--trusted-proxies", default=None, metavar="CIDR[,CIDR...]",
+                        help="Proxies (addresses or networks) whose X-Forwarded-For names the client in the access log; "
+                        "default none: the client is the TCP peer, whatever the request says.")
+    parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
+    parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
+    parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                        help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+                        help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
+    parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
+    parser.add_argument("--request-limits", default=None,
+                        help="The pool's RequestLimitsSpec as inline JSON or a JSON/YAML file (n, prompt batch, beam search, stop, logprobs, body cap...).")
+    parser.add_argument("--max-model-len", type=_positive_int, default=None,
+                        help="The engine's context length (the pool's model.maxModelLen): the bound on max_tokens and, times bytesPerToken, on the body, "
+                             "and the prompt + output that scores 0 on the length term, as in the engine (default: bodies up to the largest "
+                             "any pool may set, the length term over 8192 tokens).")
+    parser.add_argument("--header-timeout", type=_seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
+    parser.add_argument("--body-timeout", type=_seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
+    parser.add_argument("--write-timeout", type=_seconds, default=defaults.write_idle_s,
+                        help=f"Seconds one write to a client that does not read may wait; then the connection is closed (default {defaults.write_idle_s:g}).")
+    parser.add_argument("--engine-idle-timeout", type=_seconds, default=defaults.engine_idle_s,
+                        help=f"Seconds the engine may stay silent within a request; then it ends (default {defaults.engine_idle_s:g}).")
+    parser.add_argument("--max-connections", type=_positive_int, default=defaults.max_connections,
+                        help=f"Most open connections and requests on both ports; more get 503 (default {defaults.max_connections}).")
+    parser.add_argument("--max-connections-per-client", type=_count, default=defaults.max_connections_per_client,
+                        help=f"Most open connections from one client address (an IPv6 /64), both ports; more get 503 and are closed, "
+                             f"except /health and /ready. Behind a gateway raise it to the gateway's pool, or 0 for no cap "
+                             f"(default {defaults.max_connections_per_client}).")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    from slaq.sidecar.connections import ConnectionLimits
+    from slaq.sidecar.fields import MAX_TOKENS_LIMIT
+    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_request_limits, parse_scheduler_config, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
+    try:
+        scheduler = parse_scheduler_config(args.scheduler_config)
+        request_limits = parse_request_limits(args.request_limits)
+        serve(SidecarOptions(
+            host=args.host,
+            port=args.port,
+            engine_url=args.engine_url,
+            tenant_table=args.tenant_table,
+            max_queue_depth=args.max_queue_depth,
+            drain_timeout_s=args.drain_timeout,
+            trust_gateway_headers=args.trust_gateway_headers,
+            trusted_proxies=args.trusted_proxies,
+            served_model_name=args.served_model_name,
+            scheduler=scheduler,
+            tokenizer=args.tokenizer,
+            metrics_port=args.metrics_port,
+            access_log=args.access_log,
+            request_limits=request_limits,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
+                                               engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections,
+                                               max_connections_per_client=args.max_connections_per_client),
+        ))
+    except ConfigError as exc:
+        print(f"slaq sidecar: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,95 @@
+"""Background watchers: the engine's health and queue gauges, and the tenant table file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from slaq.api.common import Tier
+from slaq.api.runtime import HEALTH_PATH, METRICS_PATH
+from slaq.sidecar.proxy import EngineClient
+from slaq.sidecar.service import SidecarCore
+
+log = logging.getLogger(__name__)
+
+ENGINE_WAITING = "vllm:num_requests_waiting"
+ENGINE_RUNNING = "vllm:num_requests_running"
+ENGINE_KV_USAGE = "vllm:kv_cache_usage_perc"
+ENGINE_QUEUE_DEPTH = "slaq_engine_queue_depth"  # slaq's engine: waiting requests by tier (engine/src/slaq/engine/metrics.py)
+
+
+def gauge_sum(text: str, name: str) -> float | None:
+    """Sum of a gauge's samples over all label sets in Prometheus text; None when absent."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and len(line) > len(name) and line[len(name)] in "{ ":
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except ValueError:
+                continue
+    return total if seen else None
+
+
+def tier_gauge(text: str, name: str) -> list[int] | None:
+    """A gauge with a `tier` label, per tier rank (a tier without a sample counts 0); None when
+    no sample has a known tier (an engine that does not export it)."""
+    by_name = {tier.value: tier.rank for tier in Tier}
+    values, seen = [0] * len(Tier), False
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        labels, _, value = line[len(name) + 1:].rpartition("} ")
+        for label in labels.split(","):
+            key, _, quoted = label.partition("=")
+            if key.strip() == "tier" and quoted.strip('"') in by_name:
+                try:
+                    values[by_name[quoted.strip('"')]] += int(float(value))
+                    seen = True
+                except ValueError:
+                    pass
+    return values if seen else None
+
+
+class EngineMonitor:
+    """Marks the engine ready while its /health answers 200 and feeds its queue gauge to the gate."""
+
+    def __init__(self, engine: EngineClient, core: SidecarCore, *, interval_s: float = 0.25) -> None:
+        self.engine = engine
+        self.core = core
+        self.interval_s = interval_s
+        self.ready = False
+
+    async def poll_once(self) -> None:
+        try:
+            health = await self.engine.get(HEALTH_PATH, timeout_s=2.0)
+            self.ready = health.status_code == 200
+        except httpx.HTTPError:
+            self.ready = False
+        if not self.ready:
+            self.core.gate.observe_engine(None)
+            return
+        released_before, released_by_rank_before = self.core.gate.released_total, list(self.core.gate.released_by_rank)
+        try:
+            metrics = await self.engine.get(METRICS_PATH, timeout_s=2.0)
+        except httpx.HTTPError:
+            return
+        text = metrics.text if metrics.status_code == 200 else ""
+        waiting = gauge_sum(text, ENGINE_WAITING)
+        running = gauge_sum(text, ENGINE_RUNNING)
+        kv = gauge_sum(text, ENGINE_KV_USAGE)
+        self.core.observe_engine(None if waiting is None else int(waiting), None if running is None else int(running), kv, released_before,
+                                 tier_gauge(text, ENGINE_QUEUE_DEPTH), released_by_rank_before)
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+
+async def watch_table(core: SidecarCore, interval_s: float = 1.0) -> None:
+    while True:
+        await asyncio.to_thread(core.directory.refresh)
+        await asyncio.sleep(interval_s)

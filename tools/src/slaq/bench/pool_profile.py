@@ -1,0 +1,149 @@
+"""Pool profiles: the engine settings and the step-time model parameters the simulator runs with.
+
+A profile is a YAML file (see `tools/src/slaq/bench/models/h200-llama3-8b.yaml`, the default). The KV-cache
+size follows from it the way vLLM sizes it: GPU memory times utilisation, minus weights and
+the activation reserve, divided by the KV bytes of one block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from slaq.bench.errors import ProfileError
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+DEFAULT_PROFILE = "h200-llama3-8b"
+
+Positive = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelShape(_Strict):
+    """A decoder-only transformer with grouped-query attention and a gated MLP (Llama family)."""
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    intermediate_size: PositiveInt
+    vocab_size: PositiveInt
+    dtype_bytes: PositiveInt = 2
+    max_model_len: PositiveInt = 8192
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h
+        mlp = 3 * h * self.intermediate_size
+        return self.num_layers * (attention + mlp)
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.hidden_size * self.vocab_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight (embedding, layers, LM head)."""
+        return (self.layer_params + 2 * self.lm_head_params) * self.dtype_bytes
+
+    @property
+    def streamed_weight_bytes(self) -> int:
+        """Bytes a forward pass reads from HBM (the embedding is a gather, not a full read)."""
+        return (self.layer_params + self.lm_head_params) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+class GpuSpec(_Strict):
+    name: str
+    peak_tflops: Positive
+    hbm_tb_s: Positive
+    memory_gb: Positive
+    compute_efficiency: Fraction
+    bandwidth_efficiency: Fraction
+    step_overhead_s: Annotated[float, Field(ge=0)] = 0.0
+    # GPU <-> host memory link (PCIe 5.0 x16 on an H200 SXM: ~55 GB/s achieved of 64 GB/s per
+    # direction): what swapping a preempted request's KV out to host memory and back costs.
+    host_link_gb_s: Positive = 55.0
+    # The host-side work of slaq's KV connector per byte swapped, each way (AES-GCM sealing or
+    # opening and the host copies around it, one block after another on one host thread), which
+    # adds to the link's time: `python -m slaq.engine.kv_security.seal_cost` measures it. None:
+    # not counted (as if sealing ran off the step's critical path).
+    host_seal_gb_s: Positive | None = None
+
+
+class EngineSettings(_Strict):
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    enable_chunked_prefill: bool = True
+    block_size: PositiveInt = 16
+    gpu_memory_utilization: Fraction = 0.9
+    activation_reserve_gb: Annotated[float, Field(ge=0)] = 4.0
+    num_gpu_blocks: PositiveInt | None = Field(default=None, description="Overrides the size computed from GPU memory.")
+    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`, same default);
+    # 0: no swap, every preempted request is recomputed.
+    kv_host_cache_gib: Annotated[float, Field(ge=0)] = 1.0
+
+
+class PoolProfile(_Strict):
+    name: str
+    model: ModelShape
+    gpu: GpuSpec
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        if self.engine.num_gpu_blocks is not None:
+            return self.engine.num_gpu_blocks
+        free = self.gpu.memory_gb * 1e9 * self.engine.gpu_memory_utilization - self.model.weight_bytes - self.engine.activation_reserve_gb * 1e9
+        blocks = int(free // (self.model.kv_bytes_per_token * self.engine.block_size))
+        if blocks < 1:
+            raise ProfileError(f"profile {self.name}: the model's weights leave no GPU memory for the KV cache")
+        return blocks
+
+
+def with_kv_swap(profile: PoolProfile, *, host_cache_gib: float | None = None, seal_gb_s: float | None = None,
+                 seal_counted: bool = True) -> PoolProfile:
+    """The profile with another host cache size (`--kv-host-cache-gib`) or host-side seal
+    throughput (`--kv-seal-gb-s`; `seal_counted=False`: not counted)."""
+    engine, gpu = profile.engine, profile.gpu
+    if host_cache_gib is not None:
+        if not host_cache_gib >= 0:
+            raise ProfileError(f"--kv-host-cache-gib must be 0 or more, got {host_cache_gib}")
+        engine = engine.model_copy(update={"kv_host_cache_gib": host_cache_gib})
+    if seal_gb_s is not None and not seal_gb_s > 0:
+        raise ProfileError(f"--kv-seal-gb-s must be a positive number or off, got {seal_gb_s}")
+    if seal_gb_s is not None or not seal_counted:
+        gpu = gpu.model_copy(update={"host_seal_gb_s": seal_gb_s if seal_counted else None})
+    return profile.model_copy(update={"engine": engine, "gpu": gpu})
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:
+    """A profile by file path, or by name from the bundled `tools/src/slaq/bench/models/` folder."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = MODELS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        bundled = ", ".join(sorted(p.stem for p in MODELS_DIR.glob("*.yaml")))
+        raise ProfileError(f"profile not found: {name_or_path} (a YAML path, or one of: {bundled})")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return PoolProfile.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not YAML: {exc}") from exc
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ProfileError(f"{path}: {fields}") from exc
