@@ -115,17 +115,26 @@ def floor_units(quota_units: int, replicas: int, floor_fraction: Fraction, min_f
     return floor
 
 
-@dataclass
+DEMAND_RESOLUTION = 1000  # demand is weighed in milli-requests per minute (any demand above zero weighs at least one)
+
+
+def _weight(demand: float) -> int:
+    return max(1, round(demand * DEMAND_RESOLUTION)) if demand > 0 else 0
+
+
+@dataclass(slots=True)
 class _Group:
-    """Replicas that hold one value: a named pod (size 1), or a pool's other replicas (pod None)."""
+    """Replicas that hold one value: a named pod (size 1), or a pool's other replicas (pod None).
+
+    All arithmetic on integers: a target is `target + remainder / denominator` exactly."""
 
     pool: str
     pod: str | None
     size: int
-    demand: Fraction  # per replica
+    weight: int  # demand per replica, in DEMAND_RESOLUTION units
     base: int = 0  # its floor
     target: int = 0
-    exact: Fraction = Fraction(0)
+    remainder: int = 0  # of the exact target, over the split's common denominator
 
     def key(self) -> tuple[str, str]:
         return (self.pool, self.pod or "")
@@ -138,10 +147,10 @@ def _groups(slots: Sequence[Slot], previous: Split | None, separate_idle: bool) 
     for slot in slots:
         listed_before = previous.pods.get(slot.pool, {}) if previous is not None else {}
         named = [pod for pod, demand in slot.pods.items() if demand > 0 or separate_idle or pod in listed_before]
-        groups += [_Group(slot.pool, pod, 1, Fraction(slot.pods[pod])) for pod in sorted(named)]
+        groups += [_Group(slot.pool, pod, 1, _weight(slot.pods[pod])) for pod in sorted(named)]
         rest = slot.replicas - len(named)
         if rest > 0:
-            groups.append(_Group(slot.pool, None, rest, Fraction(slot.demand) / rest if not slot.pods else Fraction(0)))
+            groups.append(_Group(slot.pool, None, rest, _weight(slot.demand / rest) if not slot.pods else 0))
     return groups
 
 
@@ -154,7 +163,7 @@ def _place_floors(groups: list[_Group], quota_units: int, floor: int, min_floor_
     if floor >= min_floor_units:
         return
     budget = quota_units - floor * sum(g.size for g in groups)
-    wanting = sorted((g for g in groups if g.demand > 0), key=lambda g: (-g.demand, g.key()))
+    wanting = sorted((g for g in groups if g.weight), key=lambda g: (-g.weight, g.key()))
     if not wanting:
         wanting = sorted(groups, key=lambda g: (g.pod is None, g.key()))
     for g in wanting:
@@ -166,31 +175,29 @@ def _place_floors(groups: list[_Group], quota_units: int, floor: int, min_floor_
 def _place_targets(groups: list[_Group], quota_units: int) -> None:
     """Exact targets (water-filling over demand, or an equal split of the spare), then integers:
     each rounded down, and the units left go one per replica to the largest remainders."""
-    demanding = [g for g in groups if g.demand > 0]
+    demanding = [g for g in groups if g.weight]
     for g in groups:
-        g.exact = Fraction(g.base)
+        g.target, g.remainder = g.base, 0
     if demanding:
-        active = set(map(id, demanding))
+        active = demanding
         while active:
-            rest = quota_units - sum(g.base * g.size for g in groups if id(g) not in active)
-            weight = sum(g.demand * g.size for g in demanding if id(g) in active)
-            level = Fraction(rest) / weight
-            clamped = {id(g) for g in demanding if id(g) in active and level * g.demand < g.base}
-            if not clamped:
-                for g in demanding:
-                    if id(g) in active:
-                        g.exact = level * g.demand
+            # level = rest / weight: a group below its floor at this level keeps the floor, and the level is found again.
+            rest = quota_units - sum(g.base * g.size for g in groups) + sum(g.base * g.size for g in active)
+            weight = sum(g.weight * g.size for g in active)
+            kept = [g for g in active if rest * g.weight >= g.base * weight]
+            if len(kept) == len(active):
+                for g in active:
+                    g.target, g.remainder = divmod(rest * g.weight, weight)
                 break
-            active -= clamped
+            active = kept
     else:
-        spare = Fraction(quota_units - sum(g.base * g.size for g in groups), sum(g.size for g in groups))
+        total = sum(g.size for g in groups)
+        extra, remainder = divmod(quota_units - sum(g.base * g.size for g in groups), total)
         for g in groups:
-            g.exact = g.base + spare
-    for g in groups:
-        g.target = math.floor(g.exact)
+            g.target, g.remainder = g.base + extra, remainder
     left = quota_units - sum(g.target * g.size for g in groups)
-    for g in sorted(groups, key=lambda g: (-(g.exact - g.target), -g.demand, g.key())):
-        if g.exact > g.target and g.size <= left:
+    for g in sorted((g for g in groups if g.remainder), key=lambda g: (-g.remainder, -g.weight, g.key())):
+        if g.size <= left:
             g.target += 1
             left -= g.size
 
@@ -204,11 +211,12 @@ def _smooth(groups: list[_Group], previous: Split, quota_units: int, smoothing: 
     groups not fit beside what the falling ones keep, the falling ones go straight to target."""
     before = {id(g): previous.pod_units(g.pool, g.pod) if g.pod is not None else previous.units[g.pool] for g in groups}
     keep = 1 - smoothing
+    num, den = keep.numerator, keep.denominator
     value: dict[int, int] = {}
     for g in groups:
         was = before[id(g)]
         if was > g.target:
-            value[id(g)] = g.target + math.floor(keep * (was - g.target))
+            value[id(g)] = g.target + num * (was - g.target) // den
         elif was == g.target:
             value[id(g)] = g.target
         else:
@@ -220,7 +228,7 @@ def _smooth(groups: list[_Group], previous: Split, quota_units: int, smoothing: 
     left = quota_units - sum(value[id(g)] * g.size for g in groups)
     rising = sorted((g for g in groups if before[id(g)] < g.target), key=lambda g: (-(g.target - value[id(g)]), g.key()))
     for g in rising:
-        want = max(value[id(g)], g.target - math.floor(keep * (g.target - before[id(g)])))
+        want = max(value[id(g)], g.target - num * (g.target - before[id(g)]) // den)
         step = min(want - value[id(g)], left // g.size)
         value[id(g)] += step
         left -= step * g.size
@@ -257,7 +265,7 @@ def split_quota(
     groups = _groups(slots, previous, separate_idle=floor < min_floor_units)
     _place_floors(groups, quota_units, floor, min_floor_units)
     _place_targets(groups, quota_units)
-    if previous is not None and any(g.demand > 0 for g in groups):
+    if previous is not None and any(g.weight for g in groups):
         value = _smooth(groups, previous, quota_units, Fraction(smoothing))
     else:  # no demand anywhere: nobody is being served, so nothing is gained by moving slowly
         value = {id(g): g.target for g in groups}
@@ -281,7 +289,7 @@ def _assemble(quota: int, unit: int, replicas: dict[str, int], groups: list[_Gro
         coverage[pool] = Coverage(
             replicas=replicas[pool],
             holding=sum(g.size for g in mine if value[id(g)] > 0),
-            with_demand=sum(g.size for g in mine if g.demand > 0),
-            with_demand_holding=sum(g.size for g in mine if g.demand > 0 and value[id(g)] > 0),
+            with_demand=sum(g.size for g in mine if g.weight),
+            with_demand_holding=sum(g.size for g in mine if g.weight and value[id(g)] > 0),
         )
     return Split(quota, unit, replicas, units, pods, coverage)
