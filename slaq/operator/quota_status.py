@@ -70,7 +70,7 @@ def render_pool_quota_condition(pool: str, splits: Mapping[str, TenantSplits], g
     for tenant in sorted(splits):
         for field, split in splits[tenant].named():
             here = split.coverage.get(pool)
-            if here is not None and here.holding < here.replicas:
+            if here is not None and split.quota > 0 and here.holding < here.replicas:
                 short.append(f"tenant {tenant}: " + _describe(field, split, here, "this pool's "))
     if not short:
         return condition(CONDITION_TYPE, True, FULL_REASON, "each replica holds a share of each tenant's quotas", generation)

@@ -101,8 +101,9 @@ class Split:
         return total
 
     def short_of_replicas(self) -> bool:
-        """Some replica holds no share: the quota is too small to give each one a unit."""
-        return any(c.holding < c.replicas for c in self.coverage.values())
+        """Some replica holds no share: the quota is too small to give each one a unit (a quota of
+        0 refuses the tenant everywhere, as its spec says, and is not short)."""
+        return self.quota > 0 and any(c.holding < c.replicas for c in self.coverage.values())
 
 
 def floor_units(quota_units: int, replicas: int, floor_fraction: Fraction, min_floor_units: int) -> int:

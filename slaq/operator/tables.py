@@ -118,13 +118,17 @@ def split_tenant(tenant: TenantSLA, slots: Sequence[Slot], previous: TenantSplit
     )
 
 
-def slot(pool: str, replicas: int, usage: Mapping[str, TenantUsage], tenant: str) -> Slot:
+def tenant_slot(pool: str, replicas: int, usage: Mapping[str, TenantUsage], tenant: str) -> Slot:
     """A tenant's slot in a pool: demand per pod when the pool's usage names its pods (PoolUsage),
     else the pool's summed demand. The replica count covers at least the pods that answered."""
     if isinstance(usage, PoolUsage) and usage.pods:
         pods = {pod: demand(u) for pod, u in usage.by_pod(tenant).items()}
         return Slot(pool, max(1, replicas, len(pods)), pods=pods)
     return Slot(pool, max(1, replicas), demand(usage.get(tenant)))
+
+
+def _share_key(share: ReplicaShare) -> tuple[float | int | None, ...]:
+    return (share.requests_per_minute, share.tokens_per_minute, share.max_concurrency)
 
 
 @dataclass(frozen=True)
@@ -149,15 +153,15 @@ def plan_tenant(
     """A tenant's entries in the tables of the pools it binds, from the same inputs as plan_tables."""
     name, spec = tenant.metadata.name, tenant.spec
     bound = [p for p in pools if binds(tenant, p, open_namespaces)]
-    slots = [slot(pool_key(p), replicas.get(pool_key(p), 1), usage.get(pool_key(p), {}), name) for p in bound]
+    slots = [tenant_slot(pool_key(p), replicas.get(pool_key(p), 1), usage.get(pool_key(p), {}), name) for p in bound]
     splits = split_tenant(tenant, slots, previous)
     salt = cache_salt(salt_key, tenant)
     entries: dict[str, TenantEntry] = {}
     shares: list[PoolShare] = []
-    by_share: dict[tuple[object, ...], TenantEntry] = {}  # pools with equal shares share one entry object
-    for one in slots:
-        share, per_pod = splits.share(one.pool), splits.pod_shares(one.pool)
-        same = (share.requests_per_minute, share.tokens_per_minute, share.max_concurrency, tuple((pod, s.requests_per_minute, s.tokens_per_minute, s.max_concurrency) for pod, s in per_pod.items()))
+    by_share: dict[tuple[object, ...], TenantEntry] = {}  # pools with equal shares (and no per-pod ones) share one entry object
+    for slot in slots:
+        share, per_pod = splits.share(slot.pool), splits.pod_shares(slot.pool)
+        same = (_share_key(share), *((pod, _share_key(s)) for pod, s in per_pod.items()))
         if same not in by_share:
             by_share[same] = TenantEntry(
                 name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
@@ -165,10 +169,10 @@ def plan_tenant(
                 cache_salt=salt, share=share, pod_shares=per_pod or None, kv_cache_share=spec.quotas.kv_cache_share,
                 kv_erase=spec.kv_erase,
             )
-        entries[one.pool] = by_share[same]
-        observed = usage.get(one.pool, {}).get(name)
+        entries[slot.pool] = by_share[same]
+        observed = usage.get(slot.pool, {}).get(name)
         shares.append(PoolShare(
-            pool=one.pool, replicas=one.replicas, requests_per_minute=share.requests_per_minute,
+            pool=slot.pool, replicas=slot.replicas, requests_per_minute=share.requests_per_minute,
             tokens_per_minute=share.tokens_per_minute, max_concurrency=share.max_concurrency,
             observed_requests_per_minute=observed.requests_per_minute if observed else 0.0,
             observed_tokens_per_minute=observed.tokens_per_minute if observed else 0.0,

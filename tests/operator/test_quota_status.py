@@ -35,6 +35,9 @@ def test_every_replica_holding_a_share_is_true() -> None:
     assert render_pool_quota_condition("ns/p", {"vip": full}, 1)["status"] == "True"
     assert render_pool_quota_condition("ns/p", {}, 1)["status"] == "True"
     assert render_quota_condition(splits(None, [Slot("ns/p", 8)], rpm=None), 1)["status"] == "True"  # no quota at all
+    # A quota of 0 refuses the tenant everywhere by its spec: not a split that falls short.
+    assert render_quota_condition(splits(0, [Slot("ns/p", 8, pods=IDLE)]), 1)["status"] == "True"
+    assert render_pool_quota_condition("ns/p", {"vip": splits(0, [Slot("ns/p", 8, pods=IDLE)])}, 1)["status"] == "True"
 
 
 def test_a_tenant_bound_nowhere_is_unknown() -> None:
