@@ -122,7 +122,8 @@ async def test_pool_and_three_tenants_give_owned_children_and_tables(kube: KubeE
         vip = await eventually(lambda: kube.read(TENANTS, None, "vip")["status"]["pools"] and kube.read(TENANTS, None, "vip")["status"])
         assert vip["keyCount"] == 1 and vip["pools"][0]["pool"] == "inference/llama3-8b"
         # No SLO outcomes reported yet: too few requests to judge attainment.
-        assert {c["type"]: c["status"] for c in vip["conditions"]} == {"Ready": "True", "Degraded": "False", "AtRisk": "Unknown"}
+        assert {c["type"]: c["status"] for c in vip["conditions"]} == {"Ready": "True", "Degraded": "False", "AtRisk": "Unknown",
+                                                                  "QuotaSplit": "True"}
 
 
 async def test_quota_update_and_tenant_delete_follow_into_tables(kube: KubeEmulator) -> None:

@@ -103,3 +103,62 @@ def test_a_table_of_an_earlier_operator_still_authenticates() -> None:
     legacy = keyed_table(key, hash_key=None)
     assert legacy.key_hash_key is None and legacy.tenants[0].key_hashes[0].startswith("sha256:")
     assert Authenticator(TenantDirectory.from_table(legacy)).identify({"authorization": f"Bearer {key}"}).tenant.name == "vip"
+
+
+def per_pod_table(revision: str = "r1") -> "TenantTable":
+    """vip: 1 concurrent request and 60 rpm on a replica not listed; pod `llama-7f9c-a` holds 3 and 240."""
+    from slaq.api.table import ReplicaShare
+
+    table = abc_table(revision, vip={"max_concurrency": 1, "requests_per_minute": 60.0})
+    vip = table.tenants[0]
+    listed = vip.model_copy(update={"pod_shares": {"llama-7f9c-a": ReplicaShare(max_concurrency=3, requests_per_minute=240.0)}})
+    return table.model_copy(update={"tenants": [listed, *table.tenants[1:]]})
+
+
+def test_a_replica_enforces_its_own_per_pod_share(tmp_path: Path) -> None:
+    from slaq.sidecar.admission import QuotaGate
+    from slaq.sidecar.errors import ConcurrencyExceeded
+
+    path = tmp_path / "tenants.json"
+    path.write_text(per_pod_table().model_dump_json(by_alias=True, exclude_none=True))
+    hot, other, unnamed = (TenantDirectory(path, pod=pod) for pod in ("llama-7f9c-a", "llama-7f9c-b", None))
+    for directory in (hot, other, unnamed):
+        assert directory.refresh()
+    mine = Authenticator(hot).identify(bearer("vip")).tenant
+    assert (mine.max_concurrency, mine.requests_per_minute) == (3, 240.0)
+    for directory in (other, unnamed):  # a pod not listed, or a sidecar without a name: the entry's share
+        tenant = Authenticator(directory).identify(bearer("vip")).tenant
+        assert (tenant.max_concurrency, tenant.requests_per_minute) == (1, 60.0)
+    assert hot.index.by_name["std"] == other.index.by_name["std"]  # tenants without per-pod shares: the same everywhere
+    # The gate enforces it: three in flight on the listed pod, the fourth refused; one on the other.
+    gate = QuotaGate()
+    for _ in range(3):
+        gate.admit(mine, 10, now=0.0)
+    with pytest.raises(ConcurrencyExceeded, match="limit 3"):
+        gate.admit(mine, 10, now=0.0)
+    elsewhere = QuotaGate()
+    elsewhere.admit(other.index.by_name["vip"], 10, now=0.0)
+    with pytest.raises(ConcurrencyExceeded, match="limit 1"):
+        elsewhere.admit(other.index.by_name["vip"], 10, now=0.0)
+
+
+def test_a_table_without_per_pod_shares_reads_as_before() -> None:
+    table = abc_table(vip={"max_concurrency": 2})
+    assert "podShares" not in table.model_dump_json(by_alias=True, exclude_none=True)
+    for pod in ("any-pod", None):
+        assert TenantDirectory.from_table(table, pod).index.by_name["vip"].max_concurrency == 2
+
+
+def test_the_sidecar_takes_its_pod_name_from_the_downward_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from slaq.cli import build_parser
+    from slaq.sidecar.server import SidecarOptions, build_app
+
+    monkeypatch.setenv("POD_NAME", "llama-7f9c-a")
+    assert build_parser().parse_args(["sidecar"]).pod_name == "llama-7f9c-a"
+    assert build_parser().parse_args(["sidecar", "--pod-name", "x"]).pod_name == "x"
+    monkeypatch.delenv("POD_NAME")
+    assert build_parser().parse_args(["sidecar"]).pod_name is None
+    path = tmp_path / "tenants.json"
+    path.write_text(per_pod_table().model_dump_json(by_alias=True, exclude_none=True))
+    app = build_app(SidecarOptions(host="127.0.0.1", port=1, engine_url="http://127.0.0.1:1", tenant_table=path, pod_name="llama-7f9c-a"))
+    assert app.core.directory.refresh() and app.core.directory.index.by_name["vip"].max_concurrency == 3

@@ -72,8 +72,19 @@ class TenantEntry(ApiModel):
     key_hashes: list[Annotated[str, Field(pattern=KEY_HASH_PATTERN)]] = Field(default_factory=list)
     cache_salt: Annotated[str, Field(min_length=16)]
     share: ReplicaShare = Field(default_factory=ReplicaShare)
+    # Per-pod shares where a pool's replicas see different demand (keyed by pod name, the sidecar's
+    # POD_NAME); a pod not listed (a new one, or one without demand of its own) uses `share`.
+    pod_shares: Annotated[dict[Annotated[str, Field(min_length=1)], ReplicaShare] | None, Field(
+        description="Shares of the pods whose share differs from `share` (by pod name); None in tables of earlier operators.")] = None
     kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     kv_erase: KvErase = KvErase.ON_REUSE  # the engine's KV erase mode for this tenant (TenantSLA.spec.kvErase)
+
+    def share_for(self, pod: str | None) -> ReplicaShare:
+        """The share of the replica named `pod`: its own when listed, else the pool's `share`
+        (None: a sidecar that does not know its pod name reads `share`)."""
+        if pod is not None and self.pod_shares:
+            return self.pod_shares.get(pod, self.share)
+        return self.share
 
 
 PartIndex = Annotated[int | None, Field(ge=0, description="Which part of a table split over several Secrets (None: not split).")]
@@ -89,7 +100,7 @@ def part_file_name(name: str, part: int) -> str:
 
 
 class TenantTable(ApiModel):
-    """All tenants bound to one pool, with this replica's share of their quotas.
+    """All tenants bound to one pool, with each replica's share of their quotas (`share`, or a pod's own in `podShares`).
 
     A pool with many tenants has its table split over several Secrets (the API server holds at
     most 1 MiB of data per Secret): each part is a TenantTable of its own tenants, with `part` and

@@ -41,6 +41,7 @@ from slaq.operator.gateway import (
     objective_name, render_gateway_inference_pool, render_inference_objectives,
 )
 from slaq.operator.keys import TENANT_LABEL, KeySet, KeyWatch
+from slaq.operator.quota_status import render_pool_quota_condition, render_quota_condition
 from slaq.operator.names import FINALIZER, MANAGER, SALT_SECRET_KEY, SALT_SECRET_NAME, pool_selector_labels, selector_string, table_secret_name
 from slaq.operator.tables import (
     SECRET_DATA_LIMIT, TableRenderer, TableTooLarge, TenantPlan, TenantSplits, binds, data_bytes, part_of, plan_tenant, pool_key,
@@ -628,6 +629,7 @@ class Reconciler:
         verdict, attainment = self._attainment_verdict(tenant, body)
         conditions.append(condition("AtRisk", None if verdict.status == "Unknown" else verdict.at_risk,
                                     verdict.reason, verdict.message, generation))
+        conditions.append(render_quota_condition(plan.splits if plan else None, generation))
         status = {"observedGeneration": generation, "keyCount": key_count, "pools": pools, "attainment": attainment,
                   "conditions": merge_conditions(old.get("conditions"), conditions)}
         if any(old.get(k) != v for k, v in status.items()):
@@ -900,6 +902,7 @@ class Reconciler:
             condition("Ready", ready >= wanted, "AllReplicasReady" if ready >= wanted else "ReplicasNotReady",
                       f"{ready}/{wanted} replicas ready", generation),
             condition("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message, generation),
+            render_pool_quota_condition(key, {t: self._plans[t].splits for t in tenants if t in self._plans}, generation),
         ]
         if gateway is not None:
             conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))

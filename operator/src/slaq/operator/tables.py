@@ -20,6 +20,7 @@ from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, 
 from slaq.operator.errors import OperatorError
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.quotas import Slot, Split, split_quota
+from slaq.operator.usage import PoolUsage
 
 RATE_UNIT = 1000  # rates are split in milli-requests (milli-tokens) per minute
 FLOOR_FRACTION = 0.1
@@ -61,11 +62,27 @@ class TenantSplits:
     concurrency: Split | None
 
     def share(self, pool: str) -> ReplicaShare:
+        """The share of the pool's replicas not listed in `pod_shares` (its default)."""
         return ReplicaShare(
             requests_per_minute=self.requests.per_replica(pool) if self.requests else None,
             tokens_per_minute=self.tokens.per_replica(pool) if self.tokens else None,
             max_concurrency=self.concurrency.units[pool] if self.concurrency else None,
         )
+
+    def pod_shares(self, pool: str) -> dict[str, ReplicaShare]:
+        """The pods of the pool whose share of any quota differs from the default, with all three shares."""
+        splits = [s for s in (self.requests, self.tokens, self.concurrency) if s is not None]
+        listed = sorted({pod for s in splits for pod in s.pods.get(pool, {})})
+        return {pod: ReplicaShare(
+            requests_per_minute=self.requests.pod_units(pool, pod) / self.requests.unit if self.requests else None,
+            tokens_per_minute=self.tokens.pod_units(pool, pod) / self.tokens.unit if self.tokens else None,
+            max_concurrency=self.concurrency.pod_units(pool, pod) if self.concurrency else None,
+        ) for pod in listed}
+
+    def named(self) -> list[tuple[str, Split]]:
+        """(spec.quotas field, split) of each limited quota."""
+        return [(name, s) for name, s in (("requestsPerMinute", self.requests), ("tokensPerMinute", self.tokens),
+                                          ("maxConcurrency", self.concurrency)) if s is not None]
 
 
 @dataclass
@@ -76,7 +93,7 @@ class TablePlan:
 
 
 def demand(usage: TenantUsage | None) -> float:
-    """One demand signal per tenant and pool: requests admitted plus refused, per minute.
+    """One demand signal per tenant and pool (or pod): requests admitted plus refused, per minute.
 
     Tokens and concurrency follow requests, so all three quotas are split by this one signal.
     """
@@ -84,6 +101,9 @@ def demand(usage: TenantUsage | None) -> float:
 
 
 def split_tenant(tenant: TenantSLA, slots: Sequence[Slot], previous: TenantSplits | None) -> TenantSplits:
+    """The floor of every quota is at least one unit when the quota affords one per replica: one
+    concurrent request, or one milli-request (milli-token) per minute, which admits a first request
+    (a token bucket smaller than one request admits one when full)."""
     quotas = tenant.spec.quotas
 
     def one(quota: int | None, unit: int, min_floor: int, prev: Split | None) -> Split | None:
@@ -92,10 +112,23 @@ def split_tenant(tenant: TenantSLA, slots: Sequence[Slot], previous: TenantSplit
         return split_quota(quota, slots, unit=unit, floor_fraction=FLOOR_FRACTION, min_floor_units=min_floor, previous=prev)
 
     return TenantSplits(
-        requests=one(quotas.requests_per_minute, RATE_UNIT, 0, previous.requests if previous else None),
-        tokens=one(quotas.tokens_per_minute, RATE_UNIT, 0, previous.tokens if previous else None),
+        requests=one(quotas.requests_per_minute, RATE_UNIT, 1, previous.requests if previous else None),
+        tokens=one(quotas.tokens_per_minute, RATE_UNIT, 1, previous.tokens if previous else None),
         concurrency=one(quotas.max_concurrency, 1, 1, previous.concurrency if previous else None),
     )
+
+
+def tenant_slot(pool: str, replicas: int, usage: Mapping[str, TenantUsage], tenant: str) -> Slot:
+    """A tenant's slot in a pool: demand per pod when the pool's usage names its pods (PoolUsage),
+    else the pool's summed demand. The replica count covers at least the pods that answered."""
+    if isinstance(usage, PoolUsage) and usage.pods:
+        pods = {pod: demand(u) for pod, u in usage.by_pod(tenant).items()}
+        return Slot(pool, max(1, replicas, len(pods)), pods=pods)
+    return Slot(pool, max(1, replicas), demand(usage.get(tenant)))
+
+
+def _share_key(share: ReplicaShare) -> tuple[float | int | None, ...]:
+    return (share.requests_per_minute, share.tokens_per_minute, share.max_concurrency)
 
 
 @dataclass(frozen=True)
@@ -120,21 +153,21 @@ def plan_tenant(
     """A tenant's entries in the tables of the pools it binds, from the same inputs as plan_tables."""
     name, spec = tenant.metadata.name, tenant.spec
     bound = [p for p in pools if binds(tenant, p, open_namespaces)]
-    slots = [Slot(pool_key(p), max(1, replicas.get(pool_key(p), 1)), demand(usage.get(pool_key(p), {}).get(name)))
-             for p in bound]
+    slots = [tenant_slot(pool_key(p), replicas.get(pool_key(p), 1), usage.get(pool_key(p), {}), name) for p in bound]
     splits = split_tenant(tenant, slots, previous)
     salt = cache_salt(salt_key, tenant)
     entries: dict[str, TenantEntry] = {}
     shares: list[PoolShare] = []
-    by_share: dict[tuple[float | int | None, ...], TenantEntry] = {}  # pools with equal shares share one entry object
+    by_share: dict[tuple[object, ...], TenantEntry] = {}  # pools with equal shares (and no per-pod ones) share one entry object
     for slot in slots:
-        share = splits.share(slot.pool)
-        same = (share.requests_per_minute, share.tokens_per_minute, share.max_concurrency)
+        share, per_pod = splits.share(slot.pool), splits.pod_shares(slot.pool)
+        same = (_share_key(share), *((pod, _share_key(s)) for pod, s in per_pod.items()))
         if same not in by_share:
             by_share[same] = TenantEntry(
                 name=name, tier=spec.tier, ttft_ms=spec.objectives.ttft_ms, tpot_ms=spec.objectives.tpot_ms,
                 attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
-                cache_salt=salt, share=share, kv_cache_share=spec.quotas.kv_cache_share, kv_erase=spec.kv_erase,
+                cache_salt=salt, share=share, pod_shares=per_pod or None, kv_cache_share=spec.quotas.kv_cache_share,
+                kv_erase=spec.kv_erase,
             )
         entries[slot.pool] = by_share[same]
         observed = usage.get(slot.pool, {}).get(name)

@@ -49,8 +49,21 @@ def bound_only(observation: PodObservation, tenants: set[str]) -> PodObservation
     return PodObservation(observation.pod, usage, observation.sla_risk, outcomes)
 
 
-def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
-    """A pool's usage per tenant: the sum over its pods."""
+class PoolUsage(dict[str, TenantUsage]):
+    """A pool's usage per tenant (the sum over its pods), remembering what each pod that answered
+    reported: the quota split gives each pod a share that follows its own demand."""
+
+    def __init__(self, totals: Mapping[str, TenantUsage] | None = None, pods: Mapping[str, Mapping[str, TenantUsage]] | None = None) -> None:
+        super().__init__(totals or {})
+        self.pods: dict[str, Mapping[str, TenantUsage]] = dict(pods or {})  # pod name -> tenant -> its usage there
+
+    def by_pod(self, tenant: str) -> dict[str, TenantUsage | None]:
+        """The tenant's usage on each pod that answered (None: the pod saw none of it)."""
+        return {pod: tenants.get(tenant) for pod, tenants in self.pods.items()}
+
+
+def sum_usage(observations: Sequence[PodObservation]) -> PoolUsage:
+    """A pool's usage per tenant: the sum over its pods, with each pod's report kept."""
     totals: dict[str, TenantUsage] = {}
     for obs in observations:
         for tenant, u in obs.usage.tenants.items():
@@ -63,7 +76,7 @@ def sum_usage(observations: Sequence[PodObservation]) -> dict[str, TenantUsage]:
                 slo_met_per_minute=t.slo_met_per_minute + u.slo_met_per_minute,
                 slo_missed_per_minute=t.slo_missed_per_minute + u.slo_missed_per_minute,
             )
-    return totals
+    return PoolUsage(totals, {obs.pod: obs.usage.tenants for obs in observations})
 
 
 def mean_sla_risk(observations: Sequence[PodObservation]) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="One JSON line per answered or refused request on standard output (default json); never prompt or output text, never the key.")
     parser.add_argument("--engine-url", default=f"http://{ENGINE_HOST}:{ENGINE_PORT}", help="The engine's OpenAI server.")
     parser.add_argument("--tenant-table", type=Path, default=Path(TENANT_TABLE_DIR) / TENANT_TABLE_KEY, help="Tenant table JSON file; reloaded when it changes.")
+    parser.add_argument("--pod-name", default=os.environ.get("POD_NAME") or None,
+                        help="This pod's name: the replica enforces its own quota shares from the tenant table (default: $POD_NAME, "
+                             "which the operator sets; without it the pool-wide share).")
     parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
     parser.add_argument("--drain-timeout", type=_seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
     parser.add_argument("--trusted-proxies", default=None, metavar="CIDR[,CIDR...]",
@@ -109,6 +113,7 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             engine_url=args.engine_url,
             tenant_table=args.tenant_table,
+            pod_name=args.pod_name,
             max_queue_depth=args.max_queue_depth,
             drain_timeout_s=args.drain_timeout,
             trust_gateway_headers=args.trust_gateway_headers,

@@ -64,6 +64,7 @@ class SidecarOptions:
     max_num_batched_tokens: int = 8192  # the first-token lead's step size
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     trusted_proxies: str | None = None  # `--trusted-proxies`: whose X-Forwarded-For names the client (addresses.py); none by default
+    pod_name: str | None = None  # `--pod-name`: whose per-pod quota shares in the tenant table this replica enforces
 
 
 def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
@@ -117,7 +118,7 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
     )
-    core = SidecarCore(config, TenantDirectory(options.tenant_table), counter=counter or build_counter(options.tokenizer))
+    core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer))
     limits = options.connection_limits
     try:
         proxies = TrustedProxies.parse(options.trusted_proxies)

@@ -1,5 +1,8 @@
 """Tenants as the sidecar knows them: the operator's tenant table, indexed by key hash, reloaded on change.
 
+Each replica enforces its own share: the entry's `podShares` under this pod's name (the
+operator's POD_NAME, `--pod-name`) when listed, else the entry's `share`.
+
 The table file is a mounted Secret, watched by `slaq.table_file.TableFile` (the engine's table
 has the same watcher). Reloading builds a new immutable index and swaps one reference: requests
 already admitted keep the `Tenant` they were admitted with, so a reload never drops or alters
@@ -40,16 +43,18 @@ class Tenant:
     attainment_target: float = 0.99
 
     @classmethod
-    def from_entry(cls, entry: TenantEntry) -> "Tenant":
+    def from_entry(cls, entry: TenantEntry, pod: str | None = None) -> "Tenant":
+        """The tenant as the replica named `pod` enforces it (its own share when the entry lists one)."""
+        share = entry.share_for(pod)
         return cls(
             name=entry.name,
             tier=entry.tier,
             ttft_ms=entry.ttft_ms,
             tpot_ms=entry.tpot_ms,
             cache_salt=entry.cache_salt,
-            requests_per_minute=entry.share.requests_per_minute,
-            tokens_per_minute=entry.share.tokens_per_minute,
-            max_concurrency=entry.share.max_concurrency,
+            requests_per_minute=share.requests_per_minute,
+            tokens_per_minute=share.tokens_per_minute,
+            max_concurrency=share.max_concurrency,
             attainment_target=entry.attainment_target,
         )
 
@@ -66,8 +71,8 @@ class TenantIndex:
     legacy_hashes: bool = False  # some entries hold bare SHA-256 hashes (a table of an earlier operator)
 
     @classmethod
-    def from_table(cls, table: TenantTable) -> "TenantIndex":
-        by_name = {entry.name: Tenant.from_entry(entry) for entry in table.tenants}
+    def from_table(cls, table: TenantTable, pod: str | None = None) -> "TenantIndex":
+        by_name = {entry.name: Tenant.from_entry(entry, pod) for entry in table.tenants}
         by_hash = {h: by_name[entry.name] for entry in table.tenants for h in entry.key_hashes}
         return cls(pool=table.pool, revision=table.revision, by_key_hash=by_hash, by_name=by_name, hash_key=table.hash_key(),
                    legacy_hashes=any(h.startswith(LEGACY_KEY_HASH_PREFIX) for h in by_hash))
@@ -101,16 +106,17 @@ class TenantDirectory:
     not lock every tenant out) and is reported through `last_error`.
     """
 
-    def __init__(self, path: Path | None = None, index: TenantIndex | None = None) -> None:
+    def __init__(self, path: Path | None = None, index: TenantIndex | None = None, *, pod: str | None = None) -> None:
         self.path = path
+        self.pod = pod  # this replica's pod name: whose per-pod shares it enforces (None: the entries' `share`)
         self.index = index or TenantIndex.empty()
         self.loaded = index is not None
         self.last_error: str | None = None
         self._file = TableFile(path, TenantTable) if path is not None else None
 
     @classmethod
-    def from_table(cls, table: TenantTable) -> "TenantDirectory":
-        return cls(index=TenantIndex.from_table(table))
+    def from_table(cls, table: TenantTable, pod: str | None = None) -> "TenantDirectory":
+        return cls(index=TenantIndex.from_table(table, pod), pod=pod)
 
     def refresh(self) -> bool:
         """Reload if the file changed; True when a new index was installed."""
@@ -122,7 +128,7 @@ class TenantDirectory:
             log.error("%s; keeping revision %r", change.error, self.index.revision)
             return False
         table = change.table
-        self.index = TenantIndex.from_table(table)
+        self.index = TenantIndex.from_table(table, self.pod)
         self.loaded = True
         self.last_error = None
         log.info("tenant table %s loaded: revision %r, %d tenants", self.path, table.revision, len(table.tenants))
