@@ -221,7 +221,7 @@ class SidecarApp:
     async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str, entry: AccessEntry) -> None:
         headers = _headers(scope)
         identity = entry.identity = self.core.identify(headers)
-        self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
+        await self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
         try:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type not in ("application/json", ""):
