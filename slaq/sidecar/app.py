@@ -168,6 +168,8 @@ class SidecarApp:
         self.core.directory.refresh()
         await self.monitor.poll_once()
         self._tasks = [asyncio.create_task(self.monitor.run()), asyncio.create_task(watch_table(self.core))]
+        if self.core.shared_quotas is not None:
+            self._tasks.append(asyncio.create_task(self.core.shared_quotas.run()))  # heartbeats, and probes of a lost store
 
     async def shutdown(self) -> None:
         for task in self._tasks:
@@ -176,6 +178,8 @@ class SidecarApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.engine.aclose()
+        if self.core.shared_quotas is not None:
+            await self.core.shared_quotas.aclose()
         self.core.parsers.close()
 
     def ready(self) -> bool:

@@ -17,13 +17,14 @@ import pytest
 import redis.asyncio as redis
 
 from slaq.api.common import Tier
-from slaq.api.table import ClusterQuota
+from slaq.api.table import ClusterQuota, ReplicaShare
 from slaq.sidecar.admission import QuotaGate, Ticket
 from slaq.sidecar.breaker import BreakerState
 from slaq.sidecar.errors import QuotaExceeded
 from slaq.sidecar.quota_store import QuotaStore, StoreSettings
 from slaq.sidecar.shared_quotas import SharedQuotaGate
 from slaq.sidecar.tenants import Tenant
+from tests.sidecar.tables import abc_table, bearer
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (fixture)
 
 REPLICAS = 2
@@ -275,3 +276,21 @@ async def test_a_store_that_dies_or_stalls_falls_back_to_the_local_shares_and_re
         for runner in runners:
             runner.cancel()
         await asyncio.gather(*runners, return_exceptions=True)
+
+
+def test_two_sidecars_over_http_share_the_request_rate(start_sidecar, fake_upstream, redis_server: RedisServer) -> None:  # noqa: F811
+    """The real sidecar app (`slaq sidecar --quota-store`), twice, in front of the fake engine: the
+    tenant's 10 requests/min hold across both, wherever its requests land."""
+    table = abc_table()
+    table = table.model_copy(update={"tenants": [
+        e.model_copy(update={"share": ReplicaShare(requests_per_minute=5), "quota": ClusterQuota(requests_per_minute=10)}) if e.name == "std" else e
+        for e in table.tenants]})
+    settings = StoreSettings(url=redis_server.url)
+    sidecars = [start_sidecar(fake_upstream[1], table, served_model_name="fake-model", quota_store=settings) for _ in range(2)]
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
+    statuses = [sidecars[0 if i < 9 else 1].client.post("/v1/chat/completions", json=body, headers=bearer("std")) for i in range(12)]
+    codes = [r.status_code for r in statuses]
+    assert codes.count(200) == 10 and codes.count(429) == 2, codes  # 9 on the first (its share is 5), 1 more on the second
+    assert all(r.json()["reason"] == "request_rate" and "across the cluster" in r.json()["error"]["message"] for r in statuses if r.status_code == 429)
+    metrics = sidecars[0].metrics.get("/metrics").text
+    assert 'slaq_quota_store_state{state="closed"} 1.0' in metrics and 'slaq_quota_mode{mode="store"} 1.0' in metrics
