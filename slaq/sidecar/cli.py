@@ -7,9 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
-
-QUOTA_STORE_PASSWORD_ENV = "SLAQ_QUOTA_STORE_PASSWORD"
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, QUOTA_STORE_PASSWORD_ENV, TENANT_TABLE_DIR, TENANT_TABLE_KEY
 
 
 def _positive_int(text: str) -> int:
