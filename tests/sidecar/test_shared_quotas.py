@@ -50,7 +50,9 @@ async def make_gate(redis_server: RedisServer) -> AsyncIterator[MakeGate]:  # no
     gates: list[SharedQuotaGate] = []
 
     def make(sidecar: str, **settings) -> SharedQuotaGate:
-        store = QuotaStore(StoreSettings(url=redis_server.url, **settings), sidecar_id=sidecar)
+        # The longest timeout allowed unless a test says otherwise: on a loaded machine a shorter one
+        # would send some decisions to the local shares (the fallback working), not what these tests measure.
+        store = QuotaStore(StoreSettings(url=redis_server.url, **{"timeout_s": 1.0, **settings}), sidecar_id=sidecar)
         gates.append(SharedQuotaGate(QuotaGate(), store))
         return gates[-1]
 
@@ -114,6 +116,7 @@ async def test_two_replicas_admit_the_whole_token_rate_committing_what_the_engin
         admitted = await offer(gates, t, 100, tokens=reserve)
         if not admitted:
             break
+        assert all(ticket.in_store for _, ticket in admitted)
         for i, ticket in admitted:
             gates[i].settle(ticket, used, time.time())
         charged += used * len(admitted)
@@ -147,6 +150,7 @@ async def test_two_replicas_hold_exactly_the_concurrency_quota(make_gate: MakeGa
     by_replica = [sum(1 for i, _ in admitted if i == r) for r in (0, 1)]
     print(f"concurrency {quota}: {len(admitted)} in flight, {by_replica} per replica")
     assert len(admitted) == quota and by_replica[0] > quota // REPLICAS  # A holds more than its share
+    assert all(ticket.in_store for _, ticket in admitted)
     assert await offer(gates, t, 30) == []  # and not one more
     # Releasing three on A makes room for exactly three more, wherever they arrive.
     for i, ticket in [pair for pair in admitted if pair[0] == 0][:3]:
@@ -161,7 +165,7 @@ async def test_two_replicas_hold_exactly_the_concurrency_quota(make_gate: MakeGa
 
 async def test_a_dead_sidecars_slots_expire_with_its_lease(make_gate: MakeGate) -> None:
     t = tenant(concurrency=10)
-    dead, alive = make_gate("dead", lease_s=1.0), make_gate("alive", lease_s=1.0)
+    dead, alive = make_gate("dead", lease_s=1.0, timeout_s=0.3), make_gate("alive", lease_s=1.0, timeout_s=0.3)
     heartbeats = asyncio.create_task(alive.run())  # "alive" renews its lease; "dead" never does
     try:
         held = [await dead.admit(t, 0, time.time()) for _ in range(7)]
@@ -180,7 +184,7 @@ async def test_a_dead_sidecars_slots_expire_with_its_lease(make_gate: MakeGate) 
 
 async def test_the_heartbeat_heals_a_lost_release_and_keeps_leases_alive(make_gate: MakeGate) -> None:
     t = tenant(concurrency=4)
-    a, b = make_gate("a", lease_s=1.0), make_gate("b", lease_s=1.0)
+    a, b = make_gate("a", lease_s=1.0, timeout_s=0.3), make_gate("b", lease_s=1.0, timeout_s=0.3)
     tickets = [await a.admit(t, 0, time.time()) for _ in range(3)]
     # A release the store never saw: the local count drops, the store's does not.
     a.local.settle(tickets[0], 0, time.time())
@@ -287,7 +291,7 @@ def test_two_sidecars_over_http_share_the_request_rate(start_sidecar, fake_upstr
     table = table.model_copy(update={"tenants": [
         e.model_copy(update={"share": ReplicaShare(requests_per_minute=5), "quota": ClusterQuota(requests_per_minute=10)}) if e.name == "std" else e
         for e in table.tenants]})
-    settings = StoreSettings(url=redis_server.url)
+    settings = StoreSettings(url=redis_server.url, timeout_s=1.0)
     sidecars = [start_sidecar(fake_upstream[1], table, served_model_name="fake-model", quota_store=settings) for _ in range(2)]
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
     statuses = [sidecars[0 if i < 9 else 1].client.post("/v1/chat/completions", json=body, headers=bearer("std")) for i in range(12)]
