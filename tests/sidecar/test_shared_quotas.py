@@ -286,7 +286,7 @@ async def test_a_store_that_dies_or_stalls_falls_back_to_the_local_shares_and_re
 
 def test_two_sidecars_over_http_share_the_request_rate(start_sidecar, fake_upstream, redis_server: RedisServer) -> None:  # noqa: F811
     """The real sidecar app (`slaq sidecar --quota-store`), twice, in front of the fake engine: the
-    tenant's 10 requests/min hold across both, wherever its requests land."""
+    tenant's 10 requests/min hold across both, wherever its requests land; without the store, the share."""
     table = abc_table()
     table = table.model_copy(update={"tenants": [
         e.model_copy(update={"share": ReplicaShare(requests_per_minute=5), "quota": ClusterQuota(requests_per_minute=10)}) if e.name == "std" else e
@@ -300,3 +300,9 @@ def test_two_sidecars_over_http_share_the_request_rate(start_sidecar, fake_upstr
     assert all(r.json()["reason"] == "request_rate" and "across the cluster" in r.json()["error"]["message"] for r in statuses if r.status_code == 429)
     metrics = sidecars[0].metrics.get("/metrics").text
     assert 'slaq_quota_store_state{state="closed"} 1.0' in metrics and 'slaq_quota_mode{mode="store"} 1.0' in metrics
+    # The store dies: the first sidecar goes on serving on its share (5/min, its local bucket untouched so far).
+    redis_server.kill()
+    codes = [sidecars[0].client.post("/v1/chat/completions", json=body, headers=bearer("std")).status_code for _ in range(7)]
+    assert codes.count(200) == 5 and codes.count(429) == 2, codes
+    metrics = sidecars[0].metrics.get("/metrics").text
+    assert 'slaq_quota_mode{mode="local"} 1.0' in metrics and 'slaq_quota_store_fallbacks_total{operation="reserve"}' in metrics
