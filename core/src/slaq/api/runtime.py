@@ -31,6 +31,7 @@ MAX_TABLE_PARTS = 16
 SCHEDULER_CONFIG_ENV = "SLAQ_SCHEDULER_CONFIG"
 # The engine reads its table at this path (default: the engine mount above) and re-reads it when it changes.
 ENGINE_TABLE_ENV = "SLAQ_ENGINE_TABLE"
+QUOTA_STORE_PASSWORD_ENV = "SLAQ_QUOTA_STORE_PASSWORD"  # the sidecar's quota store password (`slaq sidecar --quota-store`)
 
 HEALTH_PATH = "/health"  # liveness: the sidecar process answers
 READY_PATH = "/ready"  # readiness: the engine behind it answers and the tenant table is loaded

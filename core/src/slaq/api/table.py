@@ -6,7 +6,7 @@ import hashlib
 import hmac
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from slaq.api.common import ApiModel, KvErase, Tier
 
@@ -63,6 +63,17 @@ class ReplicaShare(ApiModel):
     max_concurrency: Annotated[int | None, Field(ge=0)] = None
 
 
+class ClusterQuota(ApiModel):
+    """A tenant's quotas across every replica of every pool (its TenantSLA's), for sidecars that
+    count them in a shared store (sidecar/README.md, Exact quotas); None means unlimited."""
+
+    model_config = ConfigDict(**ApiModel.model_config, frozen=True)  # hashable: sidecars hold it in a frozen Tenant
+
+    requests_per_minute: Annotated[float | None, Field(ge=0.0)] = None
+    tokens_per_minute: Annotated[float | None, Field(ge=0.0)] = None
+    max_concurrency: Annotated[int | None, Field(ge=0)] = None
+
+
 class TenantEntry(ApiModel):
     name: Annotated[str, Field(min_length=1)]
     tier: Tier
@@ -76,6 +87,7 @@ class TenantEntry(ApiModel):
     # POD_NAME); a pod not listed (a new one, or one without demand of its own) uses `share`.
     pod_shares: Annotated[dict[Annotated[str, Field(min_length=1)], ReplicaShare] | None, Field(
         description="Shares of the pods whose share differs from `share` (by pod name); None in tables of earlier operators.")] = None
+    quota: ClusterQuota | None = None  # None: a table of an earlier operator (a sidecar with a store then keeps to its share)
     kv_cache_share: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     kv_erase: KvErase = KvErase.ON_REUSE  # the engine's KV erase mode for this tenant (TenantSLA.spec.kvErase)
 

@@ -15,14 +15,14 @@ from slaq.api.table import TenantTable
 from slaq.operator.gateway import render_gateway_inference_pool
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
 from slaq.operator.tables import TableRenderer, split_table, table_texts
-from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, render_pod_template
+from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, QuotaStoreRef, render_pod_template
 
 
 def _meta(pool: InferencePool, name: str) -> dict[str, Any]:
     return {"name": name, "namespace": pool.metadata.namespace, "labels": pool_labels(pool.metadata.name)}
 
 
-def render_deployment(pool: InferencePool) -> dict[str, Any]:
+def render_deployment(pool: InferencePool, store: QuotaStoreRef | None = None) -> dict[str, Any]:
     name = pool.metadata.name
     return {
         "apiVersion": "apps/v1",
@@ -37,7 +37,7 @@ def render_deployment(pool: InferencePool) -> dict[str, Any]:
             "revisionHistoryLimit": 5,
             # Longer than the engine's startup budget, so a slow model load is not a failed rollout.
             "progressDeadlineSeconds": ENGINE_STARTUP_PERIOD_SECONDS * ENGINE_STARTUP_FAILURES + 600,
-            "template": render_pod_template(pool),
+            "template": render_pod_template(pool, store),
         },
     }
 
@@ -118,19 +118,20 @@ def render_table_secret(pool: InferencePool, table: TenantTable, texts: dict[str
     }
 
 
-def render_children(pool: InferencePool) -> list[dict[str, Any]]:
-    """The pool's serving objects (all but the tenant table), in the order the operator applies them."""
+def render_children(pool: InferencePool, store: QuotaStoreRef | None = None) -> list[dict[str, Any]]:
+    """The pool's serving objects (all but the tenant table), in the order the operator applies them;
+    `store`: the install's shared quota store, if it has one."""
     hpa = render_hpa(pool)
-    return [render_service(pool), render_pdb(pool), render_deployment(pool), *([hpa] if hpa is not None else [])]
+    return [render_service(pool), render_pdb(pool), render_deployment(pool, store), *([hpa] if hpa is not None else [])]
 
 
-def render_pool_objects(pool: InferencePool, table: TenantTable) -> list[dict[str, Any]]:
+def render_pool_objects(pool: InferencePool, table: TenantTable, store: QuotaStoreRef | None = None) -> list[dict[str, Any]]:
     """Everything the operator applies for a pool: the table first (in as many Secrets as it
     takes), so pods mount it on their first start, and last the Gateway API InferencePool when
     `spec.gateway.inferencePool` asks for one (gateway.py)."""
     parts = split_table(table.pool, table.tenants, renderer=TableRenderer(table.key_hash_key))
     gateway = render_gateway_inference_pool(pool)
-    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool),
+    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool, store),
             *([gateway] if gateway is not None else [])]
 
 

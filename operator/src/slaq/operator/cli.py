@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slaq.operator.pod import QuotaStoreRef
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--open-namespaces", default="", metavar="NS[,NS...]",
                         help="namespaces whose InferencePools bind tenants with an empty spec.poolSelector (default: none: "
                              "a tenant names its pools)")
+    parser.add_argument("--quota-store", default=None, metavar="URL",
+                        help="the install's Redis (redis://host:port/db): every pool's sidecars count tenants' whole quotas there "
+                             "(default: none: each replica keeps to its share)")
+    parser.add_argument("--quota-store-password-secret", default=None, metavar="NAME[:KEY]",
+                        help="the Secret (in each pool's namespace) whose KEY (default: password) holds the store's password")
     parser.add_argument("--liveness", default=None, metavar="URL",
                         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
@@ -31,6 +40,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _names(listed: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in listed.split(",") if name.strip())
+
+
+def _quota_store(url: str | None, secret: str | None) -> QuotaStoreRef | None:
+    from urllib.parse import urlsplit
+
+    from slaq.operator.pod import QuotaStoreRef
+
+    if not url:
+        if secret:
+            raise SystemExit("--quota-store-password-secret needs --quota-store")
+        return None
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise SystemExit(f"--quota-store {url!r}: the scheme must be redis://, rediss:// or unix://")
+    if urlsplit(url).password:
+        raise SystemExit("--quota-store: the URL holds a password (it would show in every pod spec); use --quota-store-password-secret")
+    if not secret:
+        return QuotaStoreRef(url)
+    name, _, key = secret.partition(":")
+    return QuotaStoreRef(url, password_secret=name, password_key=key or "password")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -43,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
     from slaq.operator.client import load_connection
     from slaq.operator.runner import OperatorOptions, main
 
-    options = OperatorOptions(namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
+    options = OperatorOptions(quota_store=_quota_store(args.quota_store, args.quota_store_password_secret), namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
                               attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests,
                               key_secret_namespaces=_names(args.key_secret_namespaces), open_namespaces=_names(args.open_namespaces))
     return main(load_connection(), options, verbose=args.verbose)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from slaq.api.common import duration_seconds
@@ -21,6 +22,7 @@ from slaq.api.runtime import (
     MAX_TABLE_PARTS,
     METRICS_PATH,
     METRICS_PORT_NAME,
+    QUOTA_STORE_PASSWORD_ENV,
     READY_PATH,
     SCHEDULER_CONFIG_ENV,
     SIDECAR_PORT_NAME,
@@ -39,6 +41,16 @@ ENGINE_STARTUP_PERIOD_SECONDS = 10
 ENGINE_STARTUP_FAILURES = 180
 
 
+@dataclass(frozen=True)
+class QuotaStoreRef:
+    """The install's shared quota store (the chart's quotaStore.redis): sidecars count tenants' whole
+    quotas there (`slaq sidecar --quota-store`). The password Secret is read from each pool's namespace."""
+
+    url: str
+    password_secret: str | None = None
+    password_key: str = "password"
+
+
 def engine_url() -> str:
     return f"http://{ENGINE_HOST}:{ENGINE_PORT}"
 
@@ -55,7 +67,7 @@ def _number(value: float) -> str:
     return format(value, "g")
 
 
-def sidecar_args(pool: InferencePool) -> list[str]:
+def sidecar_args(pool: InferencePool, store: QuotaStoreRef | None = None) -> list[str]:
     """Arguments of `slaq sidecar` (after the subcommand)."""
     spec = pool.spec
     args = [
@@ -79,6 +91,8 @@ def sidecar_args(pool: InferencePool) -> list[str]:
         args.append("--trust-gateway-headers")
     if spec.sidecar.trusted_proxies:
         args += ["--trusted-proxies", ",".join(spec.sidecar.trusted_proxies)]
+    if store is not None:
+        args += ["--quota-store", store.url]
     return [*args, "--served-model-name", served_model_name(pool)]
 
 
@@ -142,15 +156,18 @@ def _slaq_container(pool: InferencePool, subcommand: str, args: list[str]) -> di
     }
 
 
-def render_sidecar_container(pool: InferencePool) -> dict[str, Any]:
+def render_sidecar_container(pool: InferencePool, store: QuotaStoreRef | None = None) -> dict[str, Any]:
     spec = pool.spec
+    password = [] if store is None or store.password_secret is None else [
+        {"name": QUOTA_STORE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": store.password_secret, "key": store.password_key}}}]
     return {
-        **_slaq_container(pool, "sidecar", sidecar_args(pool)),
+        **_slaq_container(pool, "sidecar", sidecar_args(pool, store)),
         "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"},
                   {"name": METRICS_PORT_NAME, "containerPort": spec.sidecar.metrics_port, "protocol": "TCP"}],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *password,
         ],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         # Readiness follows the engine (model loaded) and the tenant table; liveness only the process.
@@ -213,7 +230,7 @@ def _table_volume(volume: str, pool_name: str, key: str) -> dict[str, Any]:
     return {"name": volume, "projected": {"defaultMode": 0o440, "sources": sources}}
 
 
-def render_pod_template(pool: InferencePool) -> dict[str, Any]:
+def render_pod_template(pool: InferencePool, store: QuotaStoreRef | None = None) -> dict[str, Any]:
     spec, name = pool.spec, pool.metadata.name
     placement = spec.placement
     pod_spec: dict[str, Any] = {
@@ -222,7 +239,7 @@ def render_pod_template(pool: InferencePool) -> dict[str, Any]:
         "terminationGracePeriodSeconds": PRESTOP_SECONDS + drain_seconds(pool) + GRACE_SLACK_SECONDS,
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                             "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [render_sidecar_container(pool), render_engine_container(pool)],
+        "containers": [render_sidecar_container(pool, store), render_engine_container(pool)],
         "volumes": [
             # Two projections of the one table Secret: each container gets only its own key.
             _table_volume("tenant-table", name, TENANT_TABLE_KEY),

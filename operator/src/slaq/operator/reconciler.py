@@ -32,6 +32,7 @@ from slaq.api.table import TenantEntry, TenantTable, derive_key_hash_key, hash_a
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger, Verdict, judge
 from slaq.operator.children import owned_by, render_children, render_table_secret
+from slaq.operator.pod import QuotaStoreRef
 from slaq.operator.client import KubeClient, plural_of
 from slaq.operator.conditions import condition, merge_conditions, now
 from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
@@ -111,7 +112,7 @@ class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
                  clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
-                 open_namespaces: Iterable[str] = ()) -> None:
+                 open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -119,6 +120,7 @@ class Reconciler:
         # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
         self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
         self.open_namespaces = frozenset(open_namespaces)
+        self.quota_store = quota_store  # the install's shared quota store, rendered into every sidecar (None: local shares)
         self._lock = asyncio.Lock()
         self._salt_key: bytes | None = None
         self._key_hash_key: bytes | None = None
@@ -696,7 +698,7 @@ class Reconciler:
         """The pool's children; its HPA only while no other autoscaler scales the pool (one owner of
         the replicas: two HPAs on one scale subresource undo each other's decisions)."""
         key = pool_key(pool)
-        children = render_children(pool)
+        children = render_children(pool, self.quota_store)
         self._rivals[key] = await self._rival_autoscaler(pool, body) if pool.spec.autoscaling.enabled else None
         if self._rivals[key] is not None:
             children = [child for child in children if child["kind"] != "HorizontalPodAutoscaler"]

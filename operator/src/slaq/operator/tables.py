@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
-from slaq.api.table import EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, derive_key_hash_key
+from slaq.api.table import ClusterQuota, EngineTable, ReplicaShare, TenantEntry, TenantTable, derive_cache_salt, derive_key_hash_key
 from slaq.operator.errors import OperatorError
 from slaq.api.tenant import PoolShare, TenantSLA
 from slaq.operator.quotas import Slot, Split, split_quota
@@ -168,6 +168,8 @@ def plan_tenant(
                 attainment_target=spec.objectives.attainment_target, key_hashes=sorted(key_hashes),
                 cache_salt=salt, share=share, pod_shares=per_pod or None, kv_cache_share=spec.quotas.kv_cache_share,
                 kv_erase=spec.kv_erase,
+                quota=ClusterQuota(requests_per_minute=spec.quotas.requests_per_minute, tokens_per_minute=spec.quotas.tokens_per_minute,
+                                   max_concurrency=spec.quotas.max_concurrency),
             )
         entries[slot.pool] = by_share[same]
         observed = usage.get(slot.pool, {}).get(name)

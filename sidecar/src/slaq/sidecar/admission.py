@@ -84,6 +84,7 @@ class Ticket:
     reserved_tokens: int
     slots: int = 1  # concurrency slots held: the completions the engine runs (`n` × prompts)
     settled: bool = False
+    in_store: bool = False  # charged to the shared store (shared_quotas.py), not to this replica's buckets
 
 
 def _bucket(state_bucket: TokenBucket | None, per_minute: float | None, now: float) -> TokenBucket | None:
@@ -150,6 +151,12 @@ class QuotaGate:
         state.in_flight += slots
         return Ticket(tenant=tenant, reserved_tokens=tokens, slots=slots)
 
+    def hold(self, tenant: Tenant, tokens: int, now: float, slots: int = 1) -> Ticket:
+        """A request admitted against the shared store: counted in flight here (so a fallback to
+        the local shares sees it), charged to no bucket here."""
+        self._state(tenant, now).in_flight += slots
+        return Ticket(tenant=tenant, reserved_tokens=tokens, slots=slots, in_store=True)
+
     def charge_refused_body(self, tenant: Tenant, now: float) -> None:
         """A body read and refused (malformed, a field outside the allowlist) costs one request of the
         tenant's rate, so a tenant cannot make the pod parse refused bodies for free."""
@@ -171,7 +178,7 @@ class QuotaGate:
         if state is None:
             return
         state.in_flight = max(0, state.in_flight - ticket.slots)
-        if state.tokens is not None and used_tokens is not None:
+        if state.tokens is not None and used_tokens is not None and not ticket.in_store:
             delta = ticket.reserved_tokens - used_tokens
             if delta >= 0:
                 state.tokens.give(delta, now)

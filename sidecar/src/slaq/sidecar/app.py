@@ -168,6 +168,8 @@ class SidecarApp:
         self.core.directory.refresh()
         await self.monitor.poll_once()
         self._tasks = [asyncio.create_task(self.monitor.run()), asyncio.create_task(watch_table(self.core))]
+        if self.core.shared_quotas is not None:
+            self._tasks.append(asyncio.create_task(self.core.shared_quotas.run()))  # heartbeats, and probes of a lost store
 
     async def shutdown(self) -> None:
         for task in self._tasks:
@@ -176,6 +178,8 @@ class SidecarApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.engine.aclose()
+        if self.core.shared_quotas is not None:
+            await self.core.shared_quotas.aclose()
         self.core.parsers.close()
 
     def ready(self) -> bool:
@@ -221,7 +225,7 @@ class SidecarApp:
     async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str, entry: AccessEntry) -> None:
         headers = _headers(scope)
         identity = entry.identity = self.core.identify(headers)
-        self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
+        await self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
         try:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
             if content_type not in ("application/json", ""):

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, TENANT_TABLE_DIR, TENANT_TABLE_KEY
+from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, QUOTA_STORE_PASSWORD_ENV, TENANT_TABLE_DIR, TENANT_TABLE_KEY
 
 
 def _positive_int(text: str) -> int:
@@ -93,6 +93,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"Most open connections from one client address (an IPv6 /64), both ports; more get 503 and are closed, "
                              f"except /health and /ready. Behind a gateway raise it to the gateway's pool, or 0 for no cap "
                              f"(default {defaults.max_connections_per_client}).")
+    parser.add_argument("--quota-store", default=None, metavar="URL",
+                        help="Count tenants' whole quotas in this Redis (redis://host:port/db, rediss://..., unix://...), shared by every "
+                             "sidecar, instead of this replica's share of them; the shares decide while it does not answer. The password "
+                             f"comes from ${QUOTA_STORE_PASSWORD_ENV} or --quota-store-password-file, never the URL (default: none, the shares decide).")
+    parser.add_argument("--quota-store-password-file", type=Path, default=None, help="A file holding the store's password (a mounted Secret).")
+    parser.add_argument("--quota-store-prefix", default="slaq", help="Prefix of the store's keys: installs sharing one Redis set different ones (default slaq).")
+    parser.add_argument("--quota-store-timeout", type=_seconds, default=0.25,
+                        help="Seconds one store call may take, connecting included, before the request is decided on the shares (at most 1; default 0.25).")
+    parser.add_argument("--quota-store-lease", type=_seconds, default=10.0,
+                        help="Seconds a sidecar's in-flight slots outlive it in the store if it dies; renewed every third of it (default 10).")
     parser.set_defaults(handler=_run)
 
 
@@ -101,13 +111,16 @@ def _run(args: argparse.Namespace) -> int:
 
     from slaq.sidecar.connections import ConnectionLimits
     from slaq.sidecar.fields import MAX_TOKENS_LIMIT
-    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_request_limits, parse_scheduler_config, serve
+    from slaq.sidecar.server import ConfigError, SidecarOptions, parse_quota_store, parse_request_limits, parse_scheduler_config, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
     try:
         scheduler = parse_scheduler_config(args.scheduler_config)
         request_limits = parse_request_limits(args.request_limits)
+        quota_store = parse_quota_store(args.quota_store, password_file=args.quota_store_password_file,
+                                        password_env=os.environ.get(QUOTA_STORE_PASSWORD_ENV), prefix=args.quota_store_prefix,
+                                        timeout_s=args.quota_store_timeout, lease_s=args.quota_store_lease)
         serve(SidecarOptions(
             host=args.host,
             port=args.port,
@@ -124,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             access_log=args.access_log,
             request_limits=request_limits,
+            quota_store=quota_store,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

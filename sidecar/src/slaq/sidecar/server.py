@@ -8,6 +8,7 @@ it arrived on, so both share one event loop, one core and one drain.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import logging
@@ -15,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 import yaml
@@ -30,6 +32,7 @@ from slaq.sidecar.fields import MAX_TOKENS_LIMIT, BodyLimits
 
 DEFAULT_LENGTH_TOKENS = 8192  # the length term's normaliser when the engine's context length is not known
 from slaq.sidecar.proxy import EngineClient
+from slaq.sidecar.quota_store import QuotaStore, StoreSettings
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
 from slaq.sidecar.tokens import EstimatingCounter, PromptCounter, TokenizerCounter
@@ -65,6 +68,7 @@ class SidecarOptions:
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     trusted_proxies: str | None = None  # `--trusted-proxies`: whose X-Forwarded-For names the client (addresses.py); none by default
     pod_name: str | None = None  # `--pod-name`: whose per-pod quota shares in the tenant table this replica enforces
+    quota_store: StoreSettings | None = None  # `--quota-store*`: tenants' whole quotas in a shared Redis; None: this replica's shares
 
 
 def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
@@ -97,6 +101,31 @@ def parse_request_limits(value: str | None) -> RequestLimitsSpec:
     return _parse_spec("--request-limits", value, RequestLimitsSpec)
 
 
+def parse_quota_store(url: str | None, *, password_file: Path | None = None, password_env: str | None = None, prefix: str = "slaq",
+                      timeout_s: float = 0.25, lease_s: float = 10.0) -> StoreSettings | None:
+    """`--quota-store` and its companions; None without a URL."""
+    if not url:
+        return None
+    if urlsplit(url).password:
+        raise ConfigError("--quota-store: the URL holds a password (it would show in the pod spec); "
+                          "give it by file (--quota-store-password-file) or environment (a Secret)")
+    password = password_env or None
+    if password_file is not None:
+        try:
+            password = password_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"--quota-store-password-file: cannot read {password_file}: {exc.strerror or exc}") from exc
+    try:
+        return StoreSettings(url=url, password=password, prefix=prefix, timeout_s=timeout_s, lease_s=lease_s)
+    except ValueError as exc:
+        raise ConfigError(f"--quota-store: {exc}") from exc
+
+
+def sidecar_id() -> str:
+    """This sidecar's name in the store: its pod and a random part (a restarted container is a new holder)."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{os.urandom(4).hex()}"
+
+
 def build_counter(tokenizer: str | None) -> PromptCounter:
     if not tokenizer:
         return EstimatingCounter()
@@ -118,7 +147,9 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
     )
-    core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer))
+    store = QuotaStore(options.quota_store, sidecar_id()) if options.quota_store is not None else None
+    core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer),
+                       quota_store=store)
     limits = options.connection_limits
     try:
         proxies = TrustedProxies.parse(options.trusted_proxies)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA, enrich_body
@@ -29,7 +30,9 @@ from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool,
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
+from slaq.sidecar.quota_store import QuotaStore
 from slaq.sidecar.risk import SlaRisk
+from slaq.sidecar.shared_quotas import SharedQuotaGate
 from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
 from slaq.sidecar.tokens import EstimatingCounter, PromptCounter
 from slaq.sidecar.usage import UsageLog
@@ -63,6 +66,17 @@ class Settlement:
     ttft_s: float | None = None
     tpot_s: float | None = None
     slo_outcome: str | None = None  # met, ttft_missed, tpot_missed, e2e_missed; None without objectives
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A request checked and counted, before its quota is charged."""
+
+    payload: InferencePayload
+    view: RequestView
+    prompt_tokens: int
+    predicted_output: int
+    reserved_tokens: int
 
 
 @dataclass(slots=True, eq=False)
@@ -101,6 +115,7 @@ class SidecarCore:
         *,
         counter: PromptCounter | None = None,
         clock: Callable[[], float] = time.time,
+        quota_store: QuotaStore | None = None,
     ) -> None:
         self.config = config
         self.directory = directory
@@ -128,6 +143,8 @@ class SidecarCore:
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
                                       targets=self.attainment_targets, pool=self.pool_name)
+        # With a store, tenants' whole quotas are counted there and `quotas` (the local shares) is its fallback.
+        self.shared_quotas = SharedQuotaGate(self.quotas, quota_store, registry=self.metrics.registry) if quota_store is not None else None
 
     # pod state -----------------------------------------------------------------------------
 
@@ -195,13 +212,16 @@ class SidecarCore:
             self.refused(error, None)
             raise
 
-    def precheck(self, identity: Identity) -> None:
+    async def precheck(self, identity: Identity) -> None:
         """What can refuse a request before its body is read (and parsed): draining, the tenant's
         concurrency and request rate. Nothing is charged."""
         try:
             if self.draining:
                 raise Draining("sidecar is draining; retry on another replica")
-            self.quotas.precheck(identity.tenant, self.clock())
+            if self.shared_quotas is not None:
+                await self.shared_quotas.precheck(identity.tenant, self.clock())
+            else:
+                self.quotas.precheck(identity.tenant, self.clock())
         except SidecarError as error:
             self.refused(error, identity)
             raise
@@ -217,45 +237,70 @@ class SidecarCore:
                  arrival: float | None = None) -> Flight:
         """Check and charge one request, ready to queue (everything `admit` does before it waits;
         no event loop needed, so the simulator runs it in simulated time). `parsed`: what a parsing
-        worker made of `raw` (else it is parsed here); `arrival`: when the request came, if earlier."""
+        worker made of `raw` (else it is parsed here); `arrival`: when the request came, if earlier.
+        Charges this replica's shares: a sidecar with a quota store checks in through `admit`."""
         now = self.clock()
         arrival = now if arrival is None else arrival  # parsing and token counting are part of the sidecar's latency
+        with self._refusals(identity, now):
+            order = self._order(identity, kind, raw, parsed, arrival, identity.tenant.max_concurrency)
+            ticket = self.quotas.admit(identity.tenant, order.reserved_tokens, now, slots=order.payload.n)
+        return self._checked_in(identity, order, ticket, arrival, now)
+
+    async def _check_in_shared(self, quotas: SharedQuotaGate, identity: Identity, kind: Kind, raw: bytes,
+                               parsed: InferencePayload | SidecarError | None, arrival: float) -> Flight:
+        """`check_in`, with the tenant's whole quota charged to the shared store."""
+        now = self.clock()
+        with self._refusals(identity, now):
+            order = self._order(identity, kind, raw, parsed, arrival, quotas.max_slots(identity.tenant))
+            ticket = await quotas.admit(identity.tenant, order.reserved_tokens, now, slots=order.payload.n)
+        return self._checked_in(identity, order, ticket, arrival, now)
+
+    @contextlib.contextmanager
+    def _refusals(self, identity: Identity, now: float) -> Iterator[None]:
         try:
-            if self.draining:
-                raise Draining("sidecar is draining; retry on another replica")
-            tenant = identity.tenant
-            if isinstance(parsed, SidecarError):
-                raise parsed
-            payload = parsed or parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
-            if tenant.max_concurrency is not None and payload.n > tenant.max_concurrency:
-                raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
-                                        f"{tenant.max_concurrency} at once")
-            prompt_tokens = self.counter.count(kind, payload.body)
-            predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
-            view = RequestView(
-                tier=tenant.tier,
-                arrival=arrival,
-                ttft_ms=identity.ttft_ms,
-                prompt_tokens=prompt_tokens,
-                predicted_output=predicted,
-                tenant_service_share=self.accounting.service_share(tenant.tier.value, tenant.name),
-                tenant=tenant.name,
-            )
-            wait_s = self.dispatcher.predicted_wait_s(view)
-            self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
-            reserved = prompt_tokens * payload.prompt_charge_factor + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
-            ticket = self.quotas.admit(tenant, reserved, now, slots=payload.n)
+            yield
         except SidecarError as error:
             if isinstance(error, (BadRequest, TokenRateExceeded)):
                 # A body read, parsed and counted, then refused, still costs a request of the rate:
                 # else a tenant makes the pod parse megabytes for free, as often as it likes.
-                self.quotas.charge_refused_body(identity.tenant, now)
+                (self.shared_quotas or self.quotas).charge_refused_body(identity.tenant, now)
             self.refused(error, identity)
             raise
+
+    def _order(self, identity: Identity, kind: Kind, raw: bytes, parsed: InferencePayload | SidecarError | None, arrival: float,
+               max_slots: int | None) -> Order:
+        """Parse, count and pass the pod guard; `max_slots`: the most completions one request may run."""
+        if self.draining:
+            raise Draining("sidecar is draining; retry on another replica")
+        tenant = identity.tenant
+        if isinstance(parsed, SidecarError):
+            raise parsed
+        payload = parsed or parse_payload(raw, kind, self.config.served_model_name, self.config.limits, tenant.cache_salt)
+        if max_slots is not None and payload.n > max_slots:
+            raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
+                                    f"{max_slots} at once")
+        prompt_tokens = self.counter.count(kind, payload.body)
+        predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
+        view = RequestView(
+            tier=tenant.tier,
+            arrival=arrival,
+            ttft_ms=identity.ttft_ms,
+            prompt_tokens=prompt_tokens,
+            predicted_output=predicted,
+            tenant_service_share=self.accounting.service_share(tenant.tier.value, tenant.name),
+            tenant=tenant.name,
+        )
+        wait_s = self.dispatcher.predicted_wait_s(view)
+        self.guard.check(tenant.tier, identity.ttft_ms, wait_s, self.risk.engine_ttft(tenant.tier), self.pressure())
+        reserved = prompt_tokens * payload.prompt_charge_factor + payload.n * (payload.max_tokens if payload.max_tokens is not None else predicted)
+        return Order(payload, view, prompt_tokens, predicted, reserved)
+
+    def _checked_in(self, identity: Identity, order: Order, ticket: Ticket, arrival: float, now: float) -> Flight:
+        tenant = identity.tenant
         self.usage.admitted(tenant.name, now)
         flight = Flight(
-            key=next(self._keys), identity=identity, payload=payload, ticket=ticket, entry=QueuedRequest(view=view),
-            prompt_tokens=prompt_tokens, predicted_output=predicted, arrival=arrival,
+            key=next(self._keys), identity=identity, payload=order.payload, ticket=ticket, entry=QueuedRequest(view=order.view),
+            prompt_tokens=order.prompt_tokens, predicted_output=order.predicted_output, arrival=arrival,
         )
         self.risk.waiting(flight.key, arrival, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
@@ -266,7 +311,10 @@ class SidecarCore:
         parsed: InferencePayload | SidecarError | None = None
         if self.parsers.wants(raw) and not self.draining:
             parsed = await self._parse_off_loop(identity, kind, raw)
-        flight = self.check_in(identity, kind, raw, parsed, arrival)
+        if self.shared_quotas is not None:
+            flight = await self._check_in_shared(self.shared_quotas, identity, kind, raw, parsed, arrival)
+        else:
+            flight = self.check_in(identity, kind, raw, parsed, arrival)
         try:
             await self.dispatcher.wait_turn(flight.entry)
         except asyncio.CancelledError:
@@ -363,7 +411,7 @@ class SidecarCore:
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         prompt_charge = prompt * flight.payload.prompt_charge_factor  # prompt logprobs: a second pass over the prompt
         used = 0 if refund else None if output_tokens is None else prompt_charge + output_tokens
-        self.quotas.settle(flight.ticket, used, now)
+        (self.shared_quotas or self.quotas).settle(flight.ticket, used, now)
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s
         if output_tokens is not None and not refund:

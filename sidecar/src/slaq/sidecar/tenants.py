@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from slaq.api.common import Tier
-from slaq.api.table import LEGACY_KEY_HASH_PREFIX, TenantEntry, TenantTable, hash_api_key, key_fingerprint
+from slaq.api.table import LEGACY_KEY_HASH_PREFIX, ClusterQuota, TenantEntry, TenantTable, hash_api_key, key_fingerprint
 from slaq.sidecar.errors import Unauthorized
 from slaq.table_file import TableFile
 
@@ -41,6 +41,7 @@ class Tenant:
     tokens_per_minute: float | None = None
     max_concurrency: int | None = None
     attainment_target: float = 0.99
+    cluster_quota: ClusterQuota | None = None  # the whole quota, for a shared store (shared_quotas.py); None: not in the table
 
     @classmethod
     def from_entry(cls, entry: TenantEntry, pod: str | None = None) -> "Tenant":
@@ -56,6 +57,7 @@ class Tenant:
             tokens_per_minute=share.tokens_per_minute,
             max_concurrency=share.max_concurrency,
             attainment_target=entry.attainment_target,
+            cluster_quota=entry.quota,
         )
 
 
