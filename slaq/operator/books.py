@@ -145,7 +145,7 @@ class PoolBook:
 
     def blocking(self, tenant: str) -> dict[str, str]:
         """Why the tenant's entry is not written, by the pool key of each table too large to write."""
-        return {key: r.table_problem or "" for key, r in sorted(self._records.items()) if tenant in r.blocked}
+        return {key: r.table_problem or "" for key, r in sorted(self._records.items()) if r.blocked and tenant in r.blocked}
 
     def forget(self, key: str) -> set[str]:
         """Forget the pool (it was deleted); the tenants its table held."""
