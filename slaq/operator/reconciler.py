@@ -2,12 +2,10 @@
 
 Handlers (handlers.py) call one method each; each applies the desired state of what it names,
 so running it twice, after a restart, or after a failed attempt converges to the same objects.
-Watch events on pools, tenants (informer.py, view.py) and key Secrets (keys.py) mark what they
-touch (books.Marks); `refresh` has the planner (planner.py) plan only those tenants again and
-decide the table parts that changed, then the writer (writer.py) writes them and the statuses
-(status.py renders them). Marks made while a refresh runs are taken by the next one, so a burst
-of events costs one pass; planning and writing are serialised by one lock. What is remembered
-between refreshes is in the books (books.py): one record per pool and per tenant.
+Watch events (pools, tenants: informer.py, view.py; key Secrets: keys.py) mark what they touch
+(books.Marks); `refresh` takes the marks, has the planner (planner.py) decide what changed, and the
+writer (writer.py) write it; a burst of events costs one pass, under one lock. What is remembered
+between refreshes is in the books (books.py); statuses are rendered by status.py.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any
 from slaq.api.pool import InferencePool
 from slaq.api.tenant import TenantSLA
 from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger
-from slaq.operator.books import Books, Marks
+from slaq.operator.books import Books, Marks, TenantRecord
 from slaq.operator.client import KubeClient
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
 from slaq.operator.informer import Informer
@@ -77,8 +75,7 @@ class Reconciler:
     async def ensure_salt_key(self) -> bytes:
         """The secret every cache salt derives from: read it, or create it on first start."""
         key = await self.salt.ensure()
-        if self.renderer.key_hash_key is None and self.salt.hash_key is not None:
-            self.renderer.key_hash_key = self.salt.hash_key.hex()  # the tables carry it
+        self.renderer.key_hash_key = self.salt.hash_key.hex() if self.salt.hash_key else None  # the tables carry it
         return key
 
     # ------------------------------------------------------------------ watching and marking
@@ -140,19 +137,10 @@ class Reconciler:
         except OperatorError as exc:  # the marks stay pending: the next event or usage tick tries again
             log.warning("after key Secret %s/%s changed: %s", namespace, name, exc)
 
-    async def _list_key_namespaces(self, names: Iterable[str]) -> None:
-        """Start watching the key namespaces these tenants name first, and wait (outside the lock)
-        for their first listing to succeed or fail: a namespace that cannot be listed is reported on
-        its tenants at once, never awaited again."""
-        first = [asyncio.ensure_future(self.keys.start(ns).tried.wait()) for ns in self.planner.unwatched_key_namespaces(names)]
-        if first:
-            await asyncio.wait(first, timeout=KEY_SYNC_TIMEOUT_S)
-
     async def _key_namespace_synced(self, namespace: str) -> None:
         """A key namespace is listed (perhaps after failing), or failed to list for a new reason: its
         tenants are planned again, so their status says which."""
-        users = self.books.tenants.users_in(namespace)
-        for name in users:
+        for name in (users := self.books.tenants.users_in(namespace)):
             self.marks.tenant(name)
         if users:
             self._kick()
@@ -173,7 +161,9 @@ class Reconciler:
             self.marks.tenant(name, force)
         self.marks.pools.update(pools)
         self.marks.status.update(status)
-        await self._list_key_namespaces(self.view.tenant_names() if self._everything else list(self.marks.tenants))
+        # Key namespaces first named are waited for (outside the lock) until listed or refused: once.
+        names = self.view.tenant_names() if self._everything else list(self.marks.tenants)
+        await self.keys.start_and_wait(self.planner.unwatched_key_namespaces(names), KEY_SYNC_TIMEOUT_S)
         async with self._lock:
             if not (self.marks or self._everything):
                 return  # a refresh that started after these marks took them
@@ -204,11 +194,10 @@ class Reconciler:
         await self.writer.write_tenant_statuses(replanned | taken.status | writes.status_changed, self.view, self._tenant_status)
 
     def _tenant_status(self, tenant: TenantSLA, body: dict[str, Any]) -> tuple[dict[str, Any], Event | None]:
-        record = self.books.tenants.get(tenant.metadata.name)
-        plan, ref = (record.plan, record.key_ref) if record is not None else (None, None)
+        record = self.books.tenants.get(tenant.metadata.name) or TenantRecord()
         verdict, attainment = attainment_verdict(tenant, body, self.attainment, self.clock(), self.min_requests)
-        status = tenant_status(tenant, body, shares=plan.pools if plan else [], key_count=len(self.keys.get(*ref).hashes) if ref else 0,
-                               key_problem=record.key_problem if record is not None else None,
+        status = tenant_status(tenant, body, shares=record.plan.pools if record.plan else [], key_problem=record.key_problem,
+                               key_count=len(self.keys.get(*record.key_ref).hashes) if record.key_ref else 0,
                                blocked=self.books.pools.blocking(tenant.metadata.name), verdict=verdict, attainment=attainment,
                                open_namespaces=self.open_namespaces)
         return status, at_risk_event(body, verdict)

@@ -46,7 +46,8 @@ class Writer:
         """Apply a child only if it is absent or already the owner's; False (nothing written) for a
         foreign object of that name, which server-side apply would otherwise take over and garbage
         collection later delete with the pool. Checked once per object: created, or a JSON-patch
-        `test` of its controller reference (no read right needed)."""
+        `test` of its controller reference (no read right needed). The owner is a pool: what is
+        known to be its own is kept on its record, and forgotten with it."""
         meta, uid = child["metadata"], owner["metadata"]["uid"]
         plural = plural_of(child)
         known = (plural, meta["namespace"], meta["name"], uid)

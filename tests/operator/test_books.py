@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel
 
 from slaq.api.runtime import TenantUsage
 from slaq.operator.books import Books, GatewayOutcome, Marks, PoolBook, PoolRecord, TenantBook
+from slaq.bench.scale_objects import POOL_NAMESPACE
 from tests.operator.planning import Harness, pool_key_of, tenant_name
 
 
@@ -32,7 +34,7 @@ def traces(obj: Any, needle: str, path: str = "books", skip: frozenset[str] = fr
             yield from traces(key, needle, f"{path}[key {key!r}]", skip)
             yield from traces(value, needle, f"{path}[{key!r}]", skip)
         return
-    if isinstance(obj, (list, tuple, set, frozenset)):
+    if isinstance(obj, (list, tuple, set, frozenset, deque)):
         for i, item in enumerate(obj):
             yield from traces(item, needle, f"{path}[{i}]", skip)
         return
@@ -172,3 +174,20 @@ def test_marks_are_taken_whole_and_put_back_after_a_failure() -> None:
 
 def test_an_empty_record_equals_a_new_one() -> None:
     assert PoolRecord() == PoolRecord() and Books().pools.keys() == []
+
+
+async def test_the_reconciler_forgets_a_deleted_pool_whole_and_marks_its_tenants_to_be_planned_again() -> None:
+    from slaq.operator.reconciler import Reconciler
+    from tests.operator.planning import StubApi
+
+    harness = Harness()
+    await harness.refresh(everything=True)
+    reconciler = Reconciler(StubApi(), usage_source=None, namespace="slaq-system")  # type: ignore[arg-type]
+    reconciler.books = harness.books  # what a first refresh left
+    reconciler.books.pools.record(pool_key_of(0)).owned.add(("services", "inference", "pool-000", "uid-pool-000"))
+    reconciler.attainment.record(pool_key_of(0), [], 0.0)
+    assert list(traces(reconciler.attainment, pool_key_of(0)))  # negative control
+    reconciler.forget_pool(POOL_NAMESPACE, "pool-000")
+    assert pool_key_of(0) not in reconciler.books.pools and list(traces(reconciler.books.pools, "uid-pool-000")) == []
+    assert reconciler.marks.tenants == {tenant_name(j): True for j in (0, 3, 6)}
+    assert list(traces(reconciler.attainment, pool_key_of(0))) == []
