@@ -14,9 +14,10 @@ too weak to be one is refused by name of its data entry.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from slaq.api.common import GROUP
@@ -115,6 +116,13 @@ class KeyWatch:
                 namespace=namespace, on_change=self._changed, on_synced=self._synced, on_error=self._synced)
             self._informers[namespace].start()
         return self._informers[namespace]
+
+    async def start_and_wait(self, namespaces: Iterable[str], timeout_s: float) -> None:
+        """Start watching `namespaces`, and wait until each has been listed once or failed to be
+        (or `timeout_s` passed): what cannot be listed is then a problem to report, not a wait."""
+        tried = [asyncio.ensure_future(self.start(namespace).tried.wait()) for namespace in namespaces]
+        if tried:
+            await asyncio.wait(tried, timeout=timeout_s)
 
     def watching(self, namespace: str) -> bool:
         """Whether `namespace` is watched (listed, or still trying to list)."""
