@@ -90,6 +90,13 @@ def test_tenant_is_cluster_scoped_with_printer_columns() -> None:
     assert {"Tier", "TTFT-ms", "Attainment", "At-Risk"} <= columns
 
 
+def test_kubectl_get_tenantsla_shows_why_a_quota_cannot_serve_every_replica() -> None:
+    columns = {c["name"]: c for c in CRDS["slaq.dev_tenantslas.yaml"]["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Quota"]["jsonPath"] == '.status.conditions[?(@.type=="QuotaSplit")].reason'
+    assert columns["Quota-Split"]["jsonPath"] == '.status.conditions[?(@.type=="QuotaSplit")].message'
+    assert columns["Quota-Split"]["priority"] == 1  # the numbers, with -o wide
+
+
 def test_optional_sub_objects_default_so_nested_defaults_apply() -> None:
     spec = _schema("InferencePool")["properties"]["spec"]
     assert spec["properties"]["engine"]["default"] == {}

@@ -155,8 +155,12 @@ def tenant_sla_crd() -> dict[str, Any]:
             {"name": "TPOT-ms", "type": "number", "jsonPath": ".spec.objectives.tpotMs"},
             {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment"},
             {"name": "At-Risk", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"AtRisk\")].status"},
+            # QuotaBelowReplicas when a quota is too small to give every replica a share; -o wide says which.
+            {"name": "Quota", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"QuotaSplit\")].reason"},
             {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            {"name": "Quota-Split", "type": "string", "priority": 1,
+             "jsonPath": ".status.conditions[?(@.type==\"QuotaSplit\")].message"},
         ],
         subresources={"status": {}},
     )
