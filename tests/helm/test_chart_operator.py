@@ -18,7 +18,9 @@ def _pod_template(body: dict) -> dict:
     from slaq.api.pool import InferencePool
     from slaq.operator.children import render_deployment
 
-    return render_deployment(InferencePool.model_validate(body))["spec"]["template"]
+    from tests.support.images import TEST_IMAGES
+
+    return render_deployment(TEST_IMAGES.resolve(InferencePool.model_validate(body)))["spec"]["template"]
 
 
 @pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])

@@ -13,6 +13,7 @@ import yaml
 
 from slaq.api.pool import InferencePool
 from slaq.operator.children import render_deployment
+from tests.support.images import TEST_IMAGES
 from slaq.operator.gateway import render_gateway_inference_pool, render_inference_objectives
 from tests.operator.test_operator_kmock import POOLS, create, docs, merge_patch, operator
 from slaq.testing.kube import KubeEmulator
@@ -29,7 +30,7 @@ POOL_URL = "/apis/slaq.dev/v1alpha1/namespaces/inference/inferencepools/llama3-8
 def example_pool(**gateway: Any) -> InferencePool:
     body = yaml.safe_load((ROOT / "crds" / "examples" / "pool-gpu.yaml").read_text())
     body["spec"]["gateway"] = gateway
-    return InferencePool.model_validate(body)
+    return TEST_IMAGES.resolve(InferencePool.model_validate(body))
 
 
 def gie_schema() -> dict[str, Any]:

@@ -22,6 +22,7 @@ from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
 from slaq.testing.kube import KubeEmulator
+from tests.support.images import IMAGE_FLAGS
 from tests.support.polling import eventually
 
 KUBECTL = shutil.which("kubectl")
@@ -30,7 +31,7 @@ DEMO_KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standar
 
 
 def render(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
-    code = main(["render", *map(str, args)])
+    code = main(["render", *map(str, args), *IMAGE_FLAGS])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -48,6 +48,7 @@ from slaq.operator.tables import (
 )
 from slaq.operator.usage import UsageSource, bound_only, mean_sla_risk, sum_usage
 from slaq.operator.informer import Informer
+from slaq.operator.images import PoolImages
 from slaq.operator.view import ClusterView, Indexed, deleting, indexed_pool, indexed_tenant, name_of, parse_pool, parse_tenant
 
 __all__ = ["Reconciler", "parse_pool", "parse_tenant"]
@@ -110,7 +111,7 @@ class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
                  clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
-                 open_namespaces: Iterable[str] = ()) -> None:
+                 open_namespaces: Iterable[str] = (), images: PoolImages = PoolImages()) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -118,6 +119,7 @@ class Reconciler:
         # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
         self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
         self.open_namespaces = frozenset(open_namespaces)
+        self.images = images  # what a pool that names no image runs (images.py)
         self._lock = asyncio.Lock()
         self._salt_key: bytes | None = None
         self._key_hash_key: bytes | None = None
@@ -680,7 +682,7 @@ class Reconciler:
     async def reconcile_pool(self, body: dict[str, Any]) -> None:
         """Apply the pool's children (table first, so pods mount it on their first start)."""
         try:
-            pool = parse_pool(body)
+            pool = self.images.resolve(parse_pool(body))
         except SpecError as exc:
             await self.report_invalid("inferencepools", body, exc)
             raise
@@ -853,7 +855,7 @@ class Reconciler:
         if any(key in book and not book[key].ok for book in (self._gateway, self._objectives)):
             await self.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         if pool.spec.autoscaling.enabled and await self._rival_autoscaler(pool, body) != self._rivals.get(key):
-            await self._apply_children(pool, body)  # another autoscaler came or went
+            await self._apply_children(self.images.resolve(pool), body)  # another autoscaler came or went
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self._observed_replicas[key] = max(running, len(observations))
