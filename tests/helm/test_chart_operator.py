@@ -74,6 +74,17 @@ def test_slaq_operator_accepts_every_argument_the_values_turn_on() -> None:
     assert parsed.liveness == "http://0.0.0.0:9090/healthz"
 
 
+def test_slaq_operator_accepts_the_pools_default_images_the_chart_passes() -> None:
+    images = {"gpu": "r/slaq-engine:1", "cpu": "r/slaq-engine:1-cpu", "sidecar": "r/slaq-sidecar:1"}
+    parsed = _parse(_operator_args({"pools": {"images": images}}))
+    assert (parsed.default_gpu_image, parsed.default_cpu_image, parsed.default_sidecar_image) == tuple(images.values())
+    from slaq.operator.cli import default_images
+    from slaq.operator.images import PoolImages
+
+    assert default_images(parsed) == PoolImages(**images)
+    assert default_images(_parse(_operator_args())) == PoolImages()
+
+
 def test_probes_call_the_liveness_endpoint_the_operator_serves() -> None:
     container = named(render(), "Deployment", "slaq-operator")["spec"]["template"]["spec"]["containers"][0]
     liveness = _parse(container["args"]).liveness
