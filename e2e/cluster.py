@@ -76,7 +76,9 @@ class ControlPlane:
         self.http = httpx.Client(base_url=self.url, timeout=10.0)
         # The real usage source (HttpUsageSource): it reads the pods the emulator lists, none until a
         # test registers the local pod (`register_pod`); until then quotas split on an empty demand signal.
-        options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5,
+        from tests.support.images import TEST_IMAGES  # the local pod runs this machine's programs, whatever the image
+
+        options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5, images=TEST_IMAGES,
                                   tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True})
         self.operator = OperatorThread(Connection(server=self.url), options)
         self.operator.start()

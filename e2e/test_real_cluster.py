@@ -3,7 +3,8 @@
 Skipped with the reason when there is no kubeconfig, no kubectl, or the API server does not
 answer. On a cluster it: applies the CRDs and the examples (CPU pool, three tenants, their keys),
 runs slaq's operator in this process against the cluster, waits for the pool's Deployment to be
-available (the image in `spec.engine.image` must be pullable by the nodes), sends a request
+available (the example names no image: $SLAQ_CPU_ENGINE_IMAGE, built from engine/Dockerfile --target cpu,
+is the operator's default, and the nodes must be able to pull it), sends a request
 through `kubectl port-forward` to the pool's Service, applies a new TenantSLA and waits until
 the running pod admits it, then deletes what it applied.
 """
@@ -26,6 +27,7 @@ from slaq.local.processes import free_port
 pytestmark = [pytest.mark.cluster, pytest.mark.engine]
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "crds" / "examples"
+CPU_IMAGE_ENV = "SLAQ_CPU_ENGINE_IMAGE"  # the operator's default image for the example cpu pool
 POOL_READY_TIMEOUT_S = 1200.0  # image pull and model load on a fresh node
 
 
@@ -35,6 +37,9 @@ def _kubeconfig() -> str | None:
 
 
 def _cluster_reason() -> str | None:
+    if not os.environ.get(CPU_IMAGE_ENV):
+        return (f"${CPU_IMAGE_ENV} is unset: build the cpu engine image (docker build -f engine/Dockerfile --target cpu "
+                f"-t REGISTRY/slaq-engine:0.1.0-cpu .), push it where the nodes pull from, and name it there")
     if _kubeconfig() is None:
         return "no kubeconfig ($KUBECONFIG or ~/.kube/config): the real-cluster test needs a reachable cluster"
     if shutil.which("kubectl") is None:
@@ -61,6 +66,7 @@ def cluster() -> None:
 
 def test_the_cpu_pool_serves_and_admits_a_new_tenant_on_a_real_cluster(cluster: None) -> None:
     from slaq.operator.client import load_connection
+    from slaq.operator.images import PoolImages
     from slaq.operator.runner import OperatorOptions, OperatorThread
 
     applied = [EXAMPLES / "tenant-keys.yaml", EXAMPLES / "tenants.yaml", EXAMPLES / "pool-cpu.yaml"]
@@ -75,7 +81,8 @@ def test_the_cpu_pool_serves_and_admits_a_new_tenant_on_a_real_cluster(cluster: 
          "spec": {"tier": "standard", "objectives": {"ttftMs": 2000},
                   "apiKeySecretRef": {"name": "tenant-e2e-new-keys", "namespace": "slaq-system"}}},
     ]
-    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0))
+    images = PoolImages(cpu=os.environ[CPU_IMAGE_ENV])
+    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0, images=images))
     operator.start()
     forward = None
     try:

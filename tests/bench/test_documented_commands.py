@@ -196,6 +196,7 @@ def test_a_broken_render_or_validate_command_fails_the_run(tmp_path: Path) -> No
               # the doc's salt.key line, without the key file the reader makes first
               ["render", "crds/examples/pool-cpu.yaml", "--tenants", "crds/examples/", "--salt-key-file", "salt.key"]]
     assert [run_cli(arguments, root).returncode for arguments in broken] == [1, 2, 1]
-    redirected = run_cli(["render", "crds/examples/pool-cpu.yaml", "--tenants", "crds/examples/", ">", "tiny-cpu.yaml"], root)
+    redirected = run_cli(["render", "crds/examples/pool-cpu.yaml", "--tenants", "crds/examples/", "--default-cpu-image", "r/e:cpu",
+                          ">", "tiny-cpu.yaml"], root)
     assert redirected.returncode == 0 and "kind: Deployment" in (root / "tiny-cpu.yaml").read_text()
     assert not (REPO_ROOT / "tiny-cpu.yaml").exists()

@@ -16,6 +16,12 @@ CHART = ROOT / "helm" / "slaq"
 RELEASE = "slaq"
 NAMESPACE = "slaq-system"
 PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1/PodMonitor"
+# The chart renders only with an operator image named (no slaq image is published): every render
+# here names this one unless a test's values say otherwise.
+OPERATOR_REPOSITORY = "registry.test/slaq-operator"
+REQUIRED_VALUES: dict[str, Any] = {"image": {"repository": OPERATOR_REPOSITORY}}
+# The same for helm commands that take no values file (lint, a bare template).
+REQUIRED_SET = ("--set", f"image.repository={OPERATOR_REPOSITORY}")
 
 # Every optional part of the chart switched on (used by the model and lint tests).
 EVERYTHING_ON = {
@@ -58,11 +64,21 @@ def _stderr(result: subprocess.CompletedProcess[str]) -> str:
     return "\n".join(line for line in result.stderr.splitlines() if _SYMLINK_NOTICE not in line)
 
 
+def with_required(values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` over REQUIRED_VALUES (a test's own image values win)."""
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(base)
+        for key, value in over.items():
+            merged[key] = merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        return merged
+
+    return merge(REQUIRED_VALUES, values or {})
+
+
 def template_args(values: dict[str, Any] | None, api_versions: Iterable[str], chart: Path | str, values_file: Path) -> list[str]:
     args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE]
-    if values:
-        values_file.write_text(json.dumps(values), encoding="utf-8")  # JSON is YAML
-        args += ["--values", str(values_file)]
+    values_file.write_text(json.dumps(with_required(values)), encoding="utf-8")  # JSON is YAML
+    args += ["--values", str(values_file)]
     for api_version in api_versions:
         args += ["--api-versions", api_version]
     return args

@@ -18,7 +18,9 @@ def _pod_template(body: dict) -> dict:
     from slaq.api.pool import InferencePool
     from slaq.operator.children import render_deployment
 
-    return render_deployment(InferencePool.model_validate(body))["spec"]["template"]
+    from tests.support.images import TEST_IMAGES
+
+    return render_deployment(TEST_IMAGES.resolve(InferencePool.model_validate(body)))["spec"]["template"]
 
 
 @pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])
@@ -70,6 +72,17 @@ def test_slaq_operator_accepts_every_argument_the_values_turn_on() -> None:
     parsed = _parse(_operator_args({"operator": {"verbose": True, "healthPort": 9090, "observeIntervalSeconds": 2.5}}))
     assert parsed.verbose is True and parsed.observe_interval == 2.5
     assert parsed.liveness == "http://0.0.0.0:9090/healthz"
+
+
+def test_slaq_operator_accepts_the_pools_default_images_the_chart_passes() -> None:
+    images = {"gpu": "r/slaq-engine:1", "cpu": "r/slaq-engine:1-cpu", "sidecar": "r/slaq-sidecar:1"}
+    parsed = _parse(_operator_args({"pools": {"images": images}}))
+    assert (parsed.default_gpu_image, parsed.default_cpu_image, parsed.default_sidecar_image) == tuple(images.values())
+    from slaq.operator.cli import default_images
+    from slaq.operator.images import PoolImages
+
+    assert default_images(parsed) == PoolImages(**images)
+    assert default_images(_parse(_operator_args())) == PoolImages()
 
 
 def test_probes_call_the_liveness_endpoint_the_operator_serves() -> None:

@@ -91,7 +91,9 @@ async def running_operator(kube: Any) -> AsyncIterator[None]:
     from slaq.operator.runner import OperatorOptions, run_operator
 
     stop, ready = asyncio.Event(), asyncio.Event()
-    options = OperatorOptions(namespace=NAMESPACE, observe_interval_s=0.3, retry_delay_s=0.2,
+    from tests.support.images import TEST_IMAGES
+
+    options = OperatorOptions(namespace=NAMESPACE, observe_interval_s=0.3, retry_delay_s=0.2, images=TEST_IMAGES,
                               # kopf polls an exiting timer every 60 s by default, which would hold the
                               # pool's finalizer for a minute after deletion; the calls are the same.
                               tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,

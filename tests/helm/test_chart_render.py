@@ -11,13 +11,17 @@ from tests.helm.chart import (
     CHART,
     EVERYTHING_ON,
     NAMESPACE,
+    OPERATOR_REPOSITORY,
     PROMETHEUS_OPERATOR_API,
+    REQUIRED_SET,
     kinds,
     named,
     notes,
     of_kind,
     render,
+    render_failure,
     run_helm,
+    with_required,
 )
 
 OPERATOR = "slaq-operator"
@@ -25,13 +29,13 @@ POOL_POD_LABELS = {"app.kubernetes.io/component": "inference", "app.kubernetes.i
 
 
 def test_helm_lint_strict_passes() -> None:
-    result = run_helm("lint", "--strict", str(CHART))
+    result = run_helm("lint", "--strict", str(CHART), *REQUIRED_SET)
     assert "0 chart(s) failed" in result.stdout
 
 
 def test_helm_lint_strict_passes_with_every_option_on(tmp_path) -> None:
     values = tmp_path / "values.json"
-    values.write_text(json.dumps(EVERYTHING_ON), encoding="utf-8")
+    values.write_text(json.dumps(with_required(EVERYTHING_ON)), encoding="utf-8")
     result = run_helm("lint", "--strict", str(CHART), "--values", str(values))
     assert "0 chart(s) failed" in result.stdout
 
@@ -58,7 +62,7 @@ def test_operator_pod_is_hardened_and_probed() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/slaq-dev/slaq:0.1.0"
+    assert container["image"] == f"{OPERATOR_REPOSITORY}:0.1.0"  # the chart's appVersion, the documented build's tag
     assert container["command"] == ["slaq"] and container["args"][0] == "operator"
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
@@ -74,10 +78,38 @@ def test_operator_pod_is_hardened_and_probed() -> None:
 
 def test_image_tag_and_digest_values() -> None:
     container = named(render({"image": {"tag": "0.2.0"}}), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "ghcr.io/slaq-dev/slaq:0.2.0"
+    assert container["image"] == f"{OPERATOR_REPOSITORY}:0.2.0"
     digest = "sha256:" + "a" * 64
     container = named(render({"image": {"digest": digest}}), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"ghcr.io/slaq-dev/slaq@{digest}"
+    assert container["image"] == f"{OPERATOR_REPOSITORY}@{digest}"
+
+
+@pytest.mark.parametrize("image", [None, {"repository": ""}, {"tag": "0.2.0"}])
+def test_without_an_operator_image_the_chart_refuses_to_render_saying_what_to_set(image: dict | None) -> None:
+    given = ["--set-json", f"image={json.dumps(image)}"] if image else []
+    for command in (["template", "slaq", str(CHART)], ["install", "slaq", str(CHART), "--dry-run=client"]):
+        refused = run_helm(*command, *given, check=False)
+        assert refused.returncode != 0, f"helm {command[0]} rendered without an operator image"
+        assert "image.repository is required" in refused.stderr
+        assert "docker build -f operator/Dockerfile -t REGISTRY/slaq-operator:0.1.0 ." in refused.stderr
+    # helm lint lets a `required` value pass on purpose (a chart is linted without site values); it warns.
+    linted = run_helm("lint", "--strict", str(CHART), *given)
+    assert "image.repository is required" in linted.stderr + linted.stdout
+    # The same through the tests' own helper, whose default image a test's values override.
+    assert "--set image.repository=REGISTRY/slaq-operator" in render_failure({"image": {**(image or {}), "repository": ""}})
+
+
+def test_pool_images_reach_the_operator_only_when_set() -> None:
+    def args(values: dict | None = None) -> list[str]:
+        return named(render(values), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert not [a for a in args() if a.startswith("--default-")]
+    images = {"gpu": "registry.test/slaq-engine:0.1.0", "cpu": "registry.test/slaq-engine:0.1.0-cpu",
+              "sidecar": "registry.test/slaq-sidecar:0.1.0"}
+    assert [a for a in args({"pools": {"images": images}}) if a.startswith("--default-")] == [
+        f"--default-{kind}-image={image}" for kind, image in images.items()]
+    assert [a for a in args({"pools": {"images": {"cpu": images["cpu"]}}}) if a.startswith("--default-")] == [
+        f"--default-cpu-image={images['cpu']}"]
 
 
 def test_crds_absent_when_disabled() -> None:
@@ -267,6 +299,9 @@ def test_keda_refuses_min_above_max() -> None:
         (None, ["kubectl -n slaq-system rollout status deployment/slaq-operator", "kind: TenantSLA", "/metrics", "No PodMonitor was rendered"]),
         ({"autoscaling": {"prometheusAdapter": {"enabled": True}}}, ["rules.existing=slaq-adapter-rules"]),
         ({"monitoring": {"grafanaDashboard": {"enabled": True}}}, ["ConfigMap slaq-system/slaq-dashboard"]),
+        (None, ["A gpu pool must name spec.engine.image", "pools.images.gpu is not set", "pools.images.cpu is not set"]),
+        ({"pools": {"images": {"gpu": "r/slaq-engine:1", "cpu": "r/slaq-engine:1-cpu"}}},
+         ["Pools that name no spec.engine.image run r/slaq-engine:1 (gpu) and r/slaq-engine:1-cpu (cpu)."]),
     ],
 )
 def test_notes_tell_the_next_step(values, expected) -> None:
@@ -275,6 +310,8 @@ def test_notes_tell_the_next_step(values, expected) -> None:
     text = notes(values)
     for line in expected:
         assert line in text
+    if values and "pools" in values:
+        assert "must name spec.engine.image" not in text
 
 
 def test_notes_tenant_example_is_a_valid_tenant_sla() -> None:
@@ -290,9 +327,9 @@ def test_notes_tenant_example_is_a_valid_tenant_sla() -> None:
 
 def test_chart_refuses_clusters_without_cel_validation() -> None:
     # The CRDs carry x-kubernetes-validations (CEL), which Kubernetes serves from 1.25 on.
-    refused = run_helm("template", "slaq", str(CHART), "--kube-version", "1.24.0", check=False)
+    refused = run_helm("template", "slaq", str(CHART), "--kube-version", "1.24.0", *REQUIRED_SET, check=False)
     assert refused.returncode != 0 and "requires kubeVersion" in refused.stderr
-    assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.25.0").stdout.count("kind: CustomResourceDefinition") == 2
+    assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.25.0", *REQUIRED_SET).stdout.count("kind: CustomResourceDefinition") == 2
 
 
 def test_keda_refuses_a_pool_listed_twice() -> None:

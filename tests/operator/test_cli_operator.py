@@ -8,6 +8,7 @@ import signal
 import sys
 
 from tests.operator.test_operator_kmock import create, docs, eventually
+from tests.support.images import CPU_IMAGE, IMAGE_FLAGS
 from slaq.testing.kube import KubeEmulator
 
 
@@ -16,14 +17,17 @@ async def test_slaq_operator_command_reconciles_through_the_kubeconfig(kube: Kub
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "slaq", "operator", "--namespace", "slaq-system", "--observe-interval", "1",
+        sys.executable, "-m", "slaq", "operator", "--namespace", "slaq-system", "--observe-interval", "1", *IMAGE_FLAGS,
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
         await eventually(lambda: kube.read("v1/secrets", "slaq-system", "slaq-cache-salt-key") or process.returncode is not None,
                          timeout=60, what="the operator's first start")
         assert process.returncode is None, (await process.stderr.read()).decode()[-2000:]
         await create(kube, docs("pool-cpu.yaml")[0])
-        await eventually(lambda: kube.read("apps/v1/deployments", "default", "tiny-cpu"), timeout=30, what="the pool's Deployment")
+        deployment = await eventually(lambda: kube.read("apps/v1/deployments", "default", "tiny-cpu"), timeout=30, what="the pool's Deployment")
+        # The example names no image: both containers run the cpu default the command was given.
+        assert {c["name"]: c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} == \
+            {"sidecar": CPU_IMAGE, "engine": CPU_IMAGE}
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

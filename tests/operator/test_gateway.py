@@ -13,6 +13,7 @@ import yaml
 
 from slaq.api.pool import InferencePool
 from slaq.operator.children import render_deployment
+from tests.support.images import TEST_IMAGES
 from slaq.operator.gateway import render_gateway_inference_pool, render_inference_objectives
 from tests.operator.test_operator_kmock import POOLS, create, docs, merge_patch, operator
 from slaq.testing.kube import KubeEmulator
@@ -29,7 +30,7 @@ POOL_URL = "/apis/slaq.dev/v1alpha1/namespaces/inference/inferencepools/llama3-8
 def example_pool(**gateway: Any) -> InferencePool:
     body = yaml.safe_load((ROOT / "crds" / "examples" / "pool-gpu.yaml").read_text())
     body["spec"]["gateway"] = gateway
-    return InferencePool.model_validate(body)
+    return TEST_IMAGES.resolve(InferencePool.model_validate(body))
 
 
 def gie_schema() -> dict[str, Any]:
@@ -163,7 +164,9 @@ async def test_rbac_without_the_gie_kind_fails_no_pool_and_is_reported_when_used
         await create(kube, docs("pool-gpu.yaml")[0])
         await eventually(lambda: "Ready" in conditions(kube), what="the pool's status written")
         assert "GatewayInferencePool" not in conditions(kube) and conditions(kube)["Degraded"]["status"] == "False"
-        assert forbidden.times < 10**6  # the switched-off object's delete was tried and refused
+        # the switched-off object's delete was tried and refused (by the pool's reconcile, which may
+        # come after the first status an observation tick writes)
+        await eventually(lambda: forbidden.times < 10**6, what="the switched-off object's delete tried")
         await merge_patch(kube, POOL_URL, {"spec": {"gateway": {"inferencePool": True}}})
         gateway = await eventually(lambda: conditions(kube).get("GatewayInferencePool"), what="a GatewayInferencePool condition")
         assert (gateway["status"], gateway["reason"]) == ("False", "Forbidden") and "get, create, patch and delete" in gateway["message"]

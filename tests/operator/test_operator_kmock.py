@@ -21,6 +21,7 @@ from slaq.operator.names import SALT_SECRET_NAME
 from slaq.operator.runner import OperatorOptions, OperatorThread
 from slaq.operator.usage import PodObservation, StaticUsageSource
 from slaq.testing.kube import KubeEmulator
+from tests.support.images import TEST_IMAGES
 from tests.support.polling import eventually
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
@@ -33,9 +34,9 @@ async def operator(kube: KubeEmulator, usage: StaticUsageSource | None = None, i
                    **settings: Any) -> AsyncIterator[None]:
     """The operator on a loop of its own (OperatorThread); the test's loop, serving the emulator,
     is never blocked: it only polls and awaits. Key Secrets may live in its namespace and in the
-    scale objects' KEY_NAMESPACE; `settings`: further OperatorOptions."""
+    scale objects' KEY_NAMESPACE; pools naming no image run TEST_IMAGES; `settings`: further OperatorOptions."""
     options = OperatorOptions(namespace="slaq-system", observe_interval_s=interval, retry_delay_s=0.2,
-                              **{"key_secret_namespaces": (KEY_NAMESPACE,), **settings},
+                              **{"key_secret_namespaces": (KEY_NAMESPACE,), "images": TEST_IMAGES, **settings},
                               tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5,
                                     # One discovery at start: fewer watch restarts in a short test.
                                     "scanning.disabled": True})

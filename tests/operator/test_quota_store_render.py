@@ -12,6 +12,7 @@ from slaq.api.runtime import QUOTA_STORE_PASSWORD_ENV
 from slaq.api.table import ClusterQuota
 from slaq.api.tenant import TenantSLA
 from slaq.operator.children import render_deployment
+from tests.support.images import TEST_IMAGES
 from slaq.operator.pod import QuotaStoreRef
 from slaq.operator.tables import plan_tables
 from tests.helm.chart import named, render
@@ -20,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 
 
 def _pool() -> InferencePool:
-    return InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text()))
+    return TEST_IMAGES.resolve(InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text())))
 
 
 def _sidecar(store: QuotaStoreRef | None) -> dict:

@@ -19,12 +19,14 @@ from slaq.api.table import EngineTable, TenantEntry, TenantTable, hash_api_key, 
 from slaq.operator.children import milli_quantity, owned_by, render_deployment, render_hpa, render_pdb, render_service, render_table_secret
 from slaq.operator.names import pool_selector_labels
 from slaq.operator.pod import engine_args, render_pod_template, sidecar_args
+from tests.support.images import TEST_IMAGES
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 
 
 def example(name: str) -> InferencePool:
-    return InferencePool.model_validate(yaml.safe_load((EXAMPLES / name).read_text()))
+    """An example pool with its images resolved as the tests' operator would (they name none)."""
+    return TEST_IMAGES.resolve(InferencePool.model_validate(yaml.safe_load((EXAMPLES / name).read_text())))
 
 
 @pytest.fixture()

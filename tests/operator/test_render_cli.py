@@ -22,6 +22,7 @@ from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
 from slaq.testing.kube import KubeEmulator
+from tests.support.images import CPU_IMAGE, IMAGE_FLAGS
 from tests.support.polling import eventually
 
 KUBECTL = shutil.which("kubectl")
@@ -30,7 +31,7 @@ DEMO_KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standar
 
 
 def render(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
-    code = main(["render", *map(str, args)])
+    code = main(["render", *map(str, args), *IMAGE_FLAGS])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -210,3 +211,12 @@ def test_a_pool_without_a_namespace_takes_the_flag(capsys: pytest.CaptureFixture
     assert {o["metadata"]["namespace"] for o in rendered} == {"team-a"}
     assert table_of(rendered[0]).pool == "team-a/tiny-cpu"
     assert json.loads(base64.b64decode(rendered[0]["data"][TENANT_TABLE_KEY]))["pool"] == "team-a/tiny-cpu"
+
+
+def test_a_pool_naming_no_image_needs_the_default_for_its_device(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["render", str(EXAMPLES / "pool-cpu.yaml"), "--tenants", str(EXAMPLES), "--default-gpu-image", "r/e:gpu"])
+    _, err = capsys.readouterr()
+    assert code == 1 and "spec.engine.image" in err and "--default-cpu-image" in err
+    code, out, _ = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", EXAMPLES)
+    (deployment,) = [o for o in objects(out) if o["kind"] == "Deployment"]
+    assert {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} == {CPU_IMAGE}

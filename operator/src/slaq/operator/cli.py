@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from slaq.operator.pod import QuotaStoreRef
+    from slaq.operator.images import PoolImages
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,10 +33,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: none: each replica keeps to its share)")
     parser.add_argument("--quota-store-password-secret", default=None, metavar="NAME[:KEY]",
                         help="the Secret (in each pool's namespace) whose KEY (default: password) holds the store's password")
+    add_default_image_arguments(parser)
     parser.add_argument("--liveness", default=None, metavar="URL",
                         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.set_defaults(handler=_run)
+
+
+def add_default_image_arguments(parser: argparse.ArgumentParser) -> None:
+    """The images pools run when they name none (images.PoolImages; the chart's pools.images)."""
+    for device in ("gpu", "cpu"):
+        parser.add_argument(f"--default-{device}-image", default=None, metavar="IMAGE",
+                            help=f"the engine image of {device} pools that name no spec.engine.image (engine/Dockerfile, "
+                                 f"target {device}); without it such a pool is refused on its status")
+    parser.add_argument("--default-sidecar-image", default=None, metavar="IMAGE",
+                        help="the sidecar image of pools that name no image at all (sidecar/Dockerfile); "
+                             "default: their engine image, which carries the sidecar")
+
+
+def default_images(args: argparse.Namespace) -> PoolImages:
+    from slaq.operator.images import PoolImages
+
+    return PoolImages(gpu=args.default_gpu_image or None, cpu=args.default_cpu_image or None,
+                      sidecar=args.default_sidecar_image or None)
 
 
 def _names(listed: str) -> tuple[str, ...]:
@@ -73,5 +93,6 @@ def _run(args: argparse.Namespace) -> int:
 
     options = OperatorOptions(quota_store=_quota_store(args.quota_store, args.quota_store_password_secret), namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
                               attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests,
-                              key_secret_namespaces=_names(args.key_secret_namespaces), open_namespaces=_names(args.open_namespaces))
+                              key_secret_namespaces=_names(args.key_secret_namespaces), open_namespaces=_names(args.open_namespaces),
+                              images=default_images(args))
     return main(load_connection(), options, verbose=args.verbose)

@@ -18,6 +18,8 @@ from slaq.api.pool import InferencePool
 from slaq.api.table import derive_key_hash_key, hash_api_key
 from slaq.manifests import ManifestError, ManifestSet
 from slaq.operator.children import render_pool_objects
+from slaq.operator.errors import SpecError
+from slaq.operator.images import PoolImages
 from slaq.operator.keys import key_set
 from slaq.operator.tables import plan_tables, pool_key
 
@@ -53,13 +55,15 @@ def key_hashes(found: ManifestSet, salt_key: bytes) -> tuple[dict[str, list[str]
 
 
 def render_from_manifests(pools: Sequence[InferencePool], found: ManifestSet, salt_key: bytes, *,
-                          allow_missing_keys: bool = False, where: str = "the given files") -> Rendering:
+                          allow_missing_keys: bool = False, where: str = "the given files",
+                          images: PoolImages = PoolImages()) -> Rendering:
     """The objects the operator would apply for `pools`, given the tenants and Secrets in `found`.
 
     Quotas are split over every pool among `pools` and `found.pools` (a tenant bound to two pools
     gets a share on each, as in a cluster holding both). A tenant of a rendered pool whose key
     Secret is missing or empty is an error, unless `allow_missing_keys`: then it is rendered as
     the operator does while the Secret is missing (in the table, with no key hashes) and warned of.
+    A pool that names no image takes `images`' (the operator's defaults); with none, it is an error.
     """
     rendered = {pool_key(p): p for p in pools}
     others = [p for p in found.pools if pool_key(p) not in rendered]
@@ -83,5 +87,9 @@ def render_from_manifests(pools: Sequence[InferencePool], found: ManifestSet, sa
                 raise ManifestError(f"{message}; add the Secret's manifest, or pass --allow-missing-keys to render the "
                                     "tenant without key hashes (as the operator does until the Secret exists)")
             warnings.append(f"{message}: rendered without key hashes (no key authenticates this tenant)")
-        objects += render_pool_objects(pool, table)
+        try:
+            resolved = images.resolve(pool)
+        except SpecError as exc:
+            raise ManifestError(f"{exc} (or pass --default-{pool.spec.engine.device.value}-image, as the operator is started)") from exc
+        objects += render_pool_objects(resolved, table)
     return Rendering(objects, warnings)

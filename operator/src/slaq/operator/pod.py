@@ -145,11 +145,21 @@ def _engine_health_probe(period: int, failures: int, timeout: int) -> dict[str, 
             "failureThreshold": failures, "timeoutSeconds": timeout}
 
 
-def _slaq_container(pool: InferencePool, subcommand: str, args: list[str]) -> dict[str, Any]:
-    """Both containers run the pool's one image: `slaq <subcommand> <args>`, named after it."""
+def container_images(pool: InferencePool) -> tuple[str, str]:
+    """(engine image, sidecar image): the sidecar runs the engine's image unless the pool names its own.
+    The pool's images must be named or resolved first (images.PoolImages.resolve)."""
+    engine = pool.spec.engine.image
+    if engine is None:
+        raise ValueError(f"InferencePool {pool.metadata.name}: spec.engine.image is unset; resolve the pool's images "
+                         "with the operator's defaults first (slaq.operator.images.PoolImages.resolve)")
+    return engine, pool.spec.sidecar.image or engine
+
+
+def _slaq_container(pool: InferencePool, subcommand: str, args: list[str], image: str) -> dict[str, Any]:
+    """A container running `slaq <subcommand> <args>` from `image`, named after the subcommand."""
     return {
         "name": subcommand,
-        "image": pool.spec.engine.image,
+        "image": image,
         "imagePullPolicy": pool.spec.engine.image_pull_policy,
         "command": ["slaq"],
         "args": [subcommand, *args],
@@ -161,7 +171,7 @@ def render_sidecar_container(pool: InferencePool, store: QuotaStoreRef | None = 
     password = [] if store is None or store.password_secret is None else [
         {"name": QUOTA_STORE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": store.password_secret, "key": store.password_key}}}]
     return {
-        **_slaq_container(pool, "sidecar", sidecar_args(pool, store)),
+        **_slaq_container(pool, "sidecar", sidecar_args(pool, store), container_images(pool)[1]),
         "ports": [{"name": SIDECAR_PORT_NAME, "containerPort": spec.sidecar.port, "protocol": "TCP"},
                   {"name": METRICS_PORT_NAME, "containerPort": spec.sidecar.metrics_port, "protocol": "TCP"}],
         "env": [
@@ -192,7 +202,7 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
         limits["nvidia.com/gpu"] = str(spec.resources.gpus)
         requests["nvidia.com/gpu"] = str(spec.resources.gpus)
     return {
-        **_slaq_container(pool, "engine", engine_args(pool)),
+        **_slaq_container(pool, "engine", engine_args(pool), container_images(pool)[0]),
         "env": [
             {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
             {"name": ENGINE_TABLE_ENV, "value": f"{ENGINE_TABLE_DIR}/{ENGINE_TABLE_KEY}"},

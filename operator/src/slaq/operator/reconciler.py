@@ -22,6 +22,7 @@ from slaq.operator.attainment import MIN_REQUESTS, AttainmentLedger
 from slaq.operator.books import Books, Marks, TenantRecord
 from slaq.operator.client import KubeClient
 from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
+from slaq.operator.images import PoolImages
 from slaq.operator.informer import Informer
 from slaq.operator.keys import KeyWatch
 from slaq.operator.planner import Planned, Planner, same_for_tables
@@ -46,7 +47,8 @@ class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
                  clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
-                 open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None) -> None:
+                 open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None,
+                 images: PoolImages = PoolImages()) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -54,6 +56,7 @@ class Reconciler:
         # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
         self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
         self.open_namespaces = frozenset(open_namespaces)
+        self.images = images  # what a pool that names no image runs (images.py)
         self._lock = asyncio.Lock()
         self.salt = SaltKey(api, namespace)
         self.books = Books()
@@ -209,7 +212,7 @@ class Reconciler:
     async def reconcile_pool(self, body: dict[str, Any]) -> None:
         """Apply the pool's children (table first, so pods mount it on their first start)."""
         try:
-            pool = parse_pool(body)
+            pool = self.images.resolve(parse_pool(body))
         except SpecError as exc:
             await self.writer.report_invalid("inferencepools", body, exc)
             raise
@@ -234,7 +237,7 @@ class Reconciler:
         if any(outcome is not None and not outcome.ok for outcome in (record.gateway, record.objectives)):
             await self.objects.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         if pool.spec.autoscaling.enabled and await self.objects.rival_autoscaler(pool, body) != self.books.pools.record(key).rival:
-            await self.objects.apply_children(pool, body)  # another autoscaler came or went
+            await self.objects.apply_children(self.images.resolve(pool), body)  # another autoscaler came or went
         deployment = await self.api.get("deployments", pool.metadata.name, pool.metadata.namespace)
         running = int(((deployment or {}).get("status") or {}).get("replicas") or 0)
         self.books.pools.record(key).observed_replicas = max(running, len(observations))

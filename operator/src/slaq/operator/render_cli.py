@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from slaq.operator.cli import add_default_image_arguments, default_images
+
 MIN_SALT_KEY_BYTES = 16  # what the operator requires of its cache-salt key Secret
 
 
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-missing-keys", action="store_true",
                         help="render a tenant whose key Secret is not in the files without key hashes (a warning "
                              "names it) instead of failing")
+    add_default_image_arguments(parser)  # as the operator is started with them (the chart's pools.images)
     parser.add_argument("--namespace", "-n", default="default",
                         help="namespace of pools whose manifest names none (default: default)")
     parser.set_defaults(handler=_render)
@@ -73,7 +76,7 @@ def _render(args: argparse.Namespace) -> int:
             raise ManifestError(f"no TenantSLA documents in {', '.join(map(str, args.tenants))}")
         found = replace(found, pools=[with_namespace(p, args.namespace) for p in found.pools])
         rendering = render_from_manifests(pools, found, salt_key, allow_missing_keys=args.allow_missing_keys,
-                                          where=", ".join(map(str, args.tenants)))
+                                          where=", ".join(map(str, args.tenants)), images=default_images(args))
     except ManifestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ from slaq.operator.attainment import MIN_REQUESTS, WINDOW_S, AttainmentLedger
 from slaq.operator.client import Connection, KubeClient
 from slaq.operator.handlers import build_registry, configure
 from slaq.operator.pod import QuotaStoreRef
+from slaq.operator.images import PoolImages
 from slaq.operator.reconciler import Reconciler
 from slaq.operator.usage import HttpUsageSource, UsageSource
 
@@ -30,6 +31,7 @@ class OperatorOptions:
     key_secret_namespaces: tuple[str, ...] = ()  # where apiKeySecretRefs may point, beside `namespace` (rbac.secretNamespaces)
     open_namespaces: tuple[str, ...] = ()  # pools here bind tenants with an empty poolSelector (binding.openNamespaces)
     quota_store: QuotaStoreRef | None = None  # the install's shared quota store for sidecars (quotaStore.redis); None: local shares
+    images: PoolImages = field(default_factory=PoolImages)  # pools' default images (the chart's pools.images)
     tune: dict[str, Any] = field(default_factory=dict)  # dotted kopf settings, e.g. {"watching.server_timeout": 60}
 
 
@@ -59,7 +61,7 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
                             key_secret_namespaces=options.key_secret_namespaces, open_namespaces=options.open_namespaces,
                             quota_store=options.quota_store,
                             attainment=AttainmentLedger(window_s=options.attainment_window_s),
-                            min_requests=options.attainment_min_requests)
+                            min_requests=options.attainment_min_requests, images=options.images)
     registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,
                               retry_delay_s=options.retry_delay_s)
     try:

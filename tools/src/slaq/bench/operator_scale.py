@@ -196,6 +196,7 @@ def _ask(pipe: Pipe, command: str, arg: Any = None) -> Any:
 
 def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, deadline_s: float) -> dict[str, Any]:
     from slaq.operator.client import Connection
+    from slaq.operator.images import PoolImages
     from slaq.operator.runner import OperatorOptions, OperatorThread
 
     ctx = multiprocessing.get_context("spawn")
@@ -205,7 +206,10 @@ def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, dea
     op = None
     try:
         url = parent.recv()
-        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s, key_secret_namespaces=(KEY_NAMESPACE,))
+        # The emulator pulls no image: the defaults only let pools that name none be rendered.
+        images = PoolImages(gpu="slaq-engine:bench", cpu="slaq-engine:bench-cpu")
+        options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s, key_secret_namespaces=(KEY_NAMESPACE,),
+                                  images=images)
         op = OperatorThread(Connection(server=url), options)
         started = time.monotonic()
         op.start()
