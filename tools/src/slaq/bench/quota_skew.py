@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from slaq.cli import repo_root
 from slaq.api.pool import InferencePool
 from slaq.api.table import TenantTable
 from slaq.api.tenant import TenantSLA
@@ -37,7 +38,7 @@ from slaq.sidecar.errors import QuotaExceeded
 from slaq.sidecar.tenants import Tenant, TenantIndex
 from slaq.sidecar.usage import UsageLog
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
+EXAMPLES = repo_root() / "crds" / "examples"
 
 
 @dataclass
