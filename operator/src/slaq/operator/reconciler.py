@@ -138,7 +138,7 @@ class Reconciler:
         self._hash_owners: dict[str, set[str]] = {}  # key hash -> tenants whose Secrets hold it
         self._claimed: dict[str, frozenset[str]] = {}  # by tenant: the key hashes it claims
         self._accepted: dict[str, list[str]] = {}  # by tenant: its key hashes last planned without a cap problem
-        self._table_problems: dict[str, str] = {}  # by pool key: why its table cannot be written
+        self._table_problems: dict[str, tuple[str, str]] = {}  # by pool key: why its table cannot be written (reason, message)
         self._table_blocked: dict[str, set[str]] = {}  # by pool key: tenants whose entries that leaves unwritten
         self._foreign: dict[str, list[str]] = {}  # by pool key: objects of its children's names it does not own
         self._owned: set[tuple[str, str, str, str]] = set()  # (plural, namespace, name, owner uid) known to be the pool's
@@ -537,7 +537,7 @@ class Reconciler:
             try:
                 plans[key] = self._parts_to_write(key, touched)
             except TableTooLarge as exc:
-                self._table_problems[key] = str(exc)
+                self._table_problems[key] = ("TableTooLarge", str(exc))
                 self._table_blocked[key] = self._unwritten(key)
                 log.warning("%s; the other pools' tables are written", exc)
             else:
@@ -548,7 +548,18 @@ class Reconciler:
 
         async def one(key: str) -> None:
             async with gate:
-                await self._write_table(pools[key], key, plans[key])
+                try:
+                    await self._write_table(pools[key], key, plans[key])
+                except ApiError as exc:
+                    if exc.status != 403:
+                        raise
+                    # The chart grants Secret writes only where it is told pools live: this pool's
+                    # table waits (its tenants stay touched) and the others are written.
+                    namespace = pools[key].body["metadata"]["namespace"]
+                    self._table_problems[key] = ("SecretsForbidden", f"pool {key}: the operator may not write Secrets in namespace {namespace} "
+                                                 "(add it to the chart's rbac.poolNamespaces): its tenant table is not written")
+                    self._table_blocked[key] = self._unwritten(key)
+                    log.warning("pool %s: %s", key, exc)
 
         for wave in (sorted(lowered), sorted(set(plans) - lowered)):
             results = await asyncio.gather(*(one(key) for key in wave), return_exceptions=True)
@@ -615,8 +626,8 @@ class Reconciler:
         problem = self._key_problems.get(name)
         blocked = sorted(key for key, names in self._table_blocked.items() if name in names)
         if problem is None and blocked:
-            problem = ("TableTooLarge", "; ".join(f"{self._table_problems[key]}: this tenant's entry there is not updated"
-                                                  for key in blocked))
+            problem = (self._table_problems[blocked[0]][0], "; ".join(f"{self._table_problems[key][1]}: this tenant's entry there is not updated"
+                                                                     for key in blocked))
         ready = bool(pools) and problem is None
         conditions = [
             condition("Ready", ready, "Bound" if ready else (problem[0] if problem else "NoPool"),
@@ -877,7 +888,9 @@ class Reconciler:
         missing = sorted(t for t in tenants if t in self._key_problems)
         degraded_reason, degraded_message = "AsExpected", ""
         if key in self._table_problems:
-            degraded_reason, degraded_message = "TableTooLarge", self._table_problems[key] + "; the table last written stays in force"
+            degraded_reason, degraded_message = self._table_problems[key]
+            if degraded_reason == "TableTooLarge":
+                degraded_message += "; the table last written stays in force"
         elif self._foreign.get(key):
             degraded_reason = "NameTaken"
             degraded_message = (f"{', '.join(self._foreign[key])} exist(s) and are not owned by this pool; slaq leaves them alone "
