@@ -44,6 +44,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
+from slaq.sidecar.errors import HeadersTooLarge, refusal
 
 PROBE_PATHS = frozenset({HEALTH_PATH.encode(), READY_PATH.encode()})
 PROBE_LANE = 4
@@ -176,8 +177,6 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _refuse_head(self, message: str) -> None:
         """431 for a head still incomplete (no request for the app to answer), then close."""
-        from slaq.sidecar.errors import HeadersTooLarge, refusal
-
         status, headers, body = refusal(HeadersTooLarge(message))
         head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
         self.transport.write(b"HTTP/1.1 %d Request Header Fields Too Large\r\n%s\r\n%s" % (status, head, body))
