@@ -40,6 +40,9 @@ POOL = "llama3-8b"
 POOL_NAMESPACE = "inference"
 # The test's own requests to the emulator carry this header, so they are not counted as the operator's.
 TEST_CLIENT_HEADER = "X-Slaq-Test-Client"
+# The documented install (README.md, On a cluster): the chart in slaq-system told that pools live in `inference`.
+DOCUMENTED = {"rbac": {"poolNamespaces": [POOL_NAMESPACE]}}
+SECRET_WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
 # Granted although the life cycle below never makes the call, each with the reason.
 # (Empty: every granted verb is exercised.)
@@ -202,16 +205,16 @@ def _denied(grants: Grants, calls: set[ApiCall]) -> list[str]:
     return [str(call) for call in sorted(calls) if not grants.allows(call)]
 
 
-async def test_default_rbac_allows_every_call_the_operator_makes(recorded_calls: set[ApiCall]) -> None:
-    grants = grants_for(render(), SERVICE_ACCOUNT, NAMESPACE)
+async def test_documented_rbac_allows_every_call_the_operator_makes(recorded_calls: set[ApiCall]) -> None:
+    grants = grants_for(render(DOCUMENTED), SERVICE_ACCOUNT, NAMESPACE)
     assert recorded_calls, "the operator made no API calls: the recording is broken"
     denied = _denied(grants, recorded_calls)
     assert not denied, "the chart's RBAC would refuse:\n" + "\n".join(denied)
 
 
-async def test_default_rbac_grants_nothing_the_operator_does_not_use(recorded_calls: set[ApiCall]) -> None:
+async def test_documented_rbac_grants_nothing_the_operator_does_not_use(recorded_calls: set[ApiCall]) -> None:
     used = {(c.group, c.resource, c.verb) for c in recorded_calls}
-    granted = {t for rule in grants_for(render(), SERVICE_ACCOUNT, NAMESPACE).rules() for t in rule.triples()}
+    granted = {t for rule in grants_for(render(DOCUMENTED), SERVICE_ACCOUNT, NAMESPACE).rules() for t in rule.triples()}
     unused = sorted(t for t in granted - used if t not in GRANTED_UNUSED)
     assert not unused, "granted but never used by the operator (remove, or list in GRANTED_UNUSED with why): " + repr(unused)
 
@@ -219,10 +222,43 @@ async def test_default_rbac_grants_nothing_the_operator_does_not_use(recorded_ca
 async def test_secret_reads_can_be_confined_to_named_namespaces(recorded_calls: set[ApiCall]) -> None:
     # The example tenants keep their keys in slaq-system, the release namespace, where the
     # operator also keeps its cache-salt key: confining reads there must refuse nothing.
-    grants = grants_for(render({"rbac": {"secretNamespaces": [NAMESPACE]}}), SERVICE_ACCOUNT, NAMESPACE)
+    grants = grants_for(render({"rbac": {"secretNamespaces": [NAMESPACE], "poolNamespaces": [POOL_NAMESPACE]}}), SERVICE_ACCOUNT, NAMESPACE)
     assert not _denied(grants, recorded_calls)
     assert not grants.allows(ApiCall("get", "", "secrets", "kube-system"))
     assert grants.allows(ApiCall("get", "", "secrets", NAMESPACE))
+
+
+def _cluster_wide_secret_writes(objects: list[dict[str, Any]]) -> list[str]:
+    """The write verbs on Secrets any rendered ClusterRole grants, as `role: verb`."""
+    return [f"{o['metadata']['name']}: {verb}" for o in objects if o["kind"] == "ClusterRole" for rule in o.get("rules") or []
+            if "" in rule.get("apiGroups", []) and {"secrets", "*"} & set(rule.get("resources", []))
+            for verb in sorted(SECRET_WRITE_VERBS & set(rule.get("verbs", [])))]
+
+
+@pytest.mark.parametrize("values", [None, DOCUMENTED], ids=["default", "documented-install"])
+def test_no_cluster_wide_secret_writes_unless_asked(values: dict[str, Any] | None) -> None:
+    objects = render(values)
+    assert not _cluster_wide_secret_writes(objects)
+    grants = grants_for(objects, SERVICE_ACCOUNT, NAMESPACE)
+    for verb in ("create", "patch", "delete"):
+        assert not grants.allows(ApiCall(verb, "", "secrets", "kube-system"))
+        assert grants.allows(ApiCall(verb, "", "secrets", NAMESPACE))  # the cache-salt key; pools in the release namespace
+        assert grants.allows(ApiCall(verb, "", "secrets", POOL_NAMESPACE)) == (values is not None)
+
+
+def test_cluster_wide_secret_writes_are_an_explicit_choice() -> None:
+    objects = render({"rbac": {"clusterWideSecretWrites": True}})
+    assert _cluster_wide_secret_writes(objects) == ["slaq-operator: create", "slaq-operator: delete", "slaq-operator: patch"]
+    assert not [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-tables")]
+    assert grants_for(objects, SERVICE_ACCOUNT, NAMESPACE).allows(ApiCall("patch", "", "secrets", "anywhere"))
+
+
+async def test_default_rbac_refuses_only_the_table_writes_in_an_unnamed_pool_namespace(recorded_calls: set[ApiCall]) -> None:
+    # Without rbac.poolNamespaces the example pool's namespace gets no Role: what the operator
+    # cannot do there is write the pool's tenant table, and nothing else (the negative control
+    # of the documented install's value).
+    denied = {call for call in recorded_calls if not grants_for(render(), SERVICE_ACCOUNT, NAMESPACE).allows(call)}
+    assert denied and {(c.verb, c.resource, c.namespace) for c in denied} <= {(v, "secrets", POOL_NAMESPACE) for v in ("create", "patch", "delete")}
 
 
 def test_rules_have_no_wildcards() -> None:
@@ -247,10 +283,11 @@ def test_checker_semantics() -> None:
 
 
 async def test_every_rule_is_needed_by_some_recorded_call(recorded_calls: set[ApiCall]) -> None:
-    objects = render()
-    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
-    for index, rule in enumerate(role["rules"]):
-        if all((g, r, v) in GRANTED_UNUSED for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]):
-            continue
-        trimmed = [o if o is not role else {**role, "rules": role["rules"][:index] + role["rules"][index + 1:]} for o in objects]
-        assert _denied(grants_for(trimmed, SERVICE_ACCOUNT, NAMESPACE), recorded_calls), f"no recorded call needs {rule}"
+    objects = render(DOCUMENTED)
+    for role in [o for o in objects if o["kind"] in ("ClusterRole", "Role")]:
+        for index, rule in enumerate(role["rules"]):
+            if all((g, r, v) in GRANTED_UNUSED for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]):
+                continue
+            trimmed = [o if o is not role else {**role, "rules": role["rules"][:index] + role["rules"][index + 1:]} for o in objects]
+            where = f"{role['kind']} {role['metadata'].get('namespace') or ''}/{role['metadata']['name']}"
+            assert _denied(grants_for(trimmed, SERVICE_ACCOUNT, NAMESPACE), recorded_calls), f"no recorded call needs {rule} of {where}"

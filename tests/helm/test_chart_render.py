@@ -139,23 +139,26 @@ def test_existing_service_account_needs_a_name() -> None:
 
 def test_secret_reads_are_confined_to_roles_by_default() -> None:
     objects = render()
-    assert [(r["metadata"]["namespace"], r["rules"]) for r in of_kind(objects, "Role")] == [
-        (NAMESPACE, [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}])]
+    assert [(r["metadata"]["namespace"], r["metadata"]["name"], r["rules"]) for r in of_kind(objects, "Role")] == [
+        (NAMESPACE, f"{OPERATOR}-secrets", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]),
+        (NAMESPACE, f"{OPERATOR}-tables", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch", "delete"]}])]
     (cluster_role,) = of_kind(objects, "ClusterRole")
     assert not {"get", "list", "watch"} & {v for r in cluster_role["rules"] if "secrets" in r["resources"] for v in r["verbs"]}
     args = named(objects, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in args if a.startswith(("--key-secret-namespaces", "--open-namespaces"))]
     assert "It may read API-key Secrets only in: slaq-system;" in notes({})
+    assert "It may write Secrets (pools' tenant tables) only in: slaq-system;" in notes({})
+    assert "It may write Secrets (pools' tenant tables) only in: inference, slaq-system;" in notes({"rbac": {"poolNamespaces": ["inference"]}})
 
 
 def test_secret_namespaces_confine_secret_reads_to_roles() -> None:
     objects = render({"rbac": {"secretNamespaces": ["tenants", NAMESPACE]}})
-    roles = of_kind(objects, "Role")
+    roles = [r for r in of_kind(objects, "Role") if r["metadata"]["name"] == f"{OPERATOR}-secrets"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(["tenants", NAMESPACE])  # no duplicate
     for role in roles:
         # read-only: the operator reads and watches tenants' key Secrets, never writes them
         assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
-    bindings = of_kind(objects, "RoleBinding")
+    bindings = [b for b in of_kind(objects, "RoleBinding") if b["metadata"]["name"] == f"{OPERATOR}-secrets"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(["tenants", NAMESPACE])
     assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{OPERATOR}-secrets"} for b in bindings)
     (cluster_role,) = of_kind(objects, "ClusterRole")

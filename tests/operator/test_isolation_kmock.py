@@ -97,6 +97,28 @@ async def test_a_table_too_large_for_one_pool_is_reported_there_and_the_others_a
         await still_written(kube, CPU, 500)
 
 
+async def test_a_pool_namespace_without_secret_writes_is_reported_there_and_the_others_are_written(kube: KubeEmulator) -> None:
+    # The chart's default Roles grant Secret writes only in rbac.poolNamespaces: a pool elsewhere
+    # says why it has no table, the other pools' tables keep changing, and granting heals it.
+    forbidden = kube.fail("*", "v1/secrets", 403, times=10**6, namespace=GPU[0])
+    async with operator(kube):
+        for doc in docs("tenant-keys.yaml") + docs("tenants.yaml") + docs("pool-gpu.yaml") + docs("pool-cpu.yaml"):
+            await create(kube, doc)
+        degraded = await eventually(lambda: condition(kube, POOLS, *GPU, "Degraded").get("reason") == "SecretsForbidden"
+                                    and condition(kube, POOLS, *GPU, "Degraded"), timeout=15, what="the GPU pool's SecretsForbidden")
+        assert f"namespace {GPU[0]}" in degraded["message"] and "rbac.poolNamespaces" in degraded["message"]
+        vip = await eventually(lambda: condition(kube, TENANTS, None, "vip", "Degraded").get("reason") == "SecretsForbidden"
+                               and condition(kube, TENANTS, None, "vip", "Degraded"), what="vip's SecretsForbidden")
+        assert "/".join(GPU) in vip["message"]
+        assert kube.read("v1/secrets", GPU[0], "llama3-8b-tenants") is None
+        await still_written(kube, CPU, 500)
+
+        forbidden.times = 0  # the namespace added to rbac.poolNamespaces
+        await eventually(lambda: len(entries(kube, *GPU)) == 3, timeout=15, what="the GPU pool's table once writes are granted")
+        await eventually(lambda: condition(kube, POOLS, *GPU, "Degraded").get("status") == "False", timeout=15,
+                         what="the GPU pool no longer degraded")
+
+
 async def test_more_keys_than_max_keys_are_refused_and_the_keys_accepted_before_stay(kube: KubeEmulator) -> None:
     first = secrets.token_urlsafe(24)
     async with operator(kube):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import os
 import shutil
 from pathlib import Path
@@ -16,8 +15,11 @@ from lightkube import codecs
 
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TENANT_TABLE_KEY
-from slaq.api.table import TenantTable, hash_api_key
+from slaq.api.table import TenantTable, derive_key_hash_key, hash_api_key, key_fingerprint
 from slaq.cli import main
+from slaq.manifests import read_manifest_set
+from slaq.operator.offline import REVIEW_KEY, key_secret_refs, render_from_manifests, review_secret
+from slaq.operator.render_cli import render_yaml
 from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
@@ -41,7 +43,14 @@ def objects(stream: str) -> list[dict[str, Any]]:
 
 
 def table_of(secret: dict[str, Any]) -> TenantTable:
+    """The table the operator writes (the Secret's data)."""
     return TenantTable.model_validate_json(base64.b64decode(secret["data"][TENANT_TABLE_KEY]))
+
+
+def review_of(secret: dict[str, Any]) -> dict[str, Any]:
+    """The table as `slaq render` prints it for review."""
+    assert "data" not in secret
+    return yaml.safe_load(secret["stringData"][REVIEW_KEY])
 
 
 @pytest.fixture()
@@ -51,19 +60,81 @@ def salt_key_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_cpu_example_renders_the_pools_objects_with_key_hashes_only(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", EXAMPLES)
+def test_the_cpu_example_renders_the_pools_objects_with_the_table_for_review(capsys: pytest.CaptureFixture[str],
+                                                                             salt_key_file: Path) -> None:
+    code, out, err = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", EXAMPLES, "--salt-key-file", salt_key_file)
     assert code == 0, err
     rendered = objects(out)
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered] == [
         ("Secret", "tiny-cpu-tenants"), ("Service", "tiny-cpu"), ("PodDisruptionBudget", "tiny-cpu"), ("Deployment", "tiny-cpu")]
-    table = table_of(rendered[0])
-    assert {t.name: t.key_hashes for t in table.tenants} == {n: [hash_api_key(k, table.hash_key())] for n, k in DEMO_KEYS.items()}
+    review = {t["name"]: t for t in review_of(rendered[0])["tenants"]}
+    hash_key = derive_key_hash_key(salt_key_file.read_bytes())
+    assert {n: t["keyFingerprints"] for n, t in review.items()} == {
+        n: [key_fingerprint(hash_api_key(k, hash_key))] for n, k in DEMO_KEYS.items()}
+    assert {n: t["keySecret"] for n, t in review.items()} == {n: f"slaq-system/tenant-{n}-keys" for n in DEMO_KEYS}
     assert not any(key in out for key in DEMO_KEYS.values())
     # The examples hold two pools binding every tenant: each pool's table carries half of a quota.
-    assert {t.name: t.share.requests_per_minute for t in table.tenants} == {"vip": 300, "standard": 600, "free": 60}
+    assert {n: t["share"]["requestsPerMinute"] for n, t in review.items()} == {"vip": 300, "standard": 600, "free": 60}
+    assert out.startswith("---\n# slaq render: the tenant table for review")
+
+
+def test_without_a_salt_key_file_the_output_says_its_fingerprints_are_random(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", EXAMPLES)
+    assert code == 0, err
     # Without --salt-key-file the salts are random, and the output says so where a reviewer looks.
-    assert "random key" in err and out.startswith("---\n# slaq render: cache salts come from a random key")
+    assert "random key" in err and "\n# slaq render: cache salts come from a random key" in out.split("apiVersion", 1)[0]
+
+
+def _exposed(stream: str) -> str:
+    """The stream and every base64 string in it decoded: what a reader of the committed YAML holds."""
+    decoded = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str):
+            try:
+                decoded.append(base64.b64decode(value, validate=True).decode("utf-8", "replace"))
+            except ValueError:
+                pass
+
+    walk(objects(stream))
+    return "\n".join([stream, *decoded])
+
+
+def _forms(secret: bytes) -> set[str]:
+    return {secret.hex(), base64.b64encode(secret).decode(), base64.urlsafe_b64encode(secret).decode().rstrip("=")}
+
+
+def test_the_output_holds_no_key_hash_key_salt_or_key_hash(capsys: pytest.CaptureFixture[str], salt_key_file: Path) -> None:
+    salt_key = salt_key_file.read_bytes()
+    pools = [EXAMPLES / "pool-gpu.yaml", EXAMPLES / "pool-cpu.yaml"]
+    code, out, err = render(capsys, *pools, "--tenants", EXAMPLES, "--salt-key-file", salt_key_file)
+    assert code == 0, err
+    # What the operator writes into the cluster for the same inputs: the secrets to look for.
+    found = read_manifest_set([EXAMPLES])
+    applied = render_from_manifests(read_manifest_set(pools).pools, found, salt_key).objects
+    tables = [table_of(o) for o in applied if o["kind"] == "Secret"]
+    assert len(tables) == 2
+    secrets_ = {"the cache-salt key": salt_key, "the key-hash key": derive_key_hash_key(salt_key)}
+    for table in tables:
+        assert table.key_hash_key == derive_key_hash_key(salt_key).hex()
+        for entry in table.tenants:
+            secrets_[f"{table.pool} {entry.name}'s cache salt"] = bytes.fromhex(entry.cache_salt)
+            for key_hash in entry.key_hashes:
+                secrets_[f"{table.pool} {entry.name}'s key hash"] = bytes.fromhex(key_hash.split(":", 1)[1])
+    assert len(secrets_) == 2 + 2 * 3 * 2
+
+    leaked = [what for what, secret in secrets_.items() if any(form in _exposed(out) for form in _forms(secret))]
+    assert not leaked, f"slaq render printed {leaked}"
+    # The negative control: the objects the operator applies, printed as before, hold every one of
+    # them but the cache-salt key itself (the rest derive from it).
+    old = render_yaml(applied)
+    assert [what for what, secret in secrets_.items() if any(form in _exposed(old) for form in _forms(secret))] == list(secrets_)[1:]
 
 
 def test_a_pool_behind_a_gateway_renders_the_gateway_api_inference_pool_the_operator_applies(
@@ -152,9 +223,14 @@ async def test_render_matches_what_the_operator_applies(kube: KubeEmulator, caps
         plural = {"Secret": "v1/secrets", "Service": "v1/services", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
                   "Deployment": "apps/v1/deployments", "HorizontalPodAutoscaler": "autoscaling/v2/horizontalpodautoscalers"}
 
+        refs = key_secret_refs(read_manifest_set([tenants]))
+
         def applied(obj: dict[str, Any]) -> dict[str, Any] | None:
             live = kube.read(plural[obj["kind"]], "inference", obj["metadata"]["name"])
-            return live and as_applied(live)
+            if live is None:
+                return None
+            # The table as the operator wrote it, reviewed as `slaq render` reviews its own.
+            return review_secret(as_applied(live), refs) if obj["kind"] == "Secret" else as_applied(live)
 
         for obj in rendered:
             await eventually(lambda: applied(obj) == obj, what=f"the operator's {obj['kind']} equal to the rendered one")
@@ -173,8 +249,8 @@ def test_allow_missing_keys_renders_the_tenant_without_hashes(capsys: pytest.Cap
     shutil.copy(EXAMPLES / "tenants.yaml", tmp_path / "tenants.yaml")
     code, out, err = render(capsys, EXAMPLES / "pool-cpu.yaml", "--tenants", tmp_path, "--allow-missing-keys")
     assert code == 0, err
-    table = table_of(objects(out)[0])
-    assert [(t.name, t.key_hashes) for t in table.tenants] == [("free", []), ("standard", []), ("vip", [])]
+    review = review_of(objects(out)[0])
+    assert [(t["name"], t["keyFingerprints"]) for t in review["tenants"]] == [("free", []), ("standard", []), ("vip", [])]
     assert err.count("rendered without key hashes") == 3
 
 
@@ -209,8 +285,7 @@ def test_a_pool_without_a_namespace_takes_the_flag(capsys: pytest.CaptureFixture
     assert code == 0, err
     rendered = objects(out)
     assert {o["metadata"]["namespace"] for o in rendered} == {"team-a"}
-    assert table_of(rendered[0]).pool == "team-a/tiny-cpu"
-    assert json.loads(base64.b64decode(rendered[0]["data"][TENANT_TABLE_KEY]))["pool"] == "team-a/tiny-cpu"
+    assert review_of(rendered[0])["pool"] == "team-a/tiny-cpu"
 
 
 def test_a_pool_naming_no_image_needs_the_default_for_its_device(capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,7 +104,7 @@ def test_a_bound_tenant_is_ready_with_its_shares_and_key_count() -> None:
 
 def test_a_key_problem_wins_over_a_blocked_table_and_blocked_tables_are_named_in_order() -> None:
     tenant, body = parse_tenant(tenant_body(0, 1)), tenant_body(0, 1)
-    blocked = {"a/one": "pool a/one: too many", "b/two": "pool b/two: too many"}
+    blocked = {"a/one": ("TableTooLarge", "pool a/one: too many"), "b/two": ("TableTooLarge", "pool b/two: too many")}
     keys = tenant_status(tenant, body, shares=[], key_count=0, key_problem=("KeysMissing", "Secret k not found"), blocked=blocked,
                          verdict=UNKNOWN, attainment=None, timestamp=STAMP)
     assert reasons(keys)["Ready"] == ("False", "KeysMissing") and reasons(keys)["Degraded"] == ("True", "KeysMissing")

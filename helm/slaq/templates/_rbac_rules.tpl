@@ -33,11 +33,6 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list", "create", "patch", "delete"]
-# Tenant-table Secrets beside each pool (delete: the parts a shrunk table no longer needs), and
-# the cache-salt key Secret in the operator's namespace.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["create", "patch", "delete"]
 # Each pool's running pods, whose sidecars report per-tenant usage and SLA risk.
 - apiGroups: [""]
   resources: ["pods"]
@@ -72,4 +67,15 @@ rotated key reaches the tables at once.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/*
+Secret writes: the tenant-table Secrets beside each pool (delete: the parts a shrunk table no
+longer needs) and the cache-salt key Secret in the release namespace. Granted by a Role in the
+release namespace and each of rbac.poolNamespaces, or cluster-wide with rbac.clusterWideSecretWrites.
+*/}}
+{{- define "slaq.rbac.secretWriterRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create", "patch", "delete"]
 {{- end }}

@@ -93,6 +93,7 @@ class PoolRecord:
     foreign: list[str] = field(default_factory=list)  # objects of its children's names it does not own
     owned: set[Owned] = field(default_factory=set)
     table_problem: str | None = None  # why its table cannot be written
+    table_problem_reason: str = "TableTooLarge"  # the condition reason of that: TableTooLarge, SecretsForbidden
     blocked: set[str] = field(default_factory=set)  # tenants whose entries that leaves unwritten
     table: PoolTable = field(default_factory=PoolTable)
 
@@ -143,9 +144,11 @@ class PoolBook:
     def blocked_tenants(self) -> set[str]:
         return {name for r in self._records.values() for name in r.blocked}
 
-    def blocking(self, tenant: str) -> dict[str, str]:
-        """Why the tenant's entry is not written, by the pool key of each table too large to write."""
-        return {key: r.table_problem or "" for key, r in sorted(self._records.items()) if r.blocked and tenant in r.blocked}
+    def blocking(self, tenant: str) -> dict[str, tuple[str, str]]:
+        """Why the tenant's entry is not written, (reason, message) by the pool key of each table that
+        cannot be written (too large, or Secret writes forbidden in its namespace)."""
+        return {key: (r.table_problem_reason, r.table_problem or "") for key, r in sorted(self._records.items())
+                if r.blocked and tenant in r.blocked}
 
     def forget(self, key: str) -> set[str]:
         """Forget the pool (it was deleted); the tenants its table held."""

@@ -276,7 +276,7 @@ class Planner:
             try:
                 parts[key] = parts_to_write(key, record.table, renderer)
             except TableTooLarge as exc:
-                record.table_problem, record.blocked = str(exc), unwritten(record.table)
+                record.table_problem, record.table_problem_reason, record.blocked = str(exc), "TableTooLarge", unwritten(record.table)
                 log.warning("%s; the other pools' tables are written", exc)
             else:
                 record.table_problem, record.blocked = None, set()

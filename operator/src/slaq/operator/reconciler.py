@@ -194,9 +194,9 @@ class Reconciler:
                 replanned.add(name)
         self.planner.drop_gone(snapshot.pools)
         writes = self.planner.table_writes(self.renderer)
-        await self.writer.write_tables(snapshot.pools, writes)
+        forbidden = await self.writer.write_tables(snapshot.pools, writes)
         self.planner.prune(self.renderer)
-        await self.writer.write_tenant_statuses(replanned | taken.status | writes.status_changed, self.view, self._tenant_status)
+        await self.writer.write_tenant_statuses(replanned | taken.status | writes.status_changed | forbidden, self.view, self._tenant_status)
 
     def _tenant_status(self, tenant: TenantSLA, body: dict[str, Any]) -> tuple[dict[str, Any], Event | None]:
         record = self.books.tenants.get(tenant.metadata.name) or TenantRecord()

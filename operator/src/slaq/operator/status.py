@@ -74,16 +74,17 @@ def attainment_verdict(tenant: TenantSLA, body: Mapping[str, Any], ledger: Attai
 
 
 def tenant_status(tenant: TenantSLA, body: Mapping[str, Any], *, shares: Sequence[PoolShare], key_count: int,
-                  key_problem: KeyProblem | None, blocked: Mapping[str, str], verdict: Verdict, attainment: float | None,
+                  key_problem: KeyProblem | None, blocked: Mapping[str, tuple[str, str]], verdict: Verdict, attainment: float | None,
                   open_namespaces: frozenset[str] = frozenset(), splits: TenantSplits | None = None,
                   timestamp: str | None = None) -> dict[str, Any]:
     """A tenant's status: its shares per pool, its key count, and Ready / Degraded / AtRisk / QuotaSplit.
-    `blocked`: by pool key, why that pool's table (which holds no current entry of the tenant) is not written."""
+    `blocked`: by pool key, why (reason, message) that pool's table (which holds no current entry of the tenant) is not written."""
     generation = body["metadata"].get("generation")
     pools = [share.to_wire() for share in shares]
     problem = key_problem
     if problem is None and blocked:
-        problem = ("TableTooLarge", "; ".join(f"{why}: this tenant's entry there is not updated" for why in blocked.values()))
+        problem = (next(iter(blocked.values()))[0],
+                   "; ".join(f"{why}: this tenant's entry there is not updated" for _, why in blocked.values()))
     ready = bool(pools) and problem is None
     conditions = [
         condition("Ready", ready, "Bound" if ready else (problem[0] if problem else "NoPool"),
@@ -119,7 +120,9 @@ def pool_status(pool: InferencePool, body: Mapping[str, Any], deployment: Mappin
     missing = sorted(t for t in tenants if t in key_problems)
     degraded_reason, degraded_message = "AsExpected", ""
     if record.table_problem is not None:
-        degraded_reason, degraded_message = "TableTooLarge", record.table_problem + "; the table last written stays in force"
+        degraded_reason, degraded_message = record.table_problem_reason, record.table_problem
+        if degraded_reason == "TableTooLarge":
+            degraded_message += "; the table last written stays in force"
     elif record.foreign:
         degraded_reason = "NameTaken"
         degraded_message = (f"{', '.join(record.foreign)} exist(s) and are not owned by this pool; slaq leaves them alone "

@@ -19,10 +19,10 @@ from slaq.operator.books import Books, Marks
 from slaq.operator.children import owned_by, render_table_secret
 from slaq.operator.client import KubeClient, plural_of
 from slaq.operator.conditions import now
-from slaq.operator.errors import NotFound, OperatorError, RetryableApiError, SpecError
+from slaq.operator.errors import ApiError, NotFound, OperatorError, RetryableApiError, SpecError
 from slaq.operator.events import render_event
 from slaq.operator.names import FINALIZER, table_secret_name
-from slaq.operator.planner import TableParts, TableWrites
+from slaq.operator.planner import TableParts, TableWrites, unwritten
 from slaq.operator.status import Event, changed, invalid_reported, invalid_status, pool_status
 from slaq.operator.tables import pool_key
 from slaq.operator.view import ClusterView, Indexed, deleting, name_of
@@ -83,19 +83,35 @@ class Writer:
 
     # ------------------------------------------------------------------ tables
 
-    async def write_tables(self, pools: dict[str, Indexed[InferencePool]], writes: TableWrites) -> None:
+    async def write_tables(self, pools: dict[str, Indexed[InferencePool]], writes: TableWrites) -> set[str]:
         """Apply the parts decided, a few pools at once (WRITERS), lowered shares first (all pools
-        that lower one, then the rest: operator/README.md, overshoot bound)."""
+        that lower one, then the rest: operator/README.md, overshoot bound). A pool whose Secrets the
+        operator may not write (403: the chart grants Secret writes only where it is told pools live)
+        is reported on its record and its table waits; the others are written. Returns the tenants
+        whose entries that leaves unwritten (their status says so)."""
         gate = asyncio.Semaphore(WRITERS)
+        forbidden: set[str] = set()
 
         async def one(key: str) -> None:
             async with gate:
-                await self.write_table(pools[key], key, writes.parts[key])
+                try:
+                    await self.write_table(pools[key], key, writes.parts[key])
+                except ApiError as exc:
+                    if exc.status != 403:
+                        raise
+                    record, namespace = self.books.pools.record(key), pools[key].body["metadata"]["namespace"]
+                    record.table_problem_reason = "SecretsForbidden"
+                    record.table_problem = (f"pool {key}: the operator may not write Secrets in namespace {namespace} "
+                                            "(add it to the chart's rbac.poolNamespaces): its tenant table is not written")
+                    record.blocked = unwritten(record.table)
+                    forbidden.update(record.blocked)
+                    log.warning("pool %s: %s", key, exc)
 
         for wave in writes.waves():
             results = await asyncio.gather(*(one(key) for key in wave), return_exceptions=True)
             if failures := [r for r in results if isinstance(r, BaseException)]:
                 raise failures[0]
+        return forbidden
 
     async def write_table(self, pool: Indexed[InferencePool], key: str, parts: TableParts) -> None:
         """Apply the parts that differ from the ones written, delete the parts beyond the table's

@@ -16,6 +16,13 @@ the request (`slaq.engine.request_log`, event `engine_request`: engine/src/slaq/
 with what the engine did to the request (queue wait, preemptions, KV blocks erased and swapped).
 `key_fingerprint` is `slaq.api.table.key_fingerprint` of the key's stored hash; `client` is the
 peer unless the peer is a trusted proxy (addresses.py), `peer` the TCP peer.
+
+Lines of failed authentication (reason `unauthorized` or `auth_throttled`) are sampled per client
+address (auth_failures.FailureLines): the first few of a window are written, and the rest are
+counted into one line when the window ends, so a flood of wrong keys cannot fill a disk:
+
+    {"time": "…", "event": "access_suppressed", "client": "10.0.3.7", "from": "…", "until": "…",
+     "suppressed": 5912, "reasons": {"auth_throttled": 5902, "unauthorized": 10}}
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal, TextIO
 
+from slaq.sidecar.auth_failures import FailureLines
+from slaq.sidecar.connections import client_key
 from slaq.sidecar.service import Flight
 from slaq.sidecar.tenants import Identity
 
@@ -34,6 +43,8 @@ AccessLogFormat = Literal["json", "off"]
 ACCESS_LOG_FORMATS: tuple[AccessLogFormat, ...] = ("json", "off")
 LOGGER_NAME = "slaq.access"
 EVENT = "request"
+SUPPRESSED_EVENT = "access_suppressed"
+SAMPLED_REASONS = frozenset({"unauthorized", "auth_throttled"})  # failed authentication: sampled per client address
 
 
 @dataclass(slots=True, eq=False)
@@ -55,7 +66,7 @@ class AccessEntry:
         tenant = self.identity.tenant if self.identity else None
         settled = self.flight.settlement if self.flight else None
         return {
-            "time": datetime.fromtimestamp(self.arrival, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": _iso(self.arrival),
             "event": EVENT,
             "request_id": self.request_id,
             "tenant": tenant.name if tenant else None,
@@ -78,6 +89,10 @@ class AccessEntry:
         }
 
 
+def _iso(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 6)
 
@@ -85,10 +100,11 @@ def _rounded(seconds: float | None) -> float | None:
 class AccessLog:
     """Writes entries through the `slaq.access` logger: a line of JSON each, nothing else on it."""
 
-    def __init__(self, fmt: AccessLogFormat = "json", stream: TextIO | None = None) -> None:
+    def __init__(self, fmt: AccessLogFormat = "json", stream: TextIO | None = None, *, failure_lines: FailureLines | None = None) -> None:
         if fmt not in ACCESS_LOG_FORMATS:
             raise ValueError(f"access log format must be one of {', '.join(ACCESS_LOG_FORMATS)}, got {fmt!r}")
         self.enabled = fmt == "json"
+        self.failure_lines = failure_lines  # None: every line is written
         self.logger = logging.getLogger(LOGGER_NAME)
         if self.enabled and stream is not None:
             self.attach(stream)
@@ -102,5 +118,18 @@ class AccessLog:
         self.logger.propagate = False
 
     def write(self, entry: AccessEntry) -> None:
-        if self.enabled:
-            self.logger.info(json.dumps(entry.record(), separators=(",", ":")))
+        if not self.enabled:
+            return
+        if self.failure_lines is not None and entry.reason in SAMPLED_REASONS:
+            if not self.failure_lines.admit(client_key(entry.client or ""), entry.arrival, entry.reason):
+                return
+        self.logger.info(json.dumps(entry.record(), separators=(",", ":")))
+
+    def flush(self, now: float, everything: bool = False) -> None:
+        """Write the summary line of each sampling window ended by `now` (wall clock) that left lines
+        out; `everything`: of every window (at shutdown)."""
+        if not self.enabled or self.failure_lines is None:
+            return
+        for ended in self.failure_lines.flush(now, everything):
+            record = {"time": _iso(now), "event": SUPPRESSED_EVENT, **ended, "from": _iso(ended["from"]), "until": _iso(ended["until"])}
+            self.logger.info(json.dumps(record, separators=(",", ":")))

@@ -3,7 +3,14 @@
 It reads bodies (bounded), routes, turns `SidecarError`s into responses through
 `errors.refusal` (the one mapping), and streams engine responses through byte for byte. This is
 the tenant port: the OpenAI API, /health and /ready. Metrics and usage are on the metrics port
-(`metrics_port.py`), out of tenants' reach. Every request but the probes gets an access-log line.
+(`metrics_port.py`), out of tenants' reach. Every request but the probes gets an access-log line
+(lines of failed authentication sampled per client address: access.py).
+
+Before a request is routed its head is checked (`head_problem`): over the protocol's byte or count
+cap (connections.py) is 431, a header that must appear once (`SINGLETON_HEADERS`) appearing twice is
+400: two `Authorization` headers are never resolved by order. A client address with too many failed
+authentications lately is refused before its key is looked at (auth_failures.py), and an engine
+that stopped answering its health checks refuses new requests at once (monitor.py).
 """
 
 from __future__ import annotations
@@ -22,15 +29,20 @@ import httpx
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
 from slaq.sidecar.access import AccessEntry, AccessLog
 from slaq.sidecar.addresses import TrustedProxies, peer_address
-from slaq.sidecar.connections import ConnectionLimits
+from slaq.sidecar.auth_failures import AuthFailures
+from slaq.sidecar.connections import HEAD_REFUSAL, ConnectionLimits, client_key
 from slaq.sidecar.errors import (
+    AuthThrottled,
     BodyTimeout,
     BodyTooLarge,
+    DuplicateHeader,
     EngineTimeout,
     EngineUnavailable,
+    HeadersTooLarge,
     MethodNotAllowed,
     NotFound,
     SidecarError,
+    Unauthorized,
     UnsupportedMediaType,
     http_status,
     refusal,
@@ -49,7 +61,7 @@ from slaq.sidecar.proxy import (
     is_event_stream,
 )
 from slaq.sidecar.service import Flight, SidecarCore
-from slaq.sidecar.tenants import Identity
+from slaq.sidecar.tenants import FAIRNESS_ID_HEADER, SLO_TPOT_HEADER, SLO_TTFT_HEADER, Identity
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,12 @@ INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "c
 ENGINE_ERROR_BODY_LIMIT = 1024 * 1024
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})  # kubelet asks every few seconds: not audited
 CLIENT_CLOSED = 499
+# Headers read as one value: a second copy would be resolved by order (the last one wins in
+# `_headers`), so a request carrying one twice is refused instead.
+SINGLETON_HEADERS = frozenset({b"authorization", b"content-type", b"content-length", b"host",
+                               *(h.encode() for h in (FAIRNESS_ID_HEADER, SLO_TTFT_HEADER, SLO_TPOT_HEADER))})
+ENGINE_DOWN_RETRY_S = 1.0
+ACCESS_FLUSH_S = 1.0  # how often the sampled access lines' summaries are written
 
 
 async def _send_bytes(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
@@ -76,6 +94,21 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
 async def _send_refusal(send: Send, error: SidecarError, request_id: str) -> None:
     status, headers, body = refusal(error)
     await _send_bytes(send, status, [*headers, (REQUEST_ID_HEADER.encode(), request_id.encode())], body)
+
+
+def head_problem(scope: Scope) -> SidecarError | None:
+    """Why the request's head is refused before routing: over a cap the protocol counted, or a
+    singleton header sent more than once; None when it is fine."""
+    too_large = scope.get(HEAD_REFUSAL)
+    if too_large is not None:
+        return HeadersTooLarge(too_large)
+    seen: set[bytes] = set()
+    for name, _ in scope["headers"]:
+        if name in SINGLETON_HEADERS:
+            if name in seen:
+                return DuplicateHeader(f"the {name.decode('latin-1')} header appears more than once")
+            seen.add(name)
+    return None
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -124,14 +157,18 @@ class SidecarApp:
         access: AccessLog | None = None,
         connection_limits: ConnectionLimits = ConnectionLimits(),
         trusted_proxies: TrustedProxies = TrustedProxies(),
+        auth_failures: AuthFailures | None = None,
+        engine_health_timeout_s: float | None = None,
     ) -> None:
         self.core = core
         self.engine = engine
         self.max_body_bytes = max_body_bytes or core.config.limits.max_body_bytes
         self.connection_limits = connection_limits
         self.trusted_proxies = trusted_proxies
-        self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s)
+        self.monitor = EngineMonitor(engine, core, interval_s=monitor_interval_s,
+                                     **({} if engine_health_timeout_s is None else {"health_timeout_s": engine_health_timeout_s}))
         self.access = access or AccessLog()
+        self.auth_failures = auth_failures if auth_failures is not None else AuthFailures()
         self.metrics_app = MetricsApp(core, engine)
         self._tasks: list[asyncio.Task] = []
 
@@ -145,6 +182,9 @@ class SidecarApp:
             entry = AccessEntry(scope["method"], scope["path"], self.core.clock(), request_id=uuid.uuid4().hex,
                                 client=self.trusted_proxies.client(peer, scope["headers"]), peer=peer)
             try:
+                problem = head_problem(scope)
+                if problem is not None:
+                    raise problem
                 await self._route(scope, receive, send, entry)
             except SidecarError as error:
                 entry.status, entry.reason = http_status(error), error.reason
@@ -167,7 +207,8 @@ class SidecarApp:
     async def startup(self) -> None:
         self.core.directory.refresh()
         await self.monitor.poll_once()
-        self._tasks = [asyncio.create_task(self.monitor.run()), asyncio.create_task(watch_table(self.core))]
+        self._tasks = [asyncio.create_task(self.monitor.run()), asyncio.create_task(watch_table(self.core)),
+                       asyncio.create_task(self._flush_access())]
         if self.core.shared_quotas is not None:
             self._tasks.append(asyncio.create_task(self.core.shared_quotas.run()))  # heartbeats, and probes of a lost store
 
@@ -177,10 +218,18 @@ class SidecarApp:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.access.flush(time.time(), everything=True)
         await self.engine.aclose()
         if self.core.shared_quotas is not None:
             await self.core.shared_quotas.aclose()
         self.core.parsers.close()
+
+    async def _flush_access(self) -> None:
+        while True:
+            await asyncio.sleep(ACCESS_FLUSH_S)
+            now = time.time()
+            self.access.flush(now)
+            self.auth_failures.prune(self.core.clock())
 
     def ready(self) -> bool:
         return self.monitor.ready and self.core.directory.loaded and not self.core.draining
@@ -204,10 +253,25 @@ class SidecarApp:
         elif path == "/v1/models":
             if method != "GET":
                 raise MethodNotAllowed(f"{path} accepts GET")
-            entry.identity = self.core.identify(_headers(scope))
+            entry.identity = self._identify(_headers(scope), entry)
             await self._passthrough(scope, send, entry)
         else:
             raise NotFound(f"no route {method} {path}")
+
+    def _identify(self, headers: dict[str, str], entry: AccessEntry) -> Identity:
+        """The tenant the key names, unless the client's address failed too often lately."""
+        address, now = client_key(entry.client or ""), self.core.clock()
+        retry_after = self.auth_failures.retry_after(address, now)
+        if retry_after is not None:
+            error = AuthThrottled(f"{self.auth_failures.limits.limit} failed authentications from {address} within "
+                                  f"{self.auth_failures.limits.window_s:g} s", retry_after_s=retry_after)
+            self.core.refused(error, None)
+            raise error
+        try:
+            return self.core.identify(headers)
+        except Unauthorized:
+            self.auth_failures.failed(address, now)
+            raise
 
     async def _passthrough(self, scope: Scope, send: Send, entry: AccessEntry) -> None:
         response = await self.engine.open("GET", scope["path"], body=None, headers={})
@@ -224,7 +288,12 @@ class SidecarApp:
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send, kind: str, entry: AccessEntry) -> None:
         headers = _headers(scope)
-        identity = entry.identity = self.core.identify(headers)
+        identity = entry.identity = self._identify(headers, entry)
+        if not self.monitor.ready:
+            error = EngineUnavailable(f"the engine did not answer its health check within {self.monitor.health_timeout_s:g} s",
+                                      retry_after_s=ENGINE_DOWN_RETRY_S)
+            self.core.refused(error, identity)
+            raise error
         await self.core.precheck(identity)  # a tenant at its limit is refused before its body costs anything
         try:
             content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
@@ -292,8 +361,7 @@ class SidecarApp:
         # The sidecar's own share of TTFT: its work before the request leaves (queue wait excluded)
         # plus forwarding the first token; everything else is the engine's or the network's.
         before_engine = time.perf_counter() - started - flight.entry.queue_wait_s
-        response = await self.engine.open("POST", scope["path"], body=self.core.enriched_body(flight, request_id),
-                                          headers=forward_request_headers(headers, request_id))
+        response = await self._open_engine(scope["path"], self.core.enriched_body(flight, request_id), forward_request_headers(headers, request_id))
         try:
             if response.status_code >= 400:
                 await self._engine_error(send, response, request_id)
@@ -333,6 +401,24 @@ class SidecarApp:
             return response.status_code, None
         finally:
             await response.aclose()
+
+    async def _open_engine(self, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        """The engine's response (headers read), or EngineUnavailable once the engine stops answering
+        its health checks without having answered one since this request was sent (monitor.py)."""
+        sent = time.monotonic()
+        opening = asyncio.ensure_future(self.engine.open("POST", path, body=body, headers=headers))
+        stopped = asyncio.ensure_future(self.monitor.stopped_answering(sent))
+        try:
+            await asyncio.wait((opening, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not opening.done():
+                opening.cancel()
+                await asyncio.wait((opening,))  # its connection closed (vLLM aborts the request if it ever reads it)
+        if opening.cancelled():
+            raise EngineUnavailable(f"the engine stopped answering its health check ({self.monitor.health_timeout_s:g} s) "
+                                    "after this request was sent", retry_after_s=ENGINE_DOWN_RETRY_S)
+        return opening.result()
 
     async def _engine_error(self, send: Send, response: httpx.Response, request_id: str) -> None:
         """Engine refusals get the sidecar's `reason` too (`engine_<status>`), keeping the engine's message."""

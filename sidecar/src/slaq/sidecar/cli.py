@@ -47,9 +47,11 @@ def _seconds(text: str) -> float:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from slaq.sidecar.auth_failures import AuthFailureLimits
     from slaq.sidecar.connections import ConnectionLimits
+    from slaq.sidecar.monitor import HEALTH_TIMEOUT_S
 
-    defaults = ConnectionLimits()
+    defaults, failures = ConnectionLimits(), AuthFailureLimits()
     parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
     parser.add_argument("--port", type=_positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
@@ -103,12 +105,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="Seconds one store call may take, connecting included, before the request is decided on the shares (at most 1; default 0.25).")
     parser.add_argument("--quota-store-lease", type=_seconds, default=10.0,
                         help="Seconds a sidecar's in-flight slots outlive it in the store if it dies; renewed every third of it (default 10).")
+    parser.add_argument("--max-header-bytes", type=_positive_int, default=defaults.max_header_bytes,
+                        help=f"Most bytes of a request head (request line and headers); more get 431 and the connection is closed "
+                             f"(default {defaults.max_header_bytes}).")
+    parser.add_argument("--max-headers", type=_positive_int, default=defaults.max_headers,
+                        help=f"Most headers in a request; more get 431 and the connection is closed (default {defaults.max_headers}).")
+    parser.add_argument("--auth-failure-limit", type=_count, default=failures.limit,
+                        help=f"Failed authentications one client address (an IPv6 /64) may have within --auth-failure-window; past it "
+                             f"its requests get 429 auth_throttled with Retry-After, before their key is looked at. Behind a gateway "
+                             f"name it in --trusted-proxies, or 0 to turn this off (default {failures.limit}).")
+    parser.add_argument("--auth-failure-window", type=_seconds, default=failures.window_s,
+                        help=f"The window of --auth-failure-limit and --auth-failure-log-lines, in seconds (default {failures.window_s:g}).")
+    parser.add_argument("--auth-failure-log-lines", type=_count, default=failures.log_lines,
+                        help=f"Access lines of failed authentication (401, 429 auth_throttled) written per client address per window; "
+                             f"the rest are counted into one access_suppressed line when the window ends (default {failures.log_lines}).")
+    parser.add_argument("--engine-health-timeout", type=_seconds, default=HEALTH_TIMEOUT_S,
+                        help=f"Seconds the engine's /health may take; past it the pod is not ready and refuses new requests with 503 "
+                             f"until the engine answers again (default {HEALTH_TIMEOUT_S:g}).")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import logging
 
+    from slaq.sidecar.auth_failures import AuthFailureLimits
     from slaq.sidecar.connections import ConnectionLimits
     from slaq.sidecar.fields import MAX_TOKENS_LIMIT
     from slaq.sidecar.server import ConfigError, SidecarOptions, parse_quota_store, parse_request_limits, parse_scheduler_config, serve
@@ -116,6 +136,9 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request costs latency
     try:
+        if not args.auth_failure_window > 0:
+            raise ConfigError(f"--auth-failure-window must be > 0 seconds, got {args.auth_failure_window:g}")
+        auth_failures = AuthFailureLimits(limit=args.auth_failure_limit, window_s=args.auth_failure_window, log_lines=args.auth_failure_log_lines)
         scheduler = parse_scheduler_config(args.scheduler_config)
         request_limits = parse_request_limits(args.request_limits)
         quota_store = parse_quota_store(args.quota_store, password_file=args.quota_store_password_file,
@@ -143,7 +166,10 @@ def _run(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
                                                engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections,
-                                               max_connections_per_client=args.max_connections_per_client),
+                                               max_connections_per_client=args.max_connections_per_client,
+                                               max_header_bytes=args.max_header_bytes, max_headers=args.max_headers),
+            auth_failures=auth_failures,
+            engine_health_timeout_s=args.engine_health_timeout,
         ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)

@@ -11,9 +11,16 @@ bound, a default and a `slaq sidecar` flag:
     the engine silent mid-request          `engine_idle_s` 300 s      --engine-idle-timeout 503 before headers, stream ended with engine_stream_broken after
     open connections (both ports)          `max_connections` 2048     --max-connections    503 from uvicorn
     open connections of one client address `max_connections_per_client` 256  --max-connections-per-client  503 and closed
+    request head bytes (request line + headers) `max_header_bytes` 16 KiB  --max-header-bytes  431 headers_too_large, closed
+    request headers                        `max_headers` 100          --max-headers        431 headers_too_large, closed
 
-The head timeout and both connection limits live in the HTTP protocol (`HeadTimeoutProtocol`): the
-ASGI app only sees a request once its head is complete.
+The head timeout, the head caps and both connection limits live in the HTTP protocol
+(`HeadTimeoutProtocol`): the ASGI app only sees a request once its head is complete. httptools
+(llhttp), which parses the head, has no cap of its own on header size or count, so the protocol
+counts what the parser hands over and keeps no header past a cap: the request reaches the app
+marked (`HEAD_REFUSAL`), and the app answers 431 with a JSON reason and closes the connection. A
+head that stays incomplete past the byte cap (one endless header) is answered 431 by the protocol
+itself, without waiting for its end.
 
 Probes are never refused for the global limit: kubelet's `/health` and `/ready` on the tenant port,
 and everything on the metrics port (Prometheus, the operator, a gateway's endpoint picker), are small
@@ -37,9 +44,12 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
+from slaq.sidecar.errors import HeadersTooLarge, refusal
 
 PROBE_PATHS = frozenset({HEALTH_PATH.encode(), READY_PATH.encode()})
 PROBE_LANE = 4
+HEAD_REFUSAL = "slaq.head_refusal"  # scope key: why the request's head is over a cap (the app refuses it)
+HEADER_OVERHEAD = 4  # ": " and CRLF around each header, as on the wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,8 @@ class ConnectionLimits:
     # Behind a gateway every tenant shares the gateway's few addresses: raise it to the gateway's
     # connection pool per replica, or 0 (no per-client cap).
     max_connections_per_client: int = 256
+    max_header_bytes: int = 16 * 1024  # the request line and every header, as sent
+    max_headers: int = 100
 
 
 def client_key(host: str) -> str:
@@ -117,7 +129,15 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def with_limits(cls, limits: ConnectionLimits, exempt_ports: frozenset[int] = frozenset()) -> type["HeadTimeoutProtocol"]:
         """A protocol class for one server: its own per-client table, shared by its connections."""
         return type(cls.__name__, (cls,), {"head_timeout_s": limits.header_s, "max_connections": limits.max_connections,
-                                            "clients": ClientConnections(limits.max_connections_per_client), "exempt_ports": exempt_ports})
+                                            "clients": ClientConnections(limits.max_connections_per_client), "exempt_ports": exempt_ports,
+                                            "max_header_bytes": limits.max_header_bytes, "max_headers": limits.max_headers})
+
+    max_header_bytes: int = ConnectionLimits.max_header_bytes
+    max_headers: int = ConnectionLimits.max_headers
+    _in_head = False  # between the parser's message begin and headers complete
+    _head_bytes = 0  # the head's bytes the parser has handed over (request target and complete headers)
+    _head_raw = 0  # bytes received while a head was incomplete: bounds one endless header
+    _head_refusal: str | None = None
 
     _head_timer: asyncio.TimerHandle | None = None
     _counted = False
@@ -148,7 +168,46 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if self._awaiting_head and not answering and not self.transport.is_closing():
             self.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_raw += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_raw > self.max_header_bytes and not self.transport.is_closing():
+            self._refuse_head(f"the request head exceeds {self.max_header_bytes} bytes")
+
+    def _refuse_head(self, message: str) -> None:
+        """431 for a head still incomplete (no request for the app to answer), then close."""
+        status, headers, body = refusal(HeadersTooLarge(message))
+        head = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        self.transport.write(b"HTTP/1.1 %d Request Header Fields Too Large\r\n%s\r\n%s" % (status, head, body))
+        self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes, self._head_raw, self._head_refusal = True, 0, 0, None
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        if self._head_bytes > self.max_header_bytes:
+            self._head_refusal = self._head_refusal or f"the request head exceeds {self.max_header_bytes} bytes"
+            self.url = b"/"  # parsed by uvicorn all the same; the app refuses the request
+            return
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + HEADER_OVERHEAD
+        if self._head_refusal is None:
+            if len(self.headers) >= self.max_headers:
+                self._head_refusal = f"the request has more than {self.max_headers} headers"
+            elif self._head_bytes > self.max_header_bytes:
+                self._head_refusal = f"the request head exceeds {self.max_header_bytes} bytes"
+        if self._head_refusal is None:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_refusal is not None:
+            self.scope[HEAD_REFUSAL] = self._head_refusal  # type: ignore[literal-required]
         self._awaiting_head = False
         if self._head_timer is not None:
             self._head_timer.cancel()

@@ -7,10 +7,13 @@
     │   ├── UnknownModel              unknown_model   404
     │   ├── BodyTooLarge              body_too_large  413
     │   ├── BodyTimeout               body_timeout    408
-    │   └── UnsupportedMediaType      unsupported_media_type 415
+    │   ├── UnsupportedMediaType      unsupported_media_type 415
+    │   ├── DuplicateHeader           duplicate_header (a header that must appear once, e.g. Authorization, came twice)
+    │   └── HeadersTooLarge           headers_too_large 431 (the request head's bytes or header count over its cap; connection closed)
     ├── NotFound                      not_found       404
     ├── MethodNotAllowed              method_not_allowed 405
     ├── Unauthorized                  unauthorized    401
+    ├── AuthThrottled                 auth_throttled  429 + Retry-After (too many failed authentications from the client's address)
     ├── QuotaExceeded (tenant-level, retry later)    429 + Retry-After
     │   ├── RequestRateExceeded       request_rate
     │   ├── TokenRateExceeded         token_rate
@@ -25,6 +28,7 @@
 
 Tenant-level refusals are 429 because the tenant's own rate is the cause; pod-level ones are 503
 because the pod, not the tenant, is the cause and a gateway may retry on another replica.
+AuthThrottled is 429 too: the client's own failures are the cause.
 """
 
 from __future__ import annotations
@@ -90,6 +94,14 @@ class UnsupportedMediaType(BadRequest):
     reason = "unsupported_media_type"
 
 
+class DuplicateHeader(BadRequest):
+    reason = "duplicate_header"
+
+
+class HeadersTooLarge(BadRequest):
+    reason = "headers_too_large"
+
+
 class NotFound(SidecarError):
     reason = "not_found"
 
@@ -100,6 +112,13 @@ class MethodNotAllowed(SidecarError):
 
 class Unauthorized(SidecarError):
     reason = "unauthorized"
+
+
+class AuthThrottled(SidecarError):
+    """The client's address failed authentication too often lately (`auth_failures.AuthFailures`):
+    refused before its key is looked at, until the oldest failure leaves the window."""
+
+    reason = "auth_throttled"
 
 
 class QuotaExceeded(SidecarError):
@@ -158,6 +177,8 @@ _STATUS: dict[type[SidecarError], int] = {
     BodyTimeout: 408,
     EngineTimeout: 504,
     UnsupportedMediaType: 415,
+    HeadersTooLarge: 431,
+    AuthThrottled: 429,
     NotFound: 404,
     MethodNotAllowed: 405,
     Unauthorized: 401,
@@ -184,4 +205,6 @@ def refusal(error: SidecarError) -> tuple[int, list[tuple[bytes, bytes]], bytes]
         headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after_s))).encode()))
     if isinstance(error, Unauthorized):
         headers.append((b"www-authenticate", b"Bearer"))
+    if isinstance(error, HeadersTooLarge):
+        headers.append((b"connection", b"close"))  # what is left of the head is not worth reading
     return status, headers, body

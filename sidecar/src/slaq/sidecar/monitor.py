@@ -1,9 +1,19 @@
-"""Background watchers: the engine's health and queue gauges, and the tenant table file."""
+"""Background watchers: the engine's health and queue gauges, and the tenant table file.
+
+The engine's liveness is its /health answered within `health_timeout_s` (default 2 s,
+`--engine-health-timeout`), asked every `interval_s`. An engine that is dead refuses the
+connection; one that is hung (stopped, deadlocked) accepts it and says nothing, which the timeout
+turns into "not ready" within about timeout + interval. While not ready, the pod reports /ready
+false and refuses new requests (503 engine_unavailable + Retry-After), and requests sent to the
+engine after its last answer and still without one are ended the same way (`stopped_answering`);
+older in-flight requests are left to the engine-idle timeout. The first answer makes it ready again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import httpx
 
@@ -53,27 +63,56 @@ def tier_gauge(text: str, name: str) -> list[int] | None:
     return values if seen else None
 
 
+HEALTH_TIMEOUT_S = 2.0
+
+
 class EngineMonitor:
     """Marks the engine ready while its /health answers 200 and feeds its queue gauge to the gate."""
 
-    def __init__(self, engine: EngineClient, core: SidecarCore, *, interval_s: float = 0.25) -> None:
+    def __init__(self, engine: EngineClient, core: SidecarCore, *, interval_s: float = 0.25,
+                 health_timeout_s: float = HEALTH_TIMEOUT_S) -> None:
         self.engine = engine
         self.core = core
         self.interval_s = interval_s
+        self.health_timeout_s = health_timeout_s
         self.ready = False
+        # time.monotonic() when the last /health the engine answered was sent: it was alive after that
+        # (the send, not the answer, so that an answer read after the engine stopped proves nothing later)
+        self.last_ok = float("-inf")
+        self._changed = asyncio.Event()  # set (and replaced) whenever `ready` changes
+
+    def _set_ready(self, ready: bool, asked: float) -> None:
+        if ready:
+            self.last_ok = max(self.last_ok, asked)
+        if ready != self.ready:
+            self.ready = ready
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+            log.warning("engine %s", "answers /health: ready" if ready else
+                        f"did not answer /health within {self.health_timeout_s:g} s: new requests are refused")
+
+    async def stopped_answering(self, sent: float) -> None:
+        """Returns once the engine is not ready and has not answered since `sent` (time.monotonic()):
+        a request sent then will get no answer from it."""
+        while True:
+            changed = self._changed
+            if not self.ready and self.last_ok < sent:
+                return
+            await changed.wait()
 
     async def poll_once(self) -> None:
+        asked = time.monotonic()
         try:
-            health = await self.engine.get(HEALTH_PATH, timeout_s=2.0)
-            self.ready = health.status_code == 200
+            health = await self.engine.get(HEALTH_PATH, timeout_s=self.health_timeout_s)
+            self._set_ready(health.status_code == 200, asked)
         except httpx.HTTPError:
-            self.ready = False
+            self._set_ready(False, asked)
         if not self.ready:
             self.core.gate.observe_engine(None)
             return
         released_before, released_by_rank_before = self.core.gate.released_total, list(self.core.gate.released_by_rank)
         try:
-            metrics = await self.engine.get(METRICS_PATH, timeout_s=2.0)
+            metrics = await self.engine.get(METRICS_PATH, timeout_s=self.health_timeout_s)
         except httpx.HTTPError:
             return
         text = metrics.text if metrics.status_code == 200 else ""

@@ -26,9 +26,12 @@ from slaq.api.pool import RequestLimitsSpec, SchedulerSpec
 from slaq.api.runtime import METRICS_PORT
 from slaq.sidecar.access import AccessLog, AccessLogFormat
 from slaq.sidecar.addresses import TrustedProxies
-from slaq.sidecar.app import SidecarApp
+from slaq.sidecar.app import SidecarApp, head_problem
+from slaq.sidecar.auth_failures import AuthFailureLimits, AuthFailures, FailureLines
 from slaq.sidecar.connections import ConnectionLimits, HeadTimeoutProtocol
+from slaq.sidecar.errors import refusal
 from slaq.sidecar.fields import MAX_TOKENS_LIMIT, BodyLimits
+from slaq.sidecar.monitor import HEALTH_TIMEOUT_S
 
 DEFAULT_LENGTH_TOKENS = 8192  # the length term's normaliser when the engine's context length is not known
 from slaq.sidecar.proxy import EngineClient
@@ -69,6 +72,8 @@ class SidecarOptions:
     trusted_proxies: str | None = None  # `--trusted-proxies`: whose X-Forwarded-For names the client (addresses.py); none by default
     pod_name: str | None = None  # `--pod-name`: whose per-pod quota shares in the tenant table this replica enforces
     quota_store: StoreSettings | None = None  # `--quota-store*`: tenants' whole quotas in a shared Redis; None: this replica's shares
+    auth_failures: AuthFailureLimits = field(default_factory=AuthFailureLimits)
+    engine_health_timeout_s: float = HEALTH_TIMEOUT_S
 
 
 def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
@@ -155,8 +160,11 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         proxies = TrustedProxies.parse(options.trusted_proxies)
     except ValueError as exc:
         raise ConfigError(f"--trusted-proxies: {exc}") from exc
-    return SidecarApp(core, EngineClient(options.engine_url, engine_idle_s=limits.engine_idle_s), access=AccessLog(options.access_log),
-                      connection_limits=limits, trusted_proxies=proxies)
+    failures = options.auth_failures
+    access = AccessLog(options.access_log, failure_lines=FailureLines(failures.log_lines, failures.window_s))
+    return SidecarApp(core, EngineClient(options.engine_url, engine_idle_s=limits.engine_idle_s), access=access,
+                      connection_limits=limits, trusted_proxies=proxies, auth_failures=AuthFailures(failures),
+                      engine_health_timeout_s=options.engine_health_timeout_s)
 
 
 class PortRouter:
@@ -169,6 +177,12 @@ class PortRouter:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         server = scope.get("server")
         if scope["type"] == "http" and server is not None and server[1] == self.metrics_port:
+            problem = head_problem(scope)  # the tenant app checks its own (and logs the refusal)
+            if problem is not None:
+                status, headers, body = refusal(problem)
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
             await self.tenant.metrics_app(scope, receive, send)
         else:
             await self.tenant(scope, receive, send)
