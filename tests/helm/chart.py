@@ -19,7 +19,7 @@ PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1/PodMonitor"
 
 # Every optional part of the chart switched on (used by the model and lint tests).
 EVERYTHING_ON = {
-    "networkPolicy": {"enabled": True, "namespaces": ["team-a"], "from": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]},
+    "networkPolicy": {"enabled": True, "monitoringNamespaces": ["monitoring", "grafana"]},
     "monitoring": {"podMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     "alerts": {"enabled": True},
     "autoscaling": {

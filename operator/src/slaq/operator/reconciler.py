@@ -25,6 +25,7 @@ from slaq.operator.errors import OperatorError, RetryableApiError, SpecError
 from slaq.operator.informer import Informer
 from slaq.operator.keys import KeyWatch
 from slaq.operator.planner import Planned, Planner, same_for_tables
+from slaq.operator.netpol import NetworkPolicySettings
 from slaq.operator.pod import QuotaStoreRef
 from slaq.operator.pool_objects import PoolObjects
 from slaq.operator.salt import SaltKey
@@ -46,7 +47,8 @@ class Reconciler:
     def __init__(self, api: KubeClient, usage_source: UsageSource, *, namespace: str,
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
                  clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
-                 open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None) -> None:
+                 open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None,
+                 monitoring_namespaces: Iterable[str] | None = ("monitoring",)) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
@@ -68,7 +70,9 @@ class Reconciler:
                                open_namespaces=self.open_namespaces)
         self.writer = Writer(api, self.books, self.marks)
         # the install's shared quota store, rendered into every sidecar (None: local shares)
-        self.objects = PoolObjects(api, self.books.pools, self.writer, quota_store)
+        # every pool's NetworkPolicy admits its metrics port from these and the operator's namespace (None: no policies)
+        network = NetworkPolicySettings(namespace, tuple(monitoring_namespaces)) if monitoring_namespaces is not None else None
+        self.objects = PoolObjects(api, self.books.pools, self.writer, quota_store, network)
         self._flusher: asyncio.Task[None] | None = None
         self.attainment = attainment or AttainmentLedger()
         self.min_requests = min_requests

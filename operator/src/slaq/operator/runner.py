@@ -30,6 +30,8 @@ class OperatorOptions:
     key_secret_namespaces: tuple[str, ...] = ()  # where apiKeySecretRefs may point, beside `namespace` (rbac.secretNamespaces)
     open_namespaces: tuple[str, ...] = ()  # pools here bind tenants with an empty poolSelector (binding.openNamespaces)
     quota_store: QuotaStoreRef | None = None  # the install's shared quota store for sidecars (quotaStore.redis); None: local shares
+    network_policies: bool = True  # a NetworkPolicy per pool (networkPolicy.enabled)
+    monitoring_namespaces: tuple[str, ...] = ("monitoring",)  # admitted to every pool's metrics port (networkPolicy.monitoringNamespaces)
     tune: dict[str, Any] = field(default_factory=dict)  # dotted kopf settings, e.g. {"watching.server_timeout": 60}
 
 
@@ -58,6 +60,7 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
     reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace,
                             key_secret_namespaces=options.key_secret_namespaces, open_namespaces=options.open_namespaces,
                             quota_store=options.quota_store,
+                            monitoring_namespaces=options.monitoring_namespaces if options.network_policies else None,
                             attainment=AttainmentLedger(window_s=options.attainment_window_s),
                             min_requests=options.attainment_min_requests)
     registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,
