@@ -13,6 +13,7 @@ from slaq.api.common import (
     ApiModel,
     Condition,
     DnsLabel,
+    DnsSubdomain,
     Duration,
     LabelSelector,
     ObjectMeta,
@@ -324,7 +325,8 @@ class InferencePoolSpec(ApiModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     network: NetworkSpec = Field(default_factory=NetworkSpec)
-    tenant_selector: Annotated[LabelSelector, Field(description="TenantSLAs whose poolSelector matches this pool are bound to it; this selector narrows them further by the TenantSLA's labels.")] = Field(default_factory=LabelSelector)
+    tenant_selector: Annotated[LabelSelector, Field(description="Narrows the TenantSLAs this pool serves by their labels (empty: any labels).")] = Field(default_factory=LabelSelector)
+    tenants: Annotated[list[DnsSubdomain], Field(max_length=1000, description="TenantSLAs (by name) this pool's owner accepts: a tenant that names this pool or its namespace (its spec.pools) is served here when listed, or when the namespace is open to every tenant (the chart's binding.openNamespaces). Listing a tenant the tenant's owner did not name gives nothing.")] = Field(default_factory=list)
     drain_timeout: Annotated[Duration, Field(description="How long a pod drains in-flight requests before it stops.")] = "30s"
 
     @model_validator(mode="after")

@@ -205,7 +205,8 @@ class Reconciler:
         status = tenant_status(tenant, body, shares=record.plan.pools if record.plan else [], key_problem=record.key_problem,
                                key_count=len(self.keys.get(*record.key_ref).hashes) if record.key_ref else 0,
                                blocked=self.books.pools.blocking(tenant.metadata.name), verdict=verdict, attainment=attainment,
-                               open_namespaces=self.open_namespaces, splits=record.plan.splits if record.plan else None)
+                               open_namespaces=self.open_namespaces, splits=record.plan.splits if record.plan else None,
+                               refused=record.plan.refused if record.plan else None)
         return status, at_risk_event(body, verdict)
 
     # ------------------------------------------------------------------ pools
