@@ -76,7 +76,8 @@ class ControlPlane:
         self.http = httpx.Client(base_url=self.url, timeout=10.0)
         # The real usage source (HttpUsageSource): it reads the pods the emulator lists, none until a
         # test registers the local pod (`register_pod`); until then quotas split on an empty demand signal.
-        options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5,
+        # `default` (the CPU pool's) is open to every tenant: the tests' tenants name no pools (tables.binding).
+        options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5, open_namespaces=("default",),
                                   tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True})
         self.operator = OperatorThread(Connection(server=self.url), options)
         self.operator.start()

@@ -75,7 +75,8 @@ def test_the_cpu_pool_serves_and_admits_a_new_tenant_on_a_real_cluster(cluster: 
          "spec": {"tier": "standard", "objectives": {"ttftMs": 2000},
                   "apiKeySecretRef": {"name": "tenant-e2e-new-keys", "namespace": "slaq-system"}}},
     ]
-    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0))
+    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0,
+                                                                 open_namespaces=("default",)))  # the new tenant names no pools
     operator.start()
     forward = None
     try:

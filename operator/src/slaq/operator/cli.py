@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="namespaces beside its own where TenantSLAs' API-key Secrets may live (default: none; "
                              "the chart passes rbac.secretNamespaces, where it may read Secrets)")
     parser.add_argument("--open-namespaces", default="", metavar="NS[,NS...]",
-                        help="namespaces whose InferencePools bind tenants with an empty spec.poolSelector (default: none: "
-                             "a tenant names its pools)")
+                        help="namespaces open to every tenant: their InferencePools receive the tenants that name them (or no "
+                             "pools) without listing them in spec.tenants (default: none)")
     parser.add_argument("--monitoring-namespaces", default="monitoring", metavar="NS[,NS...]",
                         help="namespaces admitted to every pool's metrics port by the pool's NetworkPolicy, beside the "
                              "operator's own (default: monitoring; empty: none)")

@@ -53,7 +53,7 @@ class Reconciler:
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
         # Where a TenantSLA's apiKeySecretRef may point (the operator's own namespace and these);
-        # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
+        # `open_namespaces`: open to every tenant, whose pools need no spec.tenants list (tables.binding).
         self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
         self.open_namespaces = frozenset(open_namespaces)
         self._lock = asyncio.Lock()

@@ -28,7 +28,7 @@ class OperatorOptions:
     liveness_endpoint: str | None = None
     standalone: bool = True  # one replica; kopf peering is not needed
     key_secret_namespaces: tuple[str, ...] = ()  # where apiKeySecretRefs may point, beside `namespace` (rbac.secretNamespaces)
-    open_namespaces: tuple[str, ...] = ()  # pools here bind tenants with an empty poolSelector (binding.openNamespaces)
+    open_namespaces: tuple[str, ...] = ()  # open to every tenant (binding.openNamespaces; tables.binding)
     quota_store: QuotaStoreRef | None = None  # the install's shared quota store for sidecars (quotaStore.redis); None: local shares
     network_policies: bool = True  # a NetworkPolicy per pool (networkPolicy.enabled)
     monitoring_namespaces: tuple[str, ...] = ("monitoring",)  # admitted to every pool's metrics port (networkPolicy.monitoringNamespaces)
