@@ -78,7 +78,9 @@ class ControlPlane:
         # test registers the local pod (`register_pod`); until then quotas split on an empty demand signal.
         from tests.support.images import TEST_IMAGES  # the local pod runs this machine's programs, whatever the image
 
+        # `default` (the CPU pool's) is open to every tenant: the tests' tenants name no pools (tables.binding).
         options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5, images=TEST_IMAGES,
+                                  open_namespaces=("default",),
                                   tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True})
         self.operator = OperatorThread(Connection(server=self.url), options)
         self.operator.start()

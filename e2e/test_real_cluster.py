@@ -82,7 +82,8 @@ def test_the_cpu_pool_serves_and_admits_a_new_tenant_on_a_real_cluster(cluster: 
                   "apiKeySecretRef": {"name": "tenant-e2e-new-keys", "namespace": "slaq-system"}}},
     ]
     images = PoolImages(cpu=os.environ[CPU_IMAGE_ENV])
-    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0, images=images))
+    operator = OperatorThread(load_connection(), OperatorOptions(namespace="slaq-system", observe_interval_s=5.0, images=images,
+                                                                 open_namespaces=("default",)))  # the new tenant names no pools
     operator.start()
     forward = None
     try:

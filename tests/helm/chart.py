@@ -25,7 +25,7 @@ REQUIRED_SET = ("--set", f"image.repository={OPERATOR_REPOSITORY}")
 
 # Every optional part of the chart switched on (used by the model and lint tests).
 EVERYTHING_ON = {
-    "networkPolicy": {"enabled": True, "namespaces": ["team-a"], "from": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]},
+    "networkPolicy": {"enabled": True, "monitoringNamespaces": ["monitoring", "grafana"]},
     "monitoring": {"podMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     "alerts": {"enabled": True},
     "autoscaling": {

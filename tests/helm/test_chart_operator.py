@@ -26,7 +26,7 @@ def _pod_template(body: dict) -> dict:
 @pytest.mark.parametrize("body", EXAMPLE_POOLS, ids=lambda b: b["metadata"]["name"])
 def test_pool_pods_carry_the_labels_the_chart_selects_by(body: dict) -> None:
     labels = _pod_template(body)["metadata"]["labels"]
-    assert VALUES["pools"]["podLabels"].items() <= labels.items(), "the PodMonitor and NetworkPolicy would miss pool pods"
+    assert VALUES["pools"]["podLabels"].items() <= labels.items(), "the PodMonitor would miss pool pods"
     assert labels[VALUES["pools"]["nameLabel"]] == body["metadata"]["name"], "the PodMonitor's pool label would be wrong"
 
 
@@ -34,7 +34,9 @@ def test_pool_pods_carry_the_labels_the_chart_selects_by(body: dict) -> None:
 def test_the_sidecar_ports_are_the_ones_the_chart_admits_and_scrapes(body: dict) -> None:
     containers = _pod_template(body)["spec"]["containers"]
     ports = [port for container in containers for port in container.get("ports", [])]
-    tenant, metrics = VALUES["networkPolicy"]["sidecarPortName"], VALUES["networkPolicy"]["metricsPortName"]
+    from slaq.api.runtime import SIDECAR_PORT_NAME
+
+    tenant, metrics = SIDECAR_PORT_NAME, VALUES["networkPolicy"]["metricsPortName"]
     assert [p["name"] for p in ports] == [tenant, metrics]  # the engine's port is never named on the pod
     (monitor,) = of_kind(render(api_versions=[PROMETHEUS_OPERATOR_API]), "PodMonitor")
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [metrics]  # never the tenant port
@@ -91,3 +93,9 @@ def test_probes_call_the_liveness_endpoint_the_operator_serves() -> None:
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"])
     assert liveness == f"http://0.0.0.0:{port}{container['livenessProbe']['httpGet']['path']}"
     assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
+
+
+def test_slaq_operator_accepts_the_network_policy_arguments() -> None:
+    parsed = _parse(_operator_args({"networkPolicy": {"monitoringNamespaces": ["prometheus", "grafana"]}}))
+    assert parsed.network_policies is True and parsed.monitoring_namespaces == "prometheus,grafana"
+    assert _parse(_operator_args({"networkPolicy": {"enabled": False}})).network_policies is False

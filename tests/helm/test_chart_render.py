@@ -184,42 +184,29 @@ def test_network_policy_rendered_by_default_and_absent_when_disabled() -> None:
     assert "NetworkPolicy" not in kinds(render({"networkPolicy": {"enabled": False}}))
 
 
-def test_network_policy_admits_only_the_sidecar_ports_in_each_pool_namespace() -> None:
-    objects = render({"networkPolicy": {"enabled": True, "namespaces": ["team-a", "team-b"]}})
-    policies = of_kind(objects, "NetworkPolicy")
-    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
-    for policy in policies:
-        spec = policy["spec"]
-        assert spec["policyTypes"] == ["Ingress"]
-        assert spec["podSelector"]["matchLabels"] == POOL_POD_LABELS
-        tenant, metrics = spec["ingress"]
-        assert tenant["ports"] == [{"protocol": "TCP", "port": "http"}]
-        assert "from" not in tenant  # no peers listed: any peer, on the tenant port only
-        assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
-        monitoring, operator = metrics["from"]  # the metrics port: the monitoring namespace and the operator only
-        assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-        assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+def test_the_charts_policy_fences_the_operator_pod_to_its_health_port() -> None:
+    objects = render()
+    (policy,) = of_kind(objects, "NetworkPolicy")
+    operator_pod = named(objects, "Deployment", OPERATOR)["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= operator_pod["metadata"]["labels"].items()
+    assert not POOL_POD_LABELS.items() <= policy["spec"]["podSelector"]["matchLabels"].items()  # pools: the operator's policies
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (port,) = rule["ports"]
+    assert port == {"protocol": "TCP", "port": "health"}
+    assert [p["name"] for p in operator_pod["spec"]["containers"][0]["ports"]] == ["health"]
 
 
-def test_network_policy_ports_follow_the_pod_contract() -> None:
-    from slaq.api.runtime import METRICS_PORT_NAME, SIDECAR_PORT_NAME
-
-    (policy,) = of_kind(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
-    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == [SIDECAR_PORT_NAME, METRICS_PORT_NAME]
-
-
-def test_network_policy_defaults_to_the_release_namespace_and_always_admits_the_operator() -> None:
-    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}
-    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway-system"}}}
-    (policy,) = of_kind(render({"networkPolicy": {"enabled": True, "from": [peer], "metricsFrom": [scraper]}}), "NetworkPolicy")
-    assert policy["metadata"]["namespace"] == NAMESPACE
-    tenant, metrics = policy["spec"]["ingress"]
-    assert tenant["from"] == [peer]
-    assert metrics["from"][0] == scraper
-    operator_peer = metrics["from"][1]
-    assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
-    operator_pod = named(render(), "Deployment", OPERATOR)["spec"]["template"]["metadata"]["labels"]
-    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+def test_pool_policies_are_the_operators_fed_the_monitoring_namespaces() -> None:
+    args = named(render(), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--monitoring-namespaces=monitoring" in args and "--no-network-policies" not in args
+    values = {"networkPolicy": {"monitoringNamespaces": ["prometheus", "grafana"]}}
+    args = named(render(values), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--monitoring-namespaces=prometheus,grafana" in args
+    args = named(render({"networkPolicy": {"monitoringNamespaces": []}}), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--monitoring-namespaces=" in args  # none: the operator's own namespace only, not the operator's default
+    off = named(render({"networkPolicy": {"enabled": False}}), "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-network-policies" in off and not [a for a in off if a.startswith("--monitoring-namespaces")]
 
 
 def test_pod_monitor_needs_the_prometheus_operator_api() -> None:

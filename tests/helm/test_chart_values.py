@@ -120,7 +120,8 @@ KEDA_POOL = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxRepli
         ({"operator": {"watchNamespaces": ["team-a"]}}, "'watchNamespaces' not allowed"),
         ({"operator": {"resources": {"request": {"cpu": "1"}}}}, "'request' not allowed"),
         ({"operator": {"replicas": 2}}, "'replicas' not allowed"),
-        ({"networkPolicy": {"enabled": True, "from": "everyone"}}, "/networkPolicy/from"),
+        ({"networkPolicy": {"enabled": True, "monitoringNamespaces": "monitoring"}}, "/networkPolicy/monitoringNamespaces"),
+        ({"networkPolicy": {"from": [{"podSelector": {}}]}}, "'from' not allowed"),  # peers are the pool's (spec.network)
         ({"monitoring": {"podMonitor": {"interval": "often"}}}, "/monitoring/podMonitor/interval"),
         ({"pools": {"podLabels": None}}, "missing property 'podLabels'"),
         ({"autoscaling": {"keda": {"enabled": True, "pools": [{**KEDA_POOL, "targetSlaRisk": 0}]}}}, "/autoscaling/keda/pools/0/targetSlaRisk"),

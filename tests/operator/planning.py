@@ -15,7 +15,7 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.api.table import TenantTable, derive_key_hash_key, hash_api_key
 from slaq.api.tenant import TenantSLA
-from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from slaq.operator.books import Books, Marks
 from slaq.operator.client import plural_of
 from slaq.operator.keys import KeySet, key_set
@@ -117,7 +117,8 @@ class Harness:
             self.keys.put(key_secret(j))
         self.books, self.marks = Books(), Marks()
         self.view = ClusterView(self.pool_store, self.tenant_store)
-        self.planner = Planner(self.view, self.books, self.marks, self.keys, key_namespaces=frozenset({KEY_NAMESPACE}))
+        self.planner = Planner(self.view, self.books, self.marks, self.keys, key_namespaces=frozenset({KEY_NAMESPACE}),
+                               open_namespaces=frozenset(OPEN_NAMESPACES))
         self.renderer = TableRenderer(HASH_KEY.hex())
         self.api = StubApi()
         self.writer = Writer(self.api, self.books, self.marks)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import asyncio
 import base64
 
 from slaq.api.table import hash_api_key
-from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from tests.operator.test_operator_kmock import create, entries, merge_patch, operator, table
 from slaq.testing.kube import Call, KubeEmulator
 from tests.support.polling import eventually
@@ -45,7 +45,7 @@ def operator_calls(calls: list[Call]) -> list[Call]:
 
 
 async def test_a_quota_change_writes_only_the_table_of_the_pool_it_selects(kube: KubeEmulator) -> None:
-    async with operator(kube, interval=3600.0):  # no usage ticks during the count
+    async with operator(kube, interval=3600.0, open_namespaces=OPEN_NAMESPACES):  # no usage ticks during the count
         await seeded(kube)
         await eventually(lambda: kube.read("slaq.dev/v1alpha1/tenantslas", None, tenant_name(0)).get("status", {}).get("pools"))
         mark = await quiet(kube)
@@ -63,7 +63,7 @@ async def test_a_quota_change_writes_only_the_table_of_the_pool_it_selects(kube:
 
 
 async def test_a_rotated_key_rewrites_only_its_tenants_pools(kube: KubeEmulator) -> None:
-    async with operator(kube, interval=3600.0):
+    async with operator(kube, interval=3600.0, open_namespaces=OPEN_NAMESPACES):
         await seeded(kube)
         await eventually(lambda: kube.read("slaq.dev/v1alpha1/tenantslas", None, tenant_name(4)).get("status", {}).get("pools"))
         mark = await quiet(kube)
@@ -82,7 +82,7 @@ async def test_a_rotated_key_rewrites_only_its_tenants_pools(kube: KubeEmulator)
 
 
 async def test_a_tenant_holding_the_finalizer_of_earlier_versions_is_released_on_deletion(kube: KubeEmulator) -> None:
-    async with operator(kube, interval=3600.0):
+    async with operator(kube, interval=3600.0, open_namespaces=OPEN_NAMESPACES):
         await seeded(kube)
         body = tenant_body(TENANTS, MODELS)
         body["metadata"]["finalizers"] = ["slaq.dev/finalizer"]

@@ -19,7 +19,8 @@ from slaq.api.table import LEGACY_KEY_HASH_PREFIX, TenantEntry, TenantTable, der
 from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.operator import reconciler, tables
 from slaq.operator.names import SALT_SECRET_NAME
-from tests.operator.test_operator_kmock import POOLS, TENANTS, create, docs, entries, merge_patch, operator, table
+from tests.operator.test_operator_kmock import POOLS, TENANTS, create, docs, entries, merge_patch, table
+from tests.operator.test_operator_kmock import operator as kmock_operator
 from slaq.testing.kube import KubeEmulator
 from tests.support.polling import eventually
 
@@ -29,6 +30,12 @@ GPU, CPU = ("inference", "llama3-8b"), ("default", "tiny-cpu")
 def condition(kube: KubeEmulator, plural: str, namespace: str | None, name: str, type_: str) -> dict[str, Any]:
     body = kube.read(plural, namespace, name) or {}
     return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def operator(kube: KubeEmulator, **settings: Any) -> Any:
+    """The operator with the examples' namespaces open to every tenant (unless a test says otherwise):
+    these tests add tenants the example pools do not list (tables.binding)."""
+    return kmock_operator(kube, **{"open_namespaces": ("inference", "default"), **settings})
 
 
 def key_secret(name: str, tenant: str | None, namespace: str = "slaq-system", **keys: str) -> dict[str, Any]:

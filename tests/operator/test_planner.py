@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from slaq.operator import tables as tables_module
 from slaq.operator.tables import plan_tables
 from tests.operator.planning import SALT_KEY, Harness, pool_key_of
@@ -44,7 +44,7 @@ async def test_the_tables_planned_one_change_at_a_time_equal_the_tables_planned_
     tenants = [found.model for found in harness.tenant_store.values()]
     hashes = {name: list(harness.keys.get(KEY_NAMESPACE, f"{name}-keys").hashes) for name in harness.tenant_store}
     pools = [found.model for found in harness.pool_store.values()]
-    scratch = plan_tables(pools, tenants, hashes, SALT_KEY, {key: 1 for key in POOL}, {})
+    scratch = plan_tables(pools, tenants, hashes, SALT_KEY, {key: 1 for key in POOL}, {}, open_namespaces=frozenset(OPEN_NAMESPACES))
     for p, key in enumerate(POOL):
         applied = harness.api.table(pool_name(p))
         assert applied is not None and applied.tenants == scratch.tables[key].tenants

@@ -66,7 +66,8 @@ def test_the_cpu_example_renders_the_pools_objects_with_the_table_for_review(cap
     assert code == 0, err
     rendered = objects(out)
     assert [(o["kind"], o["metadata"]["name"]) for o in rendered] == [
-        ("Secret", "tiny-cpu-tenants"), ("Service", "tiny-cpu"), ("PodDisruptionBudget", "tiny-cpu"), ("Deployment", "tiny-cpu")]
+        ("Secret", "tiny-cpu-tenants"), ("NetworkPolicy", "tiny-cpu"), ("Service", "tiny-cpu"), ("PodDisruptionBudget", "tiny-cpu"),
+        ("Deployment", "tiny-cpu")]
     review = {t["name"]: t for t in review_of(rendered[0])["tenants"]}
     hash_key = derive_key_hash_key(salt_key_file.read_bytes())
     assert {n: t["keyFingerprints"] for n, t in review.items()} == {
@@ -157,7 +158,8 @@ def test_every_object_round_trips_through_the_official_models(capsys: pytest.Cap
                             "--salt-key-file", salt_key_file)
     assert code == 0, err
     rendered = objects(out)
-    assert {o["kind"] for o in rendered} == {"Secret", "Service", "PodDisruptionBudget", "Deployment", "HorizontalPodAutoscaler"}
+    assert {o["kind"] for o in rendered} == {"Secret", "NetworkPolicy", "Service", "PodDisruptionBudget", "Deployment",
+                                             "HorizontalPodAutoscaler"}
     for obj in rendered:
         model = codecs.from_dict(obj)  # lightkube-models: the resource class for apiVersion + kind
         assert type(model).__name__ == obj["kind"]
@@ -193,7 +195,8 @@ async def test_the_output_passes_kubectl_apply_dry_run(kube: KubeEmulator, capsy
     stdout, stderr = await asyncio.wait_for(process.communicate(out.encode()), timeout=60)
     assert process.returncode == 0, stderr.decode()
     assert stdout.decode().splitlines() == [
-        "secret/llama3-8b-tenants created (dry run)", "service/llama3-8b created (dry run)",
+        "secret/llama3-8b-tenants created (dry run)", "networkpolicy.networking.k8s.io/llama3-8b created (dry run)",
+        "service/llama3-8b created (dry run)",
         "poddisruptionbudget.policy/llama3-8b created (dry run)", "deployment.apps/llama3-8b created (dry run)",
         "horizontalpodautoscaler.autoscaling/llama3-8b created (dry run)"]
 
@@ -220,7 +223,7 @@ async def test_render_matches_what_the_operator_applies(kube: KubeEmulator, caps
         code, out, err = render(capsys, EXAMPLES / "pool-gpu.yaml", "--tenants", tenants, "--salt-key-file", key_file)
         assert code == 0, err
         rendered = objects(out)
-        plural = {"Secret": "v1/secrets", "Service": "v1/services", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
+        plural = {"Secret": "v1/secrets", "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Service": "v1/services", "PodDisruptionBudget": "policy/v1/poddisruptionbudgets",
                   "Deployment": "apps/v1/deployments", "HorizontalPodAutoscaler": "autoscaling/v2/horizontalpodautoscalers"}
 
         refs = key_secret_refs(read_manifest_set([tenants]))
@@ -234,7 +237,7 @@ async def test_render_matches_what_the_operator_applies(kube: KubeEmulator, caps
 
         for obj in rendered:
             await eventually(lambda: applied(obj) == obj, what=f"the operator's {obj['kind']} equal to the rendered one")
-    assert len(rendered) == 5
+    assert len(rendered) == 6
 
 
 def test_a_missing_key_secret_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

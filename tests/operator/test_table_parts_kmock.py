@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from slaq.bench.scale_objects import KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
+from slaq.bench.scale_objects import KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, tenant_body, tenant_name
 from slaq.api.runtime import ENGINE_TABLE_KEY, MAX_TABLE_PARTS, TENANT_TABLE_KEY
 from slaq.api.table import EngineTable, TenantTable, part_file_name
 from slaq.operator.names import table_secret_name
@@ -52,7 +52,7 @@ async def test_a_table_over_one_mebibyte_is_split_over_secrets_and_read_back_who
         kube.preload("v1/secrets", key_secret(j))
         kube.preload("slaq.dev/v1alpha1/tenantslas", tenant_body(j, 1))
     kube.preload("slaq.dev/v1alpha1/inferencepools", pool_body(0, 1))
-    async with operator(kube, interval=3600.0):
+    async with operator(kube, interval=3600.0, open_namespaces=OPEN_NAMESPACES):
         table = await eventually(lambda: (t := joined(kube, tmp_path)) is not None and len(t.tenants) == TENANTS and t,
                                  timeout=180, what="every tenant in the joined table")
         written = parts(kube)

@@ -27,6 +27,10 @@ request these rules refuse and on a rule no request uses.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
+# Each pool's NetworkPolicy (netpol.py), in the pool's namespace.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
 # The HPA is deleted when a pool turns autoscaling off, or when another HPA (KEDA's) scales the
 # pool, which the operator finds by listing the namespace's HPAs; the other children go with the
 # pool through their owner references (garbage collection), not through the operator.

@@ -13,6 +13,7 @@ from slaq.api.common import (
     ApiModel,
     Condition,
     DnsLabel,
+    DnsSubdomain,
     Duration,
     LabelSelector,
     ObjectMeta,
@@ -292,6 +293,27 @@ class GatewaySpec(ApiModel):
     endpoint_picker: EndpointPickerSpec = Field(default_factory=EndpointPickerSpec)
 
 
+class NetworkPeer(ApiModel):
+    """A NetworkPolicy peer: pods selected by labels, in namespaces selected by labels (both: pods
+    of those labels in those namespaces; an empty selector selects all). IP blocks are not offered."""
+
+    namespace_selector: Annotated[LabelSelector | None, Field(description="Namespaces (by label; kubernetes.io/metadata.name holds a namespace's name) the peer's pods are in; unset: the pool's own namespace.")] = None
+    pod_selector: Annotated[LabelSelector | None, Field(description="The peer's pods, by label; unset: every pod of the selected namespaces.")] = None
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> "NetworkPeer":
+        if self.namespace_selector is None and self.pod_selector is None:
+            raise ValueError("a peer needs namespaceSelector, podSelector or both")
+        return self
+
+
+class NetworkSpec(ApiModel):
+    """Who may reach the pool's pods: the NetworkPolicy the operator renders for the pool (operator/README.md, Network policy)."""
+
+    ingress_from: Annotated[list[NetworkPeer] | None, Field(min_length=1, max_length=32, description="Peers admitted to the tenant port (the pool's gateway or ingress); unset: pods of the pool's own namespace only.")] = None
+    metrics_from: Annotated[list[NetworkPeer], Field(max_length=32, description="Peers admitted to the metrics port beside the monitoring namespaces the cluster admin names and the operator, e.g. a gateway's endpoint picker (docs/gateway.md); the metrics port names every tenant of the pool and its rates.")] = Field(default_factory=list)
+
+
 class InferencePoolSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -302,7 +324,9 @@ class InferencePoolSpec(ApiModel):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
-    tenant_selector: Annotated[LabelSelector, Field(description="TenantSLAs whose poolSelector matches this pool are bound to it; this selector narrows them further by the TenantSLA's labels.")] = Field(default_factory=LabelSelector)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    tenant_selector: Annotated[LabelSelector, Field(description="Narrows the TenantSLAs this pool serves by their labels (empty: any labels).")] = Field(default_factory=LabelSelector)
+    tenants: Annotated[list[DnsSubdomain], Field(max_length=1000, description="TenantSLAs (by name) this pool's owner accepts: a tenant that names this pool or its namespace (its spec.pools) is served here when listed, or when the namespace is open to every tenant (the chart's binding.openNamespaces). Listing a tenant the tenant's owner did not name gives nothing.")] = Field(default_factory=list)
     drain_timeout: Annotated[Duration, Field(description="How long a pod drains in-flight requests before it stops.")] = "30s"
 
     @model_validator(mode="after")
@@ -346,6 +370,11 @@ POOL_CEL_RULES: dict[str, list[dict[str, str]]] = {
          "message": "extraEngineArgs may not set a flag slaq sets itself or one that weakens the pod (--host, --port, --uds, --api-key, --config, "
                     "--kv-transfer-config, --scheduler-cls, --scheduling-policy, slaq engine's own flags, or one a spec field sets), "
                     "nor their dotted, underscore or abbreviated forms", "fieldPath": ".extraEngineArgs"},
+    ],
+    "spec.network": [
+        {"rule": "(!has(self.ingressFrom) || self.ingressFrom.all(p, has(p.namespaceSelector) || has(p.podSelector)))"
+                 " && (!has(self.metricsFrom) || self.metricsFrom.all(p, has(p.namespaceSelector) || has(p.podSelector)))",
+         "message": "a peer needs namespaceSelector, podSelector or both"},
     ],
     "spec.replicas": [
         {"rule": "self.min <= self.max", "message": "replicas.min must be <= replicas.max", "fieldPath": ".min"},

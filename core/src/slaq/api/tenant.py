@@ -43,12 +43,26 @@ class SecretKeyRef(ApiModel):
     namespace: DnsLabel
 
 
+class PoolRef(ApiModel):
+    """A pool the tenant's owner names: one pool, or (no name) every pool of a namespace."""
+
+    namespace: DnsLabel
+    name: Annotated[DnsSubdomain | None, Field(description="The InferencePool's name; unset: every pool of the namespace (that poolSelector matches).")] = None
+
+    def names(self, namespace: str | None, name: str) -> bool:
+        return self.namespace == namespace and (self.name is None or self.name == name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.name else f"{self.namespace}/*"
+
+
 class TenantSLASpec(ApiModel):
     tier: Tier
     display_name: Annotated[str | None, Field(max_length=128)] = None
     objectives: Objectives = Field(default_factory=Objectives)
     quotas: Quotas = Field(default_factory=Quotas)
-    pool_selector: Annotated[LabelSelector, Field(description="InferencePools (by label) this tenant may use; empty binds only pools in the namespaces the cluster admin opens to every tenant (the chart's binding.openNamespaces).")] = Field(default_factory=LabelSelector)
+    pool_selector: Annotated[LabelSelector, Field(description="Narrows the pools this tenant may use by their labels (empty: any labels); labels alone never bind a pool: see pools.")] = Field(default_factory=LabelSelector)
+    pools: Annotated[list[PoolRef], Field(max_length=256, description="The pools (or namespaces of pools) this tenant's owner names; a pool named here receives the tenant when its namespace is open to every tenant (the chart's binding.openNamespaces) or its spec.tenants lists the tenant. Empty: the tenant is served only by pools in the open namespaces.")] = Field(default_factory=list)
     api_key_secret_ref: Annotated[SecretKeyRef, Field(description="The Secret holding the tenant's API keys; it must carry the label slaq.dev/tenant=<this tenant's name> and live in a namespace the operator reads key Secrets in (the chart's rbac.secretNamespaces).")]
     max_keys: Annotated[int, Field(ge=1, le=1000, description="Most API keys the Secret may hold; beyond it the keys accepted before stay in force and the tenant is Degraded (TooManyKeys). Bounds the tenant's share of a pool's table.")] = 100
     kv_erase: Annotated[KvErase, Field(description="When the engine zeroes KV blocks that held this tenant's data: onReuse (before another tenant gets them; keeps the prefix cache) or onFree (as soon as freed; no prefix cache).")] = KvErase.ON_REUSE

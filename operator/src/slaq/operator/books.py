@@ -23,7 +23,7 @@ from typing import Any
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import TenantUsage
 from slaq.api.table import TenantEntry, TenantTable
-from slaq.operator.tables import TenantPlan
+from slaq.operator.tables import Refusal, TenantPlan
 
 Owned = tuple[str, str, str, str]  # (plural, namespace, name, owner uid): an object known to be the pool's
 KeyProblem = tuple[str, str]  # (condition reason, message)
@@ -47,10 +47,12 @@ class PoolInputs:
     labels: tuple[tuple[str, str], ...]
     tenant_selector: str
     replicas: int
+    tenants: tuple[str, ...] = ()  # spec.tenants: the tenants its owner accepts
 
     @classmethod
     def of(cls, pool: InferencePool, replicas: int) -> "PoolInputs":
-        return cls(tuple(sorted(pool.metadata.labels.items())), pool.spec.tenant_selector.model_dump_json(), replicas)
+        return cls(tuple(sorted(pool.metadata.labels.items())), pool.spec.tenant_selector.model_dump_json(), replicas,
+                   tuple(sorted(pool.spec.tenants)))
 
 
 @dataclass
@@ -59,6 +61,7 @@ class PoolTable:
 
     inputs: PoolInputs | None = None  # what its tenants' plans came from
     entries: dict[str, TenantEntry] = field(default_factory=dict)  # by tenant
+    refused: dict[str, Refusal] = field(default_factory=dict)  # by tenant: claimed or named, not bound (tables.binding)
     written: dict[int, TenantTable] | None = None  # by part: the parts last applied (None: never written)
     parts: int | None = None  # how many Secrets the table is split over
     members: list[set[str]] | None = None  # the tenants of each part
@@ -170,6 +173,7 @@ class PoolBook:
         for key, found in self._records.items():
             if found.table.entries.pop(name, None) is not None:
                 held.add(key)
+            found.table.refused.pop(name, None)
             for part in found.table.members or []:
                 part.discard(name)
             found.blocked.discard(name)

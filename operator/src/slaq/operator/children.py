@@ -13,6 +13,7 @@ from slaq.api.pool import InferencePool
 from slaq.api.runtime import SIDECAR_PORT_NAME
 from slaq.api.table import TenantTable
 from slaq.operator.gateway import render_gateway_inference_pool
+from slaq.operator.netpol import DEFAULT_NETWORK_POLICY, NetworkPolicySettings, render_network_policy
 from slaq.operator.names import pool_labels, pool_selector_labels, table_secret_name
 from slaq.operator.tables import TableRenderer, split_table, table_texts
 from slaq.operator.pod import ENGINE_STARTUP_FAILURES, ENGINE_STARTUP_PERIOD_SECONDS, QuotaStoreRef, render_pod_template
@@ -118,20 +119,24 @@ def render_table_secret(pool: InferencePool, table: TenantTable, texts: dict[str
     }
 
 
-def render_children(pool: InferencePool, store: QuotaStoreRef | None = None) -> list[dict[str, Any]]:
-    """The pool's serving objects (all but the tenant table), in the order the operator applies them;
-    `store`: the install's shared quota store, if it has one."""
+def render_children(pool: InferencePool, store: QuotaStoreRef | None = None,
+                    network: NetworkPolicySettings | None = DEFAULT_NETWORK_POLICY) -> list[dict[str, Any]]:
+    """The pool's serving objects (all but the tenant table), in the order the operator applies them:
+    its NetworkPolicy first (netpol.py; `network` None: none), so no pod runs unfenced; `store`:
+    the install's shared quota store, if it has one."""
     hpa = render_hpa(pool)
-    return [render_service(pool), render_pdb(pool), render_deployment(pool, store), *([hpa] if hpa is not None else [])]
+    fence = [render_network_policy(pool, network)] if network is not None else []
+    return [*fence, render_service(pool), render_pdb(pool), render_deployment(pool, store), *([hpa] if hpa is not None else [])]
 
 
-def render_pool_objects(pool: InferencePool, table: TenantTable, store: QuotaStoreRef | None = None) -> list[dict[str, Any]]:
+def render_pool_objects(pool: InferencePool, table: TenantTable, store: QuotaStoreRef | None = None,
+                        network: NetworkPolicySettings | None = DEFAULT_NETWORK_POLICY) -> list[dict[str, Any]]:
     """Everything the operator applies for a pool: the table first (in as many Secrets as it
     takes), so pods mount it on their first start, and last the Gateway API InferencePool when
     `spec.gateway.inferencePool` asks for one (gateway.py)."""
     parts = split_table(table.pool, table.tenants, renderer=TableRenderer(table.key_hash_key))
     gateway = render_gateway_inference_pool(pool)
-    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool, store),
+    return [*(render_table_secret(pool, part, texts) for part, texts in parts), *render_children(pool, store, network),
             *([gateway] if gateway is not None else [])]
 
 

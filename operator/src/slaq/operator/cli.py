@@ -26,8 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="namespaces beside its own where TenantSLAs' API-key Secrets may live (default: none; "
                              "the chart passes rbac.secretNamespaces, where it may read Secrets)")
     parser.add_argument("--open-namespaces", default="", metavar="NS[,NS...]",
-                        help="namespaces whose InferencePools bind tenants with an empty spec.poolSelector (default: none: "
-                             "a tenant names its pools)")
+                        help="namespaces open to every tenant: their InferencePools receive the tenants that name them (or no "
+                             "pools) without listing them in spec.tenants (default: none)")
+    parser.add_argument("--monitoring-namespaces", default="monitoring", metavar="NS[,NS...]",
+                        help="namespaces admitted to every pool's metrics port by the pool's NetworkPolicy, beside the "
+                             "operator's own (default: monitoring; empty: none)")
+    parser.add_argument("--no-network-policies", dest="network_policies", action="store_false",
+                        help="render no NetworkPolicy for pools (default: one per pool; policies made before stay "
+                             "until their pool is deleted)")
     parser.add_argument("--quota-store", default=None, metavar="URL",
                         help="the install's Redis (redis://host:port/db): every pool's sidecars count tenants' whole quotas there "
                              "(default: none: each replica keeps to its share)")
@@ -88,11 +94,19 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit("--attainment-window must be longer than --observe-interval (it needs two readings)")
     if args.attainment_min_requests < 1:
         raise SystemExit("--attainment-min-requests must be >= 1")
+    import re
+
+    from slaq.api.common import DNS_LABEL
+
+    for flag in ("key_secret_namespaces", "open_namespaces", "monitoring_namespaces"):
+        if bad := [name for name in _names(getattr(args, flag)) if not re.fullmatch(DNS_LABEL, name)]:
+            raise SystemExit(f"--{flag.replace('_', '-')}: {', '.join(map(repr, bad))} is not a namespace name (a DNS label)")
     from slaq.operator.client import load_connection
     from slaq.operator.runner import OperatorOptions, main
 
     options = OperatorOptions(quota_store=_quota_store(args.quota_store, args.quota_store_password_secret), namespace=args.namespace, observe_interval_s=args.observe_interval, liveness_endpoint=args.liveness,
                               attainment_window_s=args.attainment_window, attainment_min_requests=args.attainment_min_requests,
                               key_secret_namespaces=_names(args.key_secret_namespaces), open_namespaces=_names(args.open_namespaces),
-                              images=default_images(args))
+                              images=default_images(args),
+                              network_policies=args.network_policies, monitoring_namespaces=_names(args.monitoring_namespaces))
     return main(load_connection(), options, verbose=args.verbose)

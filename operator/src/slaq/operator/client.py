@@ -29,6 +29,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -53,6 +54,7 @@ RESOURCES: dict[str, type[Resource]] = {
     "events": Event,
     "pods": Pod,
     "poddisruptionbudgets": PodDisruptionBudget,
+    "networkpolicies": NetworkPolicy,
     "horizontalpodautoscalers": HorizontalPodAutoscaler,
     "inferencepools": InferencePoolResource,
     "tenantslas": TenantSLAResource,

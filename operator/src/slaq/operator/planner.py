@@ -22,7 +22,7 @@ from slaq.api.tenant import TenantSLA
 from slaq.operator.books import Books, Marks, PoolInputs, PoolTable
 from slaq.operator.keys import TENANT_LABEL, KeySet
 from slaq.operator import tables
-from slaq.operator.tables import TableRenderer, TableTooLarge, binds, data_bytes, part_of, plan_tenant, pool_key, split_table
+from slaq.operator.tables import TableRenderer, TableTooLarge, binding, data_bytes, part_of, plan_tenant, pool_key, split_table
 from slaq.operator.view import ClusterView, Indexed, deleting
 
 log = logging.getLogger("slaq.operator")
@@ -170,13 +170,15 @@ class Planner:
                 continue
             changed.add(key)
             moved |= set(self.books.pools.entries(key))
+            moved |= set(table.refused) if table is not None else set()
             if found is None or found.model is None:
                 if table is not None:
                     table.inputs = None
                 continue
             self.books.pools.record(key).table.inputs = inputs
             if scan:
-                moved |= {t.body["metadata"]["name"] for t in self.view.tenants() if binds(t.model, found.model, self.open_namespaces)}
+                moved |= {t.body["metadata"]["name"] for t in self.view.tenants()
+                          if t.model is not None and binding(t.model, found.model, self.open_namespaces) is not False}
         return changed, moved
 
     def to_plan(self, taken: Marks, everything: bool, snapshot: Snapshot) -> tuple[list[str], set[str]]:
@@ -197,6 +199,7 @@ class Planner:
         the pools' tables, each table it changes touched; a tenant no longer served is forgotten."""
         found, record = self.view.tenant(name), self.books.tenants.get(name)
         before = set(record.plan.entries) if record is not None and record.plan is not None else set()
+        refused_before = set(record.plan.refused) if record is not None and record.plan is not None else set()
         if found is None or found.model is None:
             _, others = self.books.forget_tenant(name)
             for other in others:
@@ -222,6 +225,11 @@ class Planner:
             if table.entries.get(name) != entry:
                 table.entries[name] = entry
                 table.touch(name)
+        for key in refused_before - set(part.refused):
+            if (gone := self.books.pools.table(key)) is not None:
+                gone.refused.pop(name, None)
+        for key, refusal in part.refused.items():
+            self.books.pools.record(key).table.refused[name] = refusal  # the pool's TenantsRefused condition
         return Planned.PLANNED
 
     def key_hashes(self, tenant: TenantSLA) -> list[str]:

@@ -13,6 +13,7 @@ from slaq.operator.books import GatewayOutcome, PoolBook
 from slaq.operator.children import owned_by, render_children
 from slaq.operator.client import KubeClient
 from slaq.operator.errors import ApiError, NotFound
+from slaq.operator.netpol import NetworkPolicySettings
 from slaq.operator.pod import QuotaStoreRef
 from slaq.operator.gateway import (
     GIE_API_VERSION, GIE_PLURAL, OBJECTIVE_API_VERSION, OBJECTIVE_HEADER, OBJECTIVE_PLURAL, endpoint_picker_name,
@@ -25,16 +26,18 @@ log = logging.getLogger("slaq.operator")
 
 
 class PoolObjects:
-    def __init__(self, api: KubeClient, pools: PoolBook, writer: Writer, quota_store: QuotaStoreRef | None = None) -> None:
+    def __init__(self, api: KubeClient, pools: PoolBook, writer: Writer, quota_store: QuotaStoreRef | None = None,
+                 network: NetworkPolicySettings | None = None) -> None:
         self.api = api
         self.quota_store = quota_store
+        self.network = network  # every pool's NetworkPolicy (netpol.py); None: the operator renders none
         self.pools = pools
         self.writer = writer
 
     async def apply_children(self, pool: InferencePool, body: dict[str, Any]) -> None:
         """The pool's children; its HPA only while no other autoscaler scales the pool (one owner of
         the replicas: two HPAs on one scale subresource undo each other's decisions)."""
-        children = render_children(pool, self.quota_store)
+        children = render_children(pool, self.quota_store, self.network)
         rival = await self.rival_autoscaler(pool, body) if pool.spec.autoscaling.enabled else None
         self.pools.record(pool_key(pool)).rival = rival
         if rival is not None:

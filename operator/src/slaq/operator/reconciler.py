@@ -26,6 +26,7 @@ from slaq.operator.images import PoolImages
 from slaq.operator.informer import Informer
 from slaq.operator.keys import KeyWatch
 from slaq.operator.planner import Planned, Planner, same_for_tables
+from slaq.operator.netpol import NetworkPolicySettings
 from slaq.operator.pod import QuotaStoreRef
 from slaq.operator.pool_objects import PoolObjects
 from slaq.operator.salt import SaltKey
@@ -48,12 +49,12 @@ class Reconciler:
                  attainment: AttainmentLedger | None = None, min_requests: int = MIN_REQUESTS,
                  clock: Callable[[], float] = time.time, key_secret_namespaces: Iterable[str] = (),
                  open_namespaces: Iterable[str] = (), quota_store: QuotaStoreRef | None = None,
-                 images: PoolImages = PoolImages()) -> None:
+                 images: PoolImages = PoolImages(), monitoring_namespaces: Iterable[str] | None = ("monitoring",)) -> None:
         self.api = api
         self.usage_source = usage_source
         self.namespace = namespace  # the operator's own namespace: holds the cache-salt key
         # Where a TenantSLA's apiKeySecretRef may point (the operator's own namespace and these);
-        # pools in `open_namespaces` bind tenants whose poolSelector is empty (tables.binds).
+        # `open_namespaces`: open to every tenant, whose pools need no spec.tenants list (tables.binding).
         self.key_secret_namespaces = frozenset(key_secret_namespaces) | {namespace}
         self.open_namespaces = frozenset(open_namespaces)
         self.images = images  # what a pool that names no image runs (images.py)
@@ -71,7 +72,9 @@ class Reconciler:
                                open_namespaces=self.open_namespaces)
         self.writer = Writer(api, self.books, self.marks)
         # the install's shared quota store, rendered into every sidecar (None: local shares)
-        self.objects = PoolObjects(api, self.books.pools, self.writer, quota_store)
+        # every pool's NetworkPolicy admits its metrics port from these and the operator's namespace (None: no policies)
+        network = NetworkPolicySettings(namespace, tuple(monitoring_namespaces)) if monitoring_namespaces is not None else None
+        self.objects = PoolObjects(api, self.books.pools, self.writer, quota_store, network)
         self._flusher: asyncio.Task[None] | None = None
         self.attainment = attainment or AttainmentLedger()
         self.min_requests = min_requests
@@ -204,7 +207,8 @@ class Reconciler:
         status = tenant_status(tenant, body, shares=record.plan.pools if record.plan else [], key_problem=record.key_problem,
                                key_count=len(self.keys.get(*record.key_ref).hashes) if record.key_ref else 0,
                                blocked=self.books.pools.blocking(tenant.metadata.name), verdict=verdict, attainment=attainment,
-                               open_namespaces=self.open_namespaces, splits=record.plan.splits if record.plan else None)
+                               open_namespaces=self.open_namespaces, splits=record.plan.splits if record.plan else None,
+                               refused=record.plan.refused if record.plan else None)
         return status, at_risk_event(body, verdict)
 
     # ------------------------------------------------------------------ pools

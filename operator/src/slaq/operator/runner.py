@@ -29,9 +29,11 @@ class OperatorOptions:
     liveness_endpoint: str | None = None
     standalone: bool = True  # one replica; kopf peering is not needed
     key_secret_namespaces: tuple[str, ...] = ()  # where apiKeySecretRefs may point, beside `namespace` (rbac.secretNamespaces)
-    open_namespaces: tuple[str, ...] = ()  # pools here bind tenants with an empty poolSelector (binding.openNamespaces)
+    open_namespaces: tuple[str, ...] = ()  # open to every tenant (binding.openNamespaces; tables.binding)
     quota_store: QuotaStoreRef | None = None  # the install's shared quota store for sidecars (quotaStore.redis); None: local shares
     images: PoolImages = field(default_factory=PoolImages)  # pools' default images (the chart's pools.images)
+    network_policies: bool = True  # a NetworkPolicy per pool (networkPolicy.enabled)
+    monitoring_namespaces: tuple[str, ...] = ("monitoring",)  # admitted to every pool's metrics port (networkPolicy.monitoringNamespaces)
     tune: dict[str, Any] = field(default_factory=dict)  # dotted kopf settings, e.g. {"watching.server_timeout": 60}
 
 
@@ -60,6 +62,7 @@ async def run_operator(connection: Connection, options: OperatorOptions, *, usag
     reconciler = Reconciler(api, usage_source or HttpUsageSource(api), namespace=options.namespace,
                             key_secret_namespaces=options.key_secret_namespaces, open_namespaces=options.open_namespaces,
                             quota_store=options.quota_store,
+                            monitoring_namespaces=options.monitoring_namespaces if options.network_policies else None,
                             attainment=AttainmentLedger(window_s=options.attainment_window_s),
                             min_requests=options.attainment_min_requests, images=options.images)
     registry = build_registry(reconciler, observe_interval_s=options.observe_interval_s, connection=connection,

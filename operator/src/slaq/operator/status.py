@@ -19,7 +19,7 @@ from slaq.operator.errors import SpecError
 from slaq.operator.events import NORMAL, WARNING
 from slaq.operator.names import pool_selector_labels, selector_string
 from slaq.operator.quota_status import render_pool_quota_condition, render_quota_condition
-from slaq.operator.tables import TenantSplits, pool_key
+from slaq.operator.tables import Refusal, TenantSplits, pool_key
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
@@ -50,13 +50,15 @@ def invalid_reported(body: Mapping[str, Any], error: SpecError) -> bool:
             and (body.get("status") or {}).get("observedGeneration") == (body.get("metadata") or {}).get("generation"))
 
 
-def no_pool_message(tenant: TenantSLA, open_namespaces: frozenset[str]) -> str:
+def no_pool_message(tenant: TenantSLA, open_namespaces: frozenset[str], refused: Mapping[str, Refusal] | None = None) -> str:
+    """Why no pool serves the tenant; `refused`: by pool key, the pools that claim it (or it names) and were refused."""
+    why = "; refused by " + "; ".join(f"{key} ({r.rule}: {r.message})" for key, r in sorted(refused.items())) if refused else ""
     selector = tenant.spec.pool_selector
-    if selector.match_labels or selector.match_expressions:
-        return "no InferencePool matches spec.poolSelector (and selects this tenant)"
+    if tenant.spec.pools or selector.match_labels or selector.match_expressions:
+        return "no InferencePool matches spec.poolSelector (and selects this tenant) and agrees to serve it" + why
     opened = ", ".join(sorted(open_namespaces))
     return ("spec.poolSelector is empty: it binds only pools in the namespaces open to every tenant"
-            + (f" ({opened})" if opened else " (none are: the chart's binding.openNamespaces)") + "; name the pools to use")
+            + (f" ({opened})" if opened else " (none are: the chart's binding.openNamespaces)") + "; name the pools to use" + why)
 
 
 def attainment_verdict(tenant: TenantSLA, body: Mapping[str, Any], ledger: AttainmentLedger, at: float,
@@ -76,7 +78,7 @@ def attainment_verdict(tenant: TenantSLA, body: Mapping[str, Any], ledger: Attai
 def tenant_status(tenant: TenantSLA, body: Mapping[str, Any], *, shares: Sequence[PoolShare], key_count: int,
                   key_problem: KeyProblem | None, blocked: Mapping[str, tuple[str, str]], verdict: Verdict, attainment: float | None,
                   open_namespaces: frozenset[str] = frozenset(), splits: TenantSplits | None = None,
-                  timestamp: str | None = None) -> dict[str, Any]:
+                  refused: Mapping[str, Refusal] | None = None, timestamp: str | None = None) -> dict[str, Any]:
     """A tenant's status: its shares per pool, its key count, and Ready / Degraded / AtRisk / QuotaSplit.
     `blocked`: by pool key, why (reason, message) that pool's table (which holds no current entry of the tenant) is not written."""
     generation = body["metadata"].get("generation")
@@ -88,7 +90,7 @@ def tenant_status(tenant: TenantSLA, body: Mapping[str, Any], *, shares: Sequenc
     ready = bool(pools) and problem is None
     conditions = [
         condition("Ready", ready, "Bound" if ready else (problem[0] if problem else "NoPool"),
-                  f"in the tenant tables of {len(pools)} pool(s)" if ready else (problem[1] if problem else no_pool_message(tenant, open_namespaces)),
+                  f"in the tenant tables of {len(pools)} pool(s)" if ready else (problem[1] if problem else no_pool_message(tenant, open_namespaces, refused)),
                   generation),
         condition("Degraded", problem is not None, problem[0] if problem else "AsExpected", problem[1] if problem else "", generation),
         condition("AtRisk", None if verdict.status == "Unknown" else verdict.at_risk, verdict.reason, verdict.message, generation),
@@ -147,6 +149,10 @@ def pool_status(pool: InferencePool, body: Mapping[str, Any], deployment: Mappin
         condition("Degraded", degraded_reason != "AsExpected", degraded_reason, degraded_message, generation),
         render_pool_quota_condition(pool_key(pool), splits or {}, generation),
     ]
+    if record.table.refused:  # only while some tenant is refused: `kubectl describe` says which, and by which rule
+        refused = sorted(record.table.refused.items())
+        conditions.append(condition("TenantsRefused", True, ",".join(sorted({r.rule for _, r in refused})),
+                                    "; ".join(f"{name}: {r.rule}: {r.message}" for name, r in refused), generation))
     if gateway is not None:
         conditions.append(condition("GatewayInferencePool", gateway.ok, gateway.reason, gateway.message, generation))
     objectives = record.objectives if pool.spec.gateway.inference_pool else None

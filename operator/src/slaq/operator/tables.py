@@ -31,15 +31,48 @@ def pool_key(pool: InferencePool) -> str:
     return f"{pool.metadata.namespace}/{pool.metadata.name}"
 
 
-def binds(tenant: TenantSLA, pool: InferencePool, open_namespaces: frozenset[str] = frozenset()) -> bool:
-    """A tenant is served by a pool when both agree: the tenant's poolSelector accepts the pool's
-    labels and the pool's tenantSelector the tenant's. An empty poolSelector agrees to nothing,
-    except pools in `open_namespaces` (the namespaces the cluster admin lets bind every tenant
-    that names no pools: the chart's binding.openNamespaces)."""
-    selector = tenant.spec.pool_selector
-    if not (selector.match_labels or selector.match_expressions) and pool.metadata.namespace not in open_namespaces:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a pool that claims a tenant, or that the tenant claims, does not receive it (the pool's
+    `TenantsRefused` condition): the rule that refused it, and what would let it bind."""
+
+    rule: str  # NotNamedByTenant, NamespaceNotOpen or NotAccepted
+    message: str
+
+
+def binding(tenant: TenantSLA, pool: InferencePool, open_namespaces: frozenset[str] = frozenset()) -> bool | Refusal:
+    """Whether the pool receives the tenant (its key hashes, key-hash key, cache salt, a quota share).
+
+    Both sides agree: the tenant's side when its owner names the pool or its namespace
+    (spec.pools; a tenant naming none accepts the namespaces the cluster admin opened to every
+    tenant, `open_namespaces`), the pool's side when its namespace is open or its owner lists the
+    tenant (spec.tenants). Each side's label selector narrows further (poolSelector, tenantSelector).
+    A pool that claims the tenant (by its labels, which anyone creating a pool chooses, or by its
+    list) or that the tenant names, without both agreeing, gets a Refusal; other pools False."""
+    selector, name = tenant.spec.pool_selector, tenant.metadata.name
+    if not (selector.matches(pool.metadata.labels) and pool.spec.tenant_selector.matches(tenant.metadata.labels)):
         return False
-    return selector.matches(pool.metadata.labels) and pool.spec.tenant_selector.matches(tenant.metadata.labels)
+    namespace, refs = pool.metadata.namespace, tenant.spec.pools
+    opened, listed = namespace in open_namespaces, name in pool.spec.tenants
+    named = any(ref.names(namespace, pool.metadata.name) for ref in refs) if refs else opened
+    if named and (opened or listed):
+        return True
+    by_labels = bool(selector.match_labels or selector.match_expressions)
+    if not (listed or by_labels or (refs and named)):
+        return False
+    if named:
+        return Refusal("NotAccepted", f"TenantSLA {name} names this pool, but namespace {namespace} is not open to every tenant "
+                                      f"(binding.openNamespaces) and spec.tenants does not list {name}")
+    if refs:
+        return Refusal("NotNamedByTenant", f"TenantSLA {name} names its pools in spec.pools ({', '.join(map(str, refs))}), "
+                                           "not this pool or its namespace")
+    return Refusal("NamespaceNotOpen", f"TenantSLA {name} names no pools (spec.pools), so it is served only in the namespaces open "
+                                       f"to every tenant (binding.openNamespaces), and {namespace} is not one")
+
+
+def binds(tenant: TenantSLA, pool: InferencePool, open_namespaces: frozenset[str] = frozenset()) -> bool:
+    """Whether the pool receives the tenant (`binding`)."""
+    return binding(tenant, pool, open_namespaces) is True
 
 
 def cache_salt(salt_key: bytes, tenant: TenantSLA) -> str:
@@ -138,6 +171,7 @@ class TenantPlan:
     entries: dict[str, TenantEntry]  # by pool key
     pools: list[PoolShare]
     splits: TenantSplits
+    refused: dict[str, Refusal] = field(default_factory=dict)  # by pool key: pools that claim it, or it names, refused
 
 
 def plan_tenant(
@@ -152,7 +186,13 @@ def plan_tenant(
 ) -> TenantPlan:
     """A tenant's entries in the tables of the pools it binds, from the same inputs as plan_tables."""
     name, spec = tenant.metadata.name, tenant.spec
-    bound = [p for p in pools if binds(tenant, p, open_namespaces)]
+    bound, refused = [], {}
+    for pool in pools:
+        verdict = binding(tenant, pool, open_namespaces)
+        if verdict is True:
+            bound.append(pool)
+        elif isinstance(verdict, Refusal):
+            refused[pool_key(pool)] = verdict
     slots = [tenant_slot(pool_key(p), replicas.get(pool_key(p), 1), usage.get(pool_key(p), {}), name) for p in bound]
     splits = split_tenant(tenant, slots, previous)
     salt = cache_salt(salt_key, tenant)
@@ -179,14 +219,16 @@ def plan_tenant(
             observed_requests_per_minute=observed.requests_per_minute if observed else 0.0,
             observed_tokens_per_minute=observed.tokens_per_minute if observed else 0.0,
         ))
-    return TenantPlan(entries, shares, splits)
+    return TenantPlan(entries, shares, splits, refused)
 
 
 def assemble_table(pool: str, entries: Iterable[TenantEntry], part: int = 0, parts: int = 1,
                    key_hash_key: str | None = None) -> TenantTable:
     """A pool's table (or part `part` of `parts`) from its tenants' entries (sorted by name), with
     its content revision; `key_hash_key`: hex of the key its key hashes are made with."""
-    table = TenantTable(pool=pool, tenants=sorted(entries, key=lambda e: e.name), key_hash_key=key_hash_key,
+    ordered = sorted(entries, key=lambda e: e.name)
+    # A table with no tenant carries no key-hash key either: a pool nobody agreed to serve learns nothing.
+    table = TenantTable(pool=pool, tenants=ordered, key_hash_key=key_hash_key if ordered else None,
                         part=part if parts > 1 else None, parts=parts if parts > 1 else None)
     return table.model_copy(update={"revision": table_revision(table)})
 
@@ -231,13 +273,14 @@ class TableRenderer:
         ordered = sorted(entries, key=lambda e: e.name)
         texts = [self._entry(e) for e in ordered]
         where = f',"part":{part},"parts":{parts}' if parts > 1 else ""
-        keyed = f',"keyHashKey":"{self.key_hash_key}"' if self.key_hash_key else ""
+        key_hash_key = self.key_hash_key if ordered else None  # no tenant, no key (as assemble_table)
+        keyed = f',"keyHashKey":"{key_hash_key}"' if key_hash_key else ""
         head = '{"pool":' + json.dumps(pool, ensure_ascii=False)
         tail = where + keyed + ',"tenants":['
         unrevised = head + ',"revision":""' + tail + ",".join(t for t, _ in texts) + "]}"
         revision = hashlib.sha256(unrevised.encode("utf-8")).hexdigest()[:16]
         table = TenantTable(pool=pool, revision=revision, part=part if parts > 1 else None, parts=parts if parts > 1 else None,
-                            key_hash_key=self.key_hash_key, tenants=ordered)
+                            key_hash_key=key_hash_key, tenants=ordered)
         tenants = head + f',"revision":"{revision}"' + tail + ",".join(t for t, _ in texts) + "]}"
         engine = head + f',"revision":"{revision}"' + where + ',"tenants":[' + ",".join(e for _, e in texts) + "]}"
         return table, {TENANT_TABLE_KEY: tenants, ENGINE_TABLE_KEY: engine}

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from slaq.bench.scale_objects import (
-    KEY_NAMESPACE, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
+    KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the CRDs the emulator serves are the checkout's crds/
@@ -209,7 +209,7 @@ def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, dea
         # The emulator pulls no image: the defaults only let pools that name none be rendered.
         images = PoolImages(gpu="slaq-engine:bench", cpu="slaq-engine:bench-cpu")
         options = OperatorOptions(namespace="slaq-system", observe_interval_s=observe_interval_s, key_secret_namespaces=(KEY_NAMESPACE,),
-                                  images=images)
+                                  images=images, open_namespaces=OPEN_NAMESPACES)
         op = OperatorThread(Connection(server=url), options)
         started = time.monotonic()
         op.start()

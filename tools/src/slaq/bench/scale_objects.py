@@ -15,6 +15,9 @@ from slaq.operator.keys import TENANT_LABEL
 
 KEY_NAMESPACE = "tenant-keys"
 POOL_NAMESPACE = "inference"
+# The cluster admin opens the pools' namespace to every tenant (the operator's --open-namespaces): the
+# tenants name no pools, and so are served there (tables.binding).
+OPEN_NAMESPACES = (POOL_NAMESPACE,)
 MODEL_LABEL = "slaq.dev/model"
 
 

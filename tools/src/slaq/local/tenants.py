@@ -69,7 +69,10 @@ def plan_local_table(local: LocalTenants, pool: InferencePool, salt_key: bytes |
     salt_key = salt_key or os.urandom(32)
     hash_key = derive_key_hash_key(salt_key)
     hashes = {name: [hash_api_key(k, hash_key) for k in values] for name, values in local.keys.items()}
-    plan = plan_tables([pool], local.tenants, hashes, salt_key, {pool_key(pool): 1}, {},
+    # One person runs both sides here: the tenants' spec.pools name cluster namespaces, not the local
+    # pool's, so they are read as naming none (served in the open namespaces: the local pool's).
+    tenants = [t.model_copy(update={"spec": t.spec.model_copy(update={"pools": []})}) for t in local.tenants]
+    plan = plan_tables([pool], tenants, hashes, salt_key, {pool_key(pool): 1}, {},
                        open_namespaces=frozenset({pool.metadata.namespace or ""}))
     table = plan.tables[pool_key(pool)]
     if not table.tenants:
