@@ -157,6 +157,16 @@ async def test_a_long_prompt_is_counted_off_the_event_loop(offload: bool) -> Non
         assert counter.threads[0] == threading.current_thread().name and during <= 2  # the negative control: the loop stood still
 
 
+async def test_a_tenants_long_prompts_are_counted_two_at_a_time() -> None:
+    counter = SlowCounter(True, seconds=0.2)
+    c = SidecarCore(CoreConfig(served_model_name="m"), TenantDirectory.from_table(abc_table()), counter=counter)
+    body = json.dumps({"prompt": "x" * (OFF_LOOP_TEXT_CHARS + 1), "max_tokens": 2}).encode()
+    results = await asyncio.gather(*(c.admit(c.identify(bearer(name)), "completions", body) for name in ("vip", "vip", "vip", "std")),
+                                   return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["Flight", "Flight", "ConcurrencyExceeded", "Flight"]  # another tenant is not held up
+    assert not c._counts
+
+
 def test_the_tiny_counter_offloads_only_long_prompts(tiny: TokenizerCounter) -> None:
     assert tiny.offloads("completions", {"prompt": "x" * (OFF_LOOP_TEXT_CHARS + 1)})
     assert not tiny.offloads("completions", {"prompt": "x" * 100}) and not tiny.offloads("completions", {"prompt": [1] * 100_000})

@@ -35,7 +35,7 @@ from slaq.sidecar.quota_store import QuotaStore
 from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.shared_quotas import SharedQuotaGate
 from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
-from slaq.sidecar.tokens import EstimatingCounter, PromptCount, PromptCounter
+from slaq.sidecar.tokens import EstimatingCounter, PromptCounter
 from slaq.sidecar.usage import UsageLog
 
 
@@ -141,6 +141,7 @@ class SidecarCore:
         self.draining = False
         self.parsers = ParserPool()  # large bodies are parsed off the event loop
         self._counting: ThreadPoolExecutor | None = None  # and long prompts counted (started on first use)
+        self._counts: collections.Counter[str] = collections.Counter()  # per tenant, prompts being counted there
         self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
@@ -317,7 +318,7 @@ class SidecarCore:
         if not self.draining:
             parsed = await self._parse_off_loop(identity, kind, raw) if self.parsers.wants(raw) else self._parse(identity, kind, raw)
             if isinstance(parsed, InferencePayload) and self.counter.offloads(kind, parsed.body):
-                parsed.prompt_count = await self._count_off_loop(kind, parsed.body)
+                parsed = await self._count_off_loop(identity, kind, parsed)
         if self.shared_quotas is not None:
             flight = await self._check_in_shared(self.shared_quotas, identity, kind, raw, parsed, arrival)
         else:
@@ -340,11 +341,22 @@ class SidecarCore:
         except SidecarError as error:
             return error  # refused, and charged for, by check_in like any other
 
-    async def _count_off_loop(self, kind: Kind, body: dict) -> PromptCount:
-        """A long prompt's count, from a thread: tokenizing ~100k characters takes tens of milliseconds."""
+    async def _count_off_loop(self, identity: Identity, kind: Kind, payload: InferencePayload) -> InferencePayload | SidecarError:
+        """A long prompt counted in a thread (tokenizing ~100k characters takes tens of milliseconds); at most
+        `PARSES_PER_TENANT` of a tenant's at once, so one tenant's burst does not queue ahead of everyone's."""
+        name = identity.tenant.name
+        if self._counts[name] >= PARSES_PER_TENANT:
+            return ConcurrencyExceeded(f"tenant {name} already has {PARSES_PER_TENANT} long prompts being counted", retry_after_s=1.0)
         if self._counting is None:
             self._counting = ThreadPoolExecutor(COUNTING_THREADS, thread_name_prefix="slaq-count")
-        return await asyncio.get_running_loop().run_in_executor(self._counting, self.counter.measure, kind, body)
+        self._counts[name] += 1
+        try:
+            payload.prompt_count = await asyncio.get_running_loop().run_in_executor(self._counting, self.counter.measure, kind, payload.body)
+        finally:
+            self._counts[name] -= 1
+            if not self._counts[name]:
+                del self._counts[name]
+        return payload
 
     async def _parse_off_loop(self, identity: Identity, kind: Kind, raw: bytes) -> InferencePayload | SidecarError:
         """A large body, parsed by a worker process; at most `PARSES_PER_TENANT` of a tenant's at once,
@@ -398,7 +410,7 @@ class SidecarCore:
         body = enrich_body(fields, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
         if payload.stream:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
-            # chunk goes back only to a client that asked for it (`ClientUsageFilter`). Where the engine
+            # chunk goes back only to a client that asked for it (`proxy.client_usage_filter`). Where the engine
             # may produce tokens no chunk shows, it is asked for its count in every chunk.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             if payload.hides_tokens:
