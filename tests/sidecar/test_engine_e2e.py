@@ -346,10 +346,12 @@ def test_a_cut_stream_with_hidden_reasoning_is_charged_what_the_engine_generated
         wiretap.rewrite = None
     assert wiretap.received[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert json.loads(events[-1])["reason"] == "engine_stream_broken" and all('"usage"' not in e for e in events)  # no usage the client did not ask for
+    # What the sidecar alone could have counted: the token events it forwarded (random weights also
+    # write tokens that detokenize to nothing yet, whose chunks carry empty content).
     shown = sum(1 for e in events if '"content":"' in e and '"content":""' not in e)
-    assert shown == max_tokens - hidden  # what the sidecar alone could have counted
+    assert shown <= max_tokens - hidden
     engine = engine_counter(slaq_engine.base_url, "vllm:generation_tokens_total") - before_engine
     assert engine == max_tokens
     wait_for(lambda: _out_tokens(real, "std") - before > 0, 30.0, "the cut stream settled")
     charged = _out_tokens(real, "std") - before
-    assert within_2_percent(charged, engine), (charged, engine)
+    assert within_2_percent(charged, engine) and charged > shown, (charged, engine, shown)
