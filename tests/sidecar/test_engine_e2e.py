@@ -352,6 +352,6 @@ def test_a_cut_stream_with_hidden_reasoning_is_charged_what_the_engine_generated
     assert shown <= max_tokens - hidden
     engine = engine_counter(slaq_engine.base_url, "vllm:generation_tokens_total") - before_engine
     assert engine == max_tokens
-    wait_for(lambda: _out_tokens(real, "std") - before > 0, 30.0, "the cut stream settled")
+    wait_for(lambda: _out_tokens(real, "std") - before > 0, 30.0, f"the cut stream settled ({len(events)} events, {shown} shown: {events[-4:]})")
     charged = _out_tokens(real, "std") - before
     assert within_2_percent(charged, engine) and charged > shown, (charged, engine, shown)
