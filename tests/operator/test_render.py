@@ -115,7 +115,7 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
         "--max-queue-depth", "1024", "--drain-timeout", "60",
         "--scheduler-config", json.dumps(gpu_pool.spec.scheduler.to_wire(), sort_keys=True),
         "--request-limits", json.dumps(gpu_pool.spec.sidecar.request_limits.to_wire(), sort_keys=True),
-        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192", "--tokenizer", "meta-llama/Meta-Llama-3-8B-Instruct",
         "--max-model-len", "8192", "--served-model-name", "llama3-8b",
     ]
     assert engine_args(gpu_pool) == [
@@ -128,6 +128,24 @@ def test_sidecar_and_engine_flags_follow_the_contract(gpu_pool: InferencePool) -
     assert sidecar_args(cpu)[-2:] == ["--served-model-name", "slaq-tiny"]
     engine = containers(cpu)["engine"]
     assert "nvidia.com/gpu" not in engine["resources"]["limits"]
+
+
+def test_the_sidecar_counts_with_the_engines_tokenizer_from_the_shared_model_cache(gpu_pool: InferencePool) -> None:
+    pool = gpu_pool.model_copy(deep=True)
+    pool.spec.model.revision = "abc123"
+    args = sidecar_args(pool)
+    assert args[args.index("--tokenizer") + 1] == "meta-llama/Meta-Llama-3-8B-Instruct" and args[args.index("--tokenizer-revision") + 1] == "abc123"
+    # A tokenizer the engine is told to use (vLLM's own --tokenizer, either spelling) wins, with its own revision.
+    pool.spec.model.extra_engine_args = ["--enforce-eager", "--tokenizer=org/tok", "--tokenizer-revision", "t1"]
+    args = sidecar_args(pool)
+    assert args[args.index("--tokenizer") + 1] == "org/tok" and args[args.index("--tokenizer-revision") + 1] == "t1"
+    pool.spec.model.extra_engine_args = ["--tokenizer", "org/tok"]
+    assert "--tokenizer-revision" not in sidecar_args(pool)  # the model's revision is not the tokenizer's
+    sidecar, engine = containers(pool)["sidecar"], containers(pool)["engine"]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["HF_HOME"] == {e["name"]: e.get("value") for e in engine["env"]}["HF_HOME"]
+    cache = next(m for m in engine["volumeMounts"] if m["name"] == "cache")
+    assert cache in sidecar["volumeMounts"] and sidecar["envFrom"] == engine["envFrom"]  # gated models: the same hub token
 
 
 def test_optional_flags_then_the_separator_and_vllm_flags_go_last(gpu_pool: InferencePool) -> None:

@@ -43,6 +43,7 @@ def real(tmp_path_factory, wiretap, slaq_engine) -> Iterator[RunningSidecar]:
     options = SidecarOptions(host="127.0.0.1", port=0, engine_url=wiretap.url, tenant_table=path,  # type: ignore[attr-defined]
                              served_model_name=MODEL, tokenizer=str(ensure_tiny_model()), max_queue_depth=2, max_model_len=ENGINE_MAX_MODEL_LEN)
     app = build_app(options)
+    assert app.core.counter.settled.wait(120) and app.core.counter.loaded  # type: ignore[attr-defined]  # loaded in the background
     running = RunningSidecar(app, path)
     running.client.timeout = httpx.Timeout(120.0)
     wait_for(lambda: running.client.get("/ready").status_code == 200, 60.0, "sidecar ready in front of the engine")
@@ -239,3 +240,118 @@ async def test_batch_is_shed_with_503_while_the_queue_is_saturated(real) -> None
             assert (await queued).status_code == 200
     finally:
         gate.max_in_flight = None
+
+
+# -- prompt and output tokens counted as the engine counts them ---------------------------------
+
+CJK = "服务等级目标限制首个令牌的时间和每个输出令牌的时间。"
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture
+def counts(real) -> Iterator[list]:
+    """The sidecar's own prompt counts, as admission used them (reservation, token bucket, fairness view)."""
+    inner = real.app.core.counter
+    seen: list = []
+
+    class Recorder:
+        loaded = True
+
+        def measure(self, kind, body):
+            seen.append(inner.measure(kind, body))
+            return seen[-1]
+
+        def offloads(self, kind, body):
+            return inner.offloads(kind, body)
+
+    real.app.core.counter = Recorder()
+    yield seen
+    real.app.core.counter = inner
+
+
+def within_2_percent(counted: int, engine: int) -> bool:
+    return abs(counted - engine) <= 0.02 * engine
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": CJK * 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "用中文回答。"}, {"role": "user", "content": CJK * 2}]}),
+])
+def test_a_cjk_prompt_is_charged_what_the_engine_counts(real, counts, path: str, body: dict) -> None:
+    response = real.client.post(path, json={**body, "model": MODEL, "max_tokens": 2}, headers=bearer("vip"))
+    assert response.status_code == 200, response.text
+    engine = response.json()["usage"]["prompt_tokens"]
+    [counted] = counts
+    assert counted.method == "tokenizer" and within_2_percent(counted.tokens, engine), (counted, engine)
+    assert engine > 3 * len(CJK)  # what characters / 4 would have missed by far
+
+
+def test_a_chat_with_tools_is_charged_what_the_engine_counts(real, counts) -> None:
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "content": "18 degrees, clear", "tool_call_id": "call_1"}]
+    # tool_choice none: the shared engine runs no tool parser; the template renders the tools all the same.
+    body = {"model": MODEL, "messages": messages, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 2}
+    with_tools = real.client.post("/v1/chat/completions", json=body, headers=bearer("vip"))
+    assert with_tools.status_code == 200, with_tools.text
+    without = real.client.post("/v1/chat/completions", json={**body, "tools": None, "tool_choice": None}, headers=bearer("vip"))
+    assert without.status_code == 200, without.text
+    engine_with, engine_without = (r.json()["usage"]["prompt_tokens"] for r in (with_tools, without))
+    assert engine_with > engine_without + 40  # the tools are in the engine's prompt
+    assert [c.method for c in counts] == ["tokenizer", "tokenizer"]
+    assert within_2_percent(counts[0].tokens, engine_with) and within_2_percent(counts[1].tokens, engine_without), (counts, engine_with, engine_without)
+    # A JSON schema constrains decoding; vLLM 0.32 puts none of it in the prompt, and neither does the count.
+    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object", "properties": {"t": {"type": "number"}}}}}
+    constrained = real.client.post("/v1/chat/completions", json={**body, "response_format": schema}, headers=bearer("vip"))
+    assert constrained.status_code == 200, constrained.text
+    assert constrained.json()["usage"]["prompt_tokens"] == engine_with and counts[2].tokens == counts[0].tokens
+
+
+class HideReasoningThenBreak:
+    """Between the sidecar and the engine: the first `hidden` token chunks vanish, as vLLM drops
+    reasoning chunks for `include_reasoning: false` (their tokens still count in the engine's usage),
+    and the connection breaks where the usage chunk would come: the stream is cut, usage never came."""
+
+    def __init__(self, hidden: int) -> None:
+        self.hidden, self.pending, self.hid = hidden, b"", 0
+
+    def __call__(self, chunk: bytes) -> bytes:
+        self.pending += chunk
+        *events, self.pending = self.pending.split(b"\n\n")
+        kept = []
+        for event in events:
+            if b'"choices":[]' in event:
+                raise ConnectionAbortedError("the engine's stream breaks before its usage chunk")
+            if self.hid < self.hidden and b'"content":"' in event and b'"content":""' not in event:
+                self.hid += 1
+                continue
+            kept.append(event + b"\n\n")
+        return b"".join(kept)
+
+
+def test_a_cut_stream_with_hidden_reasoning_is_charged_what_the_engine_generated(real, wiretap, slaq_engine) -> None:
+    max_tokens, hidden = 48, 20
+    before_engine = engine_counter(slaq_engine.base_url, "vllm:generation_tokens_total")
+    before = _out_tokens(real, "std")
+    wiretap.rewrite = HideReasoningThenBreak(hidden)
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "think, then answer"}], "include_reasoning": False,
+                "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        with real.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer("std")) as response:
+            assert response.status_code == 200
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    finally:
+        wiretap.rewrite = None
+    assert wiretap.received[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert json.loads(events[-1])["reason"] == "engine_stream_broken" and all('"usage"' not in e for e in events)  # no usage the client did not ask for
+    # What the sidecar alone could have counted: the token events it forwarded (random weights also
+    # write tokens that detokenize to nothing yet, whose chunks carry empty content).
+    shown = sum(1 for e in events if '"content":"' in e and '"content":""' not in e)
+    assert shown <= max_tokens - hidden
+    engine = engine_counter(slaq_engine.base_url, "vllm:generation_tokens_total") - before_engine
+    assert engine == max_tokens
+    wait_for(lambda: _out_tokens(real, "std") - before > 0, 30.0, f"the cut stream settled ({len(events)} events, {shown} shown: {events[-4:]})")
+    charged = _out_tokens(real, "std") - before
+    assert within_2_percent(charged, engine) and charged > shown, (charged, engine, shown)

@@ -16,6 +16,7 @@ SERVED_NAME = "slaq-tiny"
 CACHE_ENV = "SLAQ_CACHE_DIR"
 VOCAB_SIZE = 512
 MAX_POSITIONS = 2048
+MODEL_VERSION = 2
 
 _TRAINING_TEXT = [
     "Service level objectives bound the time to the first token and the time per output token.",
@@ -51,7 +52,8 @@ _CONFIG = {
 
 def default_cache_dir() -> Path:
     base = os.environ.get(CACHE_ENV) or os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "slaq" / "tiny-model"
+    # The version changes with the generated files (2: the chat template renders tools), so a cache of an older one is not reused.
+    return Path(base) / "slaq" / f"tiny-model-{MODEL_VERSION}"
 
 
 def ensure_tiny_model(directory: Path | None = None) -> Path:
@@ -95,7 +97,9 @@ def _write_model(directory: Path) -> None:
                 "unk_token": "<unk>",
                 "pad_token": "<pad>",
                 "model_max_length": MAX_POSITIONS,
+                # Tools as JSON before the messages, as tool-calling models' templates render them.
                 "chat_template": (
+                    "{% if tools %}tools: {{ tools | tojson }}\n{% endif %}"
                     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
                     "{% if add_generation_prompt %}assistant: {% endif %}"
                 ),

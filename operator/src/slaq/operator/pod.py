@@ -67,6 +67,40 @@ def _number(value: float) -> str:
     return format(value, "g")
 
 
+def _vllm_flag(args: list[str], flag: str) -> str | None:
+    """The value of `flag` among vLLM arguments (`--flag value` or `--flag=value`), the last one winning."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def tokenizer_args(pool: InferencePool) -> list[str]:
+    """The sidecar counts prompt tokens with the tokenizer the engine uses: the model's own, or the one
+    named by a `--tokenizer` among the extra engine arguments (and its revision)."""
+    model = pool.spec.model
+    tokenizer = _vllm_flag(model.extra_engine_args, "--tokenizer")
+    revision = _vllm_flag(model.extra_engine_args, "--tokenizer-revision") if tokenizer else model.revision
+    return ["--tokenizer", tokenizer or model.name, *(["--tokenizer-revision", revision] if revision else [])]
+
+
+def model_cache_env() -> list[dict[str, Any]]:
+    """Both containers download into and read from the pod's one model cache (the `cache` volume)."""
+    return [
+        {"name": "HOME", "value": CACHE_DIR},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+    ]
+
+
+def hub_credentials(pool: InferencePool) -> list[dict[str, Any]]:
+    """Optional per-pool Secret for model-hub credentials (e.g. HF_TOKEN for gated models)."""
+    return [{"secretRef": {"name": f"{pool.metadata.name}-engine-env", "optional": True}}]
+
+
 def sidecar_args(pool: InferencePool, store: QuotaStoreRef | None = None) -> list[str]:
     """Arguments of `slaq sidecar` (after the subcommand)."""
     spec = pool.spec
@@ -84,6 +118,8 @@ def sidecar_args(pool: InferencePool, store: QuotaStoreRef | None = None) -> lis
         # The engine's shape, for the queue discipline's load and first-token lead (as the engine sees them).
         "--max-num-seqs", str(spec.engine.max_num_seqs),
         "--max-num-batched-tokens", str(spec.engine.max_num_batched_tokens),
+        # Prompt tokens counted as the engine counts them (the tokenizer comes from the model cache or the hub).
+        *tokenizer_args(pool),
     ]
     if spec.model.max_model_len is not None:
         args += ["--max-model-len", str(spec.model.max_model_len)]
@@ -177,8 +213,10 @@ def render_sidecar_container(pool: InferencePool, store: QuotaStoreRef | None = 
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            *model_cache_env(),
             *password,
         ],
+        "envFrom": hub_credentials(pool),  # a gated model's tokenizer needs the hub token too
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         # Readiness follows the engine (model loaded) and the tenant table; liveness only the process.
         "readinessProbe": {"httpGet": {"path": READY_PATH, "port": SIDECAR_PORT_NAME}, "periodSeconds": 5,
@@ -189,6 +227,7 @@ def render_sidecar_container(pool: InferencePool, store: QuotaStoreRef | None = 
         "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "tenant-table", "mountPath": TENANT_TABLE_DIR, "readOnly": True},
+            {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -206,13 +245,10 @@ def render_engine_container(pool: InferencePool) -> dict[str, Any]:
         "env": [
             {"name": SCHEDULER_CONFIG_ENV, "value": json.dumps(spec.scheduler.to_wire(), sort_keys=True)},
             {"name": ENGINE_TABLE_ENV, "value": f"{ENGINE_TABLE_DIR}/{ENGINE_TABLE_KEY}"},
-            {"name": "HOME", "value": CACHE_DIR},
-            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
-            {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+            *model_cache_env(),
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         ],
-        # Optional per-pool Secret for model-hub credentials (e.g. HF_TOKEN for gated models).
-        "envFrom": [{"secretRef": {"name": f"{pool.metadata.name}-engine-env", "optional": True}}],
+        "envFrom": hub_credentials(pool),
         # CPU is requested, not limited: throttling a busy engine costs tail latency.
         "resources": {"requests": requests, "limits": limits},
         "startupProbe": _engine_health_probe(ENGINE_STARTUP_PERIOD_SECONDS, ENGINE_STARTUP_FAILURES, 5),

@@ -55,7 +55,7 @@ from slaq.sidecar.proxy import (
     ResponseObserver,
     REQUEST_ID_HEADER,
     broken_stream_event,
-    drop_usage_events,
+    client_usage_filter,
     forward_request_headers,
     forward_response_headers,
     is_event_stream,
@@ -371,7 +371,8 @@ class SidecarApp:
                 return response.status_code, f"engine_{response.status_code}"
             await send({"type": "http.response.start", "status": response.status_code, "headers": forward_response_headers(response.headers, request_id)})
             framer = EventFramer(observer.streaming and is_event_stream(response.headers))
-            hide_usage = observer.streaming and not flight.payload.include_usage
+            payload = flight.payload
+            client_view = client_usage_filter(payload.include_usage, payload.continuous_usage, payload.hides_tokens) if observer.streaming else None
             write_idle_s = self.connection_limits.write_idle_s
             loop = asyncio.get_running_loop()
             try:
@@ -381,8 +382,8 @@ class SidecarApp:
                     if first:
                         self.core.first_token(flight)
                     whole = framer.feed(chunk)
-                    if whole and hide_usage:
-                        whole = drop_usage_events(whole)
+                    if whole and client_view is not None:
+                        whole = client_view(whole)
                     if whole:
                         async with asyncio.timeout_at(loop.time() + write_idle_s):
                             await send({"type": "http.response.body", "body": whole, "more_body": True})
@@ -397,7 +398,7 @@ class SidecarApp:
                 return 502, "engine_stream_broken"
             rest = framer.rest()
             async with asyncio.timeout_at(loop.time() + write_idle_s):
-                await send({"type": "http.response.body", "body": drop_usage_events(rest) if hide_usage else rest})
+                await send({"type": "http.response.body", "body": client_view(rest) if client_view is not None else rest})
             return response.status_code, None
         finally:
             await response.aclose()

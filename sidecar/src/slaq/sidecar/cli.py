@@ -76,7 +76,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
                         help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
-    parser.add_argument("--tokenizer", default=None, help="Tokenizer path or id for exact prompt token counts; estimated (chars/4) without it.")
+    parser.add_argument("--tokenizer", default=None,
+                        help="The served model's Hugging Face tokenizer (hub id or path; the operator passes the pool's model): prompt tokens "
+                             "counted as the engine counts them, chat through its chat template. Loaded in the background; estimated "
+                             "(4 ASCII characters or 1 other per token) until then, without it, or when it cannot be loaded.")
+    parser.add_argument("--tokenizer-revision", default=None, help="The tokenizer's revision on the hub (the pool's model.revision).")
     parser.add_argument("--request-limits", default=None,
                         help="The pool's RequestLimitsSpec as inline JSON or a JSON/YAML file (n, prompt batch, beam search, stop, logprobs, body cap...).")
     parser.add_argument("--max-model-len", type=_positive_int, default=None,
@@ -157,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name,
             scheduler=scheduler,
             tokenizer=args.tokenizer,
+            tokenizer_revision=args.tokenizer_revision,
             metrics_port=args.metrics_port,
             access_log=args.access_log,
             request_limits=request_limits,

@@ -50,7 +50,7 @@ class _PodGauges(Collector):
 
 class SidecarMetrics:
     def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: (),
-                 pool: Callable[[], str] = lambda: "") -> None:
+                 pool: Callable[[], str] = lambda: "", tokenizer_loaded: Callable[[], bool] = lambda: False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ttft = Histogram("slaq_ttft_seconds", "Time to first token, arrival at the sidecar to first byte back.", ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
@@ -63,6 +63,10 @@ class SidecarMetrics:
         self.tokens = Counter("slaq_tokens", "Tokens by direction (in: prompt, out: completion).", ["tenant", "tier", "direction"], registry=r)
         self.requests = Counter("slaq_requests", "Requests answered after admission, by upstream status class.", ["tenant", "tier", "code"], registry=r)
         self.quota_refusals = Counter("slaq_quota_refusals", "Requests refused because the tenant was over a quota (request_rate, token_rate, concurrency).", ["tenant", "tier", "quota"], registry=r)
+        self.prompt_counts = Counter("slaq_prompt_counts", "Prompts counted, by method: tokenizer (the model's own, as the engine counts), "
+                                     "token_ids (a token-id prompt) or estimate (no tokenizer loaded, or it failed on the input).", ["method"], registry=r)
+        Gauge("slaq_tokenizer_loaded", "1 when the model's tokenizer counts prompt tokens (--tokenizer, loaded), 0 when they are estimated.",
+              registry=r).set_function(lambda: float(tokenizer_loaded()))
         self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
         r.register(_PodGauges(depth, risk, in_flight, targets, pool))
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from slaq.sidecar.errors import InvalidField, MalformedJSON, SidecarError, UnknownModel
 from slaq.sidecar.fields import BodyLimits, Kind, check_fields, check_messages
+from slaq.sidecar.tokens import PromptCount
 
 __all__ = ["BodyLimits", "InferencePayload", "Kind", "ParserPool", "decode_json", "parse_payload"]
 
@@ -39,6 +40,11 @@ class InferencePayload:
     max_tokens: int | None
     n: int  # completions the engine runs: `n` times the prompts of a batch
     include_usage: bool  # the client asked for the stream's usage chunk (the sidecar always asks the engine)
+    continuous_usage: bool = False  # the client asked for usage in every chunk too (vLLM: only with include_usage)
+    # The engine may produce tokens no chunk shows: hidden reasoning (`include_reasoning: false`) and the
+    # control tokens of tool calls. The sidecar then asks for usage in every chunk, so a stream cut before
+    # its usage chunk is charged the engine's count as of the last chunk (`ResponseObserver`).
+    hides_tokens: bool = False
     tokens_per_event: int = 1  # `stream_interval`: tokens one streamed event may carry
     # vLLM computes a logprob distribution over the vocabulary at every prompt position (`prompt_logprobs`,
     # or completions' `echo` with `logprobs`): the prompt is charged twice, once as prompt and once as
@@ -47,6 +53,7 @@ class InferencePayload:
     # The body as compact JSON without `stream_options`, when a worker process parsed it: the engine's
     # body is this with the sidecar's fields spliced in front (`SidecarCore.enriched_body`).
     serialised: bytes | None = None
+    prompt_count: PromptCount | None = None  # counted off the event loop (`SidecarCore.admit`), else when checked in
 
     @property
     def prompt_charge_factor(self) -> int:
@@ -133,8 +140,11 @@ def parse_payload(raw: bytes, kind: Kind, served_model_name: str | None, limits:
     if kind == "completions" and isinstance(body["prompt"], list) and not isinstance(body["prompt"][0], int):
         n *= len(body["prompt"])  # a batch of prompts is that many completions
     stream = bool(body.get("stream", False))
-    include_usage = stream and bool((body.get("stream_options") or {}).get("include_usage"))
+    stream_options = body.get("stream_options") or {}
+    include_usage = stream and bool(stream_options.get("include_usage"))
+    hides_tokens = stream and kind == "chat" and (body.get("include_reasoning") is False or bool(body.get("tools")))
     return InferencePayload(kind=kind, body=body, model=model, stream=stream, max_tokens=max_tokens, n=n, include_usage=include_usage,
+                            continuous_usage=include_usage and bool(stream_options.get("continuous_usage_stats")), hides_tokens=hides_tokens,
                             tokens_per_event=body.get("stream_interval") or 1, prompt_logprobs=_asks_prompt_logprobs(kind, body))
 
 

@@ -12,7 +12,7 @@ import itertools
 import json
 import re
 import ssl
-from typing import Mapping
+from typing import Callable, Mapping
 
 import httpx
 
@@ -40,13 +40,16 @@ REQUEST_ID_HEADER = "x-request-id"
 _USAGE = b'"usage"'
 _USAGE_ONLY_EVENT = re.compile(rb'"choices":\s?\[\]')
 _USAGE_OBJECT = re.compile(rb'"usage":\s?\{')
+# The usage object of a chunk that has choices (continuous usage), with its one level of nested details.
+_CHUNK_USAGE = re.compile(rb',\s?"usage":\s?\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}')
+_CHOICE_INDEX = re.compile(rb'"choices":\s?\[\{"index":\s?(\d+)')
 
 
 class ResponseObserver:
     """Watches response bytes: first token time, streamed token count, usage from the tail."""
 
     __slots__ = ("streaming", "first_token", "token_events", "answered", "tokens_per_event", "max_output", "_carry", "_tail",
-                 "_completion_tokens", "_prompt_tokens")
+                 "_completion_tokens", "_prompt_tokens", "_final_usage", "_per_choice")
 
     def __init__(self, streaming: bool, *, tokens_per_event: int = 1, max_output: int | None = None) -> None:
         self.streaming = streaming
@@ -61,6 +64,8 @@ class ResponseObserver:
         self._tail = b""  # the end of the bytes seen, so a count cut between two chunks is still read
         self._completion_tokens: int | None = None  # the last usage counts that went past
         self._prompt_tokens: int | None = None
+        self._final_usage = False  # the stream's usage-only chunk went past: `_completion_tokens` is the total
+        self._per_choice: dict[int, int] = {}  # continuous usage: each choice's count as of its last chunk
 
     def feed(self, chunk: bytes) -> bool:
         """Note a chunk; True when this chunk carried the response's first token."""
@@ -80,6 +85,8 @@ class ResponseObserver:
         events = data.split(b"\n\n")
         self._carry = events.pop()[-TAIL_BYTES:]
         for event in events:
+            if _USAGE in event:
+                self._note_usage(event)
             if _TOKEN_EVENT.search(event):
                 self.token_events += 1
                 self.first_token = True
@@ -87,16 +94,26 @@ class ResponseObserver:
                 self.answered = True
         return self.first_token and not was_first
 
+    def _note_usage(self, event: bytes) -> None:
+        if _USAGE_ONLY_EVENT.search(event):
+            self._final_usage = True
+        elif (counted := _COMPLETION_TOKENS.search(event)) and (choice := _CHOICE_INDEX.search(event)):
+            # vLLM's continuous usage: the chunk's own choice's tokens so far, those no chunk showed included.
+            self._per_choice[int(choice[1])] = int(counted[1])
+
     def output_tokens(self) -> int | None:
-        """vLLM's own count when the body carried usage; else, for a stream that carried tokens (one the
-        client or the engine cut before the usage chunk), the sidecar's own count of what went past:
-        token events × tokens per event, at most `max_output`. None when neither is known."""
-        if self._completion_tokens is not None:
+        """vLLM's own count when the body carried usage; else, for a stream cut before its usage chunk
+        (by the client or the engine), the engine's count as of its last chunk when the chunks carried
+        usage (hidden reasoning and tool-call control tokens included), or the sidecar's own count of
+        what went past: token events × tokens per event, at most `max_output`, whichever is larger.
+        None when nothing is known."""
+        if not self.streaming or self._final_usage or (self._completion_tokens is not None and not self._per_choice):
             return self._completion_tokens
-        if not self.streaming or not self.token_events:
-            return None
         streamed = self.token_events * self.tokens_per_event
-        return streamed if self.max_output is None else min(streamed, self.max_output)
+        if self.max_output is not None:
+            streamed = min(streamed, self.max_output)
+        counted = max(sum(self._per_choice.values()), streamed)
+        return counted or None
 
     def prompt_tokens(self) -> int | None:
         return self._prompt_tokens
@@ -162,6 +179,25 @@ def forward_response_headers(headers: httpx.Headers, request_id: str) -> list[tu
     forwarded = [(name.encode(), headers[name].encode("latin-1")) for name in CLIENT_RESPONSE_HEADERS if name in headers]
     forwarded.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
     return forwarded
+
+
+def client_usage_filter(include_usage: bool, continuous_usage: bool, forced_continuous: bool) -> Callable[[bytes], bytes] | None:
+    """What comes out of a stream's whole events before the client sees them: the usage the sidecar asked
+    the engine for on the client's behalf (the usage-only chunk, and the usage in every chunk when it
+    forced continuous usage). None: the events go through as they are."""
+    strip_chunks = forced_continuous and not continuous_usage
+    if include_usage and not strip_chunks:
+        return None
+
+    def client_view(events: bytes) -> bytes:
+        if not include_usage:
+            events = drop_usage_events(events)
+        if strip_chunks and _USAGE in events:
+            events = b"\n\n".join(event if _USAGE_ONLY_EVENT.search(event) else _CHUNK_USAGE.sub(b"", event, count=1)
+                                  for event in events.split(b"\n\n"))
+        return events
+
+    return client_view
 
 
 def drop_usage_events(events: bytes) -> bytes:

@@ -38,7 +38,7 @@ from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.quota_store import QuotaStore, StoreSettings
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
-from slaq.sidecar.tokens import EstimatingCounter, PromptCounter, TokenizerCounter
+from slaq.sidecar.tokens import PromptCounter, counter_for
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class SidecarOptions:
     trust_gateway_headers: bool = False
     served_model_name: str | None = None
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # `--tokenizer`: the model's tokenizer (a hub id or a path), loaded in the background
+    tokenizer_revision: str | None = None
     metrics_port: int = METRICS_PORT
     access_log: AccessLogFormat = "json"
     request_limits: RequestLimitsSpec = field(default_factory=RequestLimitsSpec)
@@ -131,14 +132,8 @@ def sidecar_id() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{os.urandom(4).hex()}"
 
 
-def build_counter(tokenizer: str | None) -> PromptCounter:
-    if not tokenizer:
-        return EstimatingCounter()
-    try:
-        return TokenizerCounter.load(tokenizer)
-    except Exception as exc:  # a missing tokenizer degrades counting, it does not stop the pod
-        log.warning("--tokenizer %s could not be loaded (%s); prompt tokens are estimated", tokenizer, exc)
-        return EstimatingCounter()
+def build_counter(tokenizer: str | None, revision: str | None = None) -> PromptCounter:
+    return counter_for(tokenizer, revision)  # a tokenizer that cannot be loaded degrades counting (logged), it does not stop the pod
 
 
 def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) -> SidecarApp:
@@ -153,7 +148,7 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_num_batched_tokens=options.max_num_batched_tokens,
     )
     store = QuotaStore(options.quota_store, sidecar_id()) if options.quota_store is not None else None
-    core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer),
+    core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer, options.tokenizer_revision),
                        quota_store=store)
     limits = options.connection_limits
     try:

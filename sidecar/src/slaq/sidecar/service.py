@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -39,6 +40,7 @@ from slaq.sidecar.usage import UsageLog
 
 
 PARSES_PER_TENANT = 2  # a tenant's large bodies in the parsing workers at once
+COUNTING_THREADS = 2  # long prompts are tokenized here, off the event loop (the encoder releases the GIL)
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,13 @@ class SidecarCore:
         self.engine_kv_usage: float | None = None
         self.draining = False
         self.parsers = ParserPool()  # large bodies are parsed off the event loop
+        self._counting: ThreadPoolExecutor | None = None  # and long prompts counted (started on first use)
+        self._counts: collections.Counter[str] = collections.Counter()  # per tenant, prompts being counted there
         self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
         self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
-                                      targets=self.attainment_targets, pool=self.pool_name)
+                                      targets=self.attainment_targets, pool=self.pool_name, tokenizer_loaded=lambda: self.counter.loaded)
         # With a store, tenants' whole quotas are counted there and `quotas` (the local shares) is its fallback.
         self.shared_quotas = SharedQuotaGate(self.quotas, quota_store, registry=self.metrics.registry) if quota_store is not None else None
 
@@ -279,7 +283,9 @@ class SidecarCore:
         if max_slots is not None and payload.n > max_slots:
             raise InvalidField("n", f"this request runs {payload.n} completions (n × prompts); tenant {tenant.name} may run "
                                     f"{max_slots} at once")
-        prompt_tokens = self.counter.count(kind, payload.body)
+        counted = payload.prompt_count or self.counter.measure(kind, payload.body)
+        self.metrics.prompt_counts.labels(counted.method).inc()
+        prompt_tokens = counted.tokens
         predicted = self.predictor.predict(tenant.name, prompt_tokens, payload.max_tokens)
         view = RequestView(
             tier=tenant.tier,
@@ -309,8 +315,10 @@ class SidecarCore:
         """Check, charge and queue one request; returns once it is released to the engine."""
         arrival = self.clock()
         parsed: InferencePayload | SidecarError | None = None
-        if self.parsers.wants(raw) and not self.draining:
-            parsed = await self._parse_off_loop(identity, kind, raw)
+        if not self.draining:
+            parsed = await self._parse_off_loop(identity, kind, raw) if self.parsers.wants(raw) else self._parse(identity, kind, raw)
+            if isinstance(parsed, InferencePayload) and self.counter.offloads(kind, parsed.body):
+                parsed = await self._count_off_loop(identity, kind, parsed)
         if self.shared_quotas is not None:
             flight = await self._check_in_shared(self.shared_quotas, identity, kind, raw, parsed, arrival)
         else:
@@ -326,6 +334,29 @@ class SidecarCore:
             raise
         self.metrics.queue_wait.labels(flight.tier.value).observe(max(0.0, (flight.entry.release_time or flight.arrival) - flight.arrival))
         return flight
+
+    def _parse(self, identity: Identity, kind: Kind, raw: bytes) -> InferencePayload | SidecarError:
+        try:
+            return parse_payload(raw, kind, self.config.served_model_name, self.config.limits, identity.tenant.cache_salt)
+        except SidecarError as error:
+            return error  # refused, and charged for, by check_in like any other
+
+    async def _count_off_loop(self, identity: Identity, kind: Kind, payload: InferencePayload) -> InferencePayload | SidecarError:
+        """A long prompt counted in a thread (tokenizing ~100k characters takes tens of milliseconds); at most
+        `PARSES_PER_TENANT` of a tenant's at once, so one tenant's burst does not queue ahead of everyone's."""
+        name = identity.tenant.name
+        if self._counts[name] >= PARSES_PER_TENANT:
+            return ConcurrencyExceeded(f"tenant {name} already has {PARSES_PER_TENANT} long prompts being counted", retry_after_s=1.0)
+        if self._counting is None:
+            self._counting = ThreadPoolExecutor(COUNTING_THREADS, thread_name_prefix="slaq-count")
+        self._counts[name] += 1
+        try:
+            payload.prompt_count = await asyncio.get_running_loop().run_in_executor(self._counting, self.counter.measure, kind, payload.body)
+        finally:
+            self._counts[name] -= 1
+            if not self._counts[name]:
+                del self._counts[name]
+        return payload
 
     async def _parse_off_loop(self, identity: Identity, kind: Kind, raw: bytes) -> InferencePayload | SidecarError:
         """A large body, parsed by a worker process; at most `PARSES_PER_TENANT` of a tenant's at once,
@@ -379,8 +410,11 @@ class SidecarCore:
         body = enrich_body(fields, priority=engine_priority(identity.tenant.tier), cache_salt=identity.tenant.cache_salt, sla=sla)
         if payload.stream:
             # Tokens are settled from the engine's own usage, whatever the stream's shape; the usage
-            # chunk goes back only to a client that asked for it (`ResponseObserver`).
+            # chunk goes back only to a client that asked for it (`proxy.client_usage_filter`). Where the engine
+            # may produce tokens no chunk shows, it is asked for its count in every chunk.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            if payload.hides_tokens:
+                body["stream_options"]["continuous_usage_stats"] = True
         # allow_nan=False: never re-send a non-finite number as `Infinity`/`NaN` (parsing refuses them already).
         encoded = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         if payload.serialised is None:

@@ -9,6 +9,11 @@ difference of the two distributions' percentiles. The load generator shares the 
 with both servers, so at high C its own overhead is part of both columns.
 
     python tools/src/slaq/bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
+        [--prompt-tokens 4096 [--tokenizer PATH_OR_ID|tiny]]
+
+`--tokenizer` runs the sidecar with that tokenizer (`tiny`: the built-in tiny model's), so the prompt
+is counted as the engine counts it; without it the sidecar estimates. `--prompt-tokens` sends a prompt
+of that many tokens (by the tokenizer when given, else 4 characters per token).
 """
 
 from __future__ import annotations
@@ -107,13 +112,41 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
 
 
+SENTENCE = "The scheduler preempts a batch decode when an urgent request arrives and the batch is full. "
+
+
+def prompt_of(tokens: int, tokenizer: str | None) -> str:
+    """English text of `tokens` tokens by `tokenizer` (characters / 4 without one)."""
+    if not tokenizer:
+        return (SENTENCE * (tokens * 4 // len(SENTENCE) + 1))[: tokens * 4]
+    from transformers import AutoTokenizer
+
+    model = AutoTokenizer.from_pretrained(tokenizer)
+    return model.decode(model.encode(SENTENCE * (tokens // 4 + 1), add_special_tokens=False)[:tokens])
+
+
+def wait_tokenizer(metrics: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "slaq_tokenizer_loaded 1.0" in httpx.get(metrics + "/metrics", timeout=10).text:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the sidecar's tokenizer was not loaded after {timeout_s:.0f}s (see its log)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 50, 200])
     parser.add_argument("--requests-per-stream", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--token-delay-ms", type=float, default=5.0)
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="Prompt length in tokens (default: 'hello ' × 50).")
+    parser.add_argument("--tokenizer", default=None, help="The sidecar's --tokenizer (tiny: the built-in tiny model's); default none (estimated).")
     args = parser.parse_args()
+    if args.tokenizer == "tiny":
+        from slaq.engine.tiny_model import ensure_tiny_model
+
+        args.tokenizer = str(ensure_tiny_model())
 
     workdir = Path(tempfile.mkdtemp(prefix="slaq-bench-sidecar-"))
     table = workdir / "tenants.json"
@@ -131,16 +164,21 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-m", "slaq", "sidecar", "--host", "127.0.0.1", "--port", str(sidecar_port),
                           "--metrics-port", str(metrics_port),
                           "--engine-url", f"http://127.0.0.1:{upstream_port}", "--tenant-table", str(table),
-                          "--max-queue-depth", "100000"], cwd=workdir, env=env, stdout=sidecar_log, stderr=subprocess.STDOUT),
+                          "--max-queue-depth", "100000", *(["--tokenizer", args.tokenizer] if args.tokenizer else [])],
+                         cwd=workdir, env=env, stdout=sidecar_log, stderr=subprocess.STDOUT),
     ]
     try:
         direct, sidecar, metrics = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{sidecar_port}", f"http://127.0.0.1:{metrics_port}"
         wait_ready(direct + "/health")
         wait_ready(sidecar + "/ready")
+        if args.tokenizer:
+            wait_tokenizer(metrics)
         headers = {"authorization": f"Bearer {KEY}"}
         # The fake engine's controls ride in `user`: the sidecar forwards no x-fake-* header.
-        body = {"model": "fake-model", "prompt": "hello " * 50, "max_tokens": args.tokens, "stream": True,
+        prompt = prompt_of(args.prompt_tokens, args.tokenizer) if args.prompt_tokens else "hello " * 50
+        body = {"model": "fake-model", "prompt": prompt, "max_tokens": args.tokens, "stream": True,
                 "user": fake_user(tokens=args.tokens, delay_ms=args.token_delay_ms)}
+        print(f"prompt: {len(prompt)} characters ({args.prompt_tokens or 'about 50'} tokens); sidecar tokenizer: {args.tokenizer or 'none (estimated)'}")
         print(f"load average {os.getloadavg()[0]:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
         print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
         own = []

@@ -27,7 +27,7 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import uvicorn
@@ -222,6 +222,10 @@ class RecordingPassthrough:
         self.received: list[dict[str, Any]] = []
         self.received_headers: list[dict[str, str]] = []
         self.client: httpx.AsyncClient | None = None
+        # A test's change to the engine's response bytes on their way to the OpenAI routes (e.g. hiding
+        # chunks as a reasoning parser would); raising from it breaks the connection, as an engine that
+        # died mid-stream. /metrics and /health pass as they are.
+        self.rewrite: Callable[[bytes], bytes] | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -247,12 +251,13 @@ class RecordingPassthrough:
             self.received_headers.append({k.decode().lower(): v.decode() for k, v in headers})
         assert self.client is not None
         request = self.client.build_request(scope["method"], scope["path"], content=raw or None, headers=headers)
+        rewrite = self.rewrite if scope["path"].startswith("/v1/") else None
         response = await self.client.send(request, stream=True)
         try:
             out = [(k, v) for k, v in response.headers.raw if k.lower() not in (b"content-length", b"transfer-encoding", b"connection")]
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk if rewrite is None else rewrite(chunk), "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         finally:
             await response.aclose()
