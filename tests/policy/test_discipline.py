@@ -123,4 +123,4 @@ def test_a_critical_request_nearer_its_deadline_than_its_lead_stays_attainable_u
         queue.begin(NOW, PoolView(load=0.5, max_length_tokens=MAX_LENGTH, aging_bound_s=60.0))
         choice = queue.choose()
         assert choice is not None and choice.missed == bool(expected_missed)
-        assert queue.missed_depth[Tier.CRITICAL.rank] == expected_missed
+        assert queue.missed_depth(Tier.CRITICAL.rank) == expected_missed
