@@ -57,6 +57,11 @@ class Entry(NamedTuple, Generic[T]):
     item: T
 
 
+# Entries are built with `_new(Entry, (band, key, seq, item))`, in C: a named tuple's generated
+# __new__ is Python, and a host step builds a few dozen (its pushes, the refreshed heads of every heap).
+_new = tuple.__new__
+
+
 LeadTime = Callable[[RequestView], float]  # seconds from its admission to its first token
 
 
@@ -170,7 +175,7 @@ class TieredQueue(Generic[T]):
 
     def _push(self, item: T, band: int) -> None:
         view = self.view_of(item)
-        entry = Entry(band, self.ranking.within_tier_key(view, self._pool.aging_bound_s), next(self._seq), item)
+        entry: Entry[T] = _new(Entry, (band, self.ranking.within_tier_key(view, self._pool.aging_bound_s), next(self._seq), item))
         key = self.id_of(item)
         previous = self._live.get(key)
         if previous is None:
@@ -270,10 +275,12 @@ class TieredQueue(Generic[T]):
             if self._is_live(entry):
                 taken.append(entry)
         for entry in taken:
-            band, _, seq, item = entry
-            fresh = Entry(band, self.ranking.within_tier_key(self.view_of(item), self._pool.aging_bound_s), seq, item)
-            self._live[self.id_of(item)] = fresh
-            heapq.heappush(heap, fresh)
+            band, key, seq, item = entry
+            fresh_key = self.ranking.within_tier_key(self.view_of(item), self._pool.aging_bound_s)
+            if fresh_key != key:
+                entry = _new(Entry, (band, fresh_key, seq, item))
+                self._live[self.id_of(item)] = entry
+            heapq.heappush(heap, entry)
 
     # -- what the hosts look at ------------------------------------------------------------------
     def peek_heads(self, limit: int, accept: Callable[[T], bool]) -> list[T]:
