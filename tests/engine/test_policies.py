@@ -169,10 +169,8 @@ def test_the_choice_is_the_smallest_full_rank_over_the_tier_heads(seed: int) -> 
     order = queue.order
     tiers = queue.tiers
     while queue:
-        for tier_rank in range(len(tiers.heaps)):
-            tiers.settle_missed(tier_rank)  # each tier offers its earliest attainable request and its oldest missed one
-        heads = [(tier_rank, tiers.head(heap)) for tier_rank in range(len(tiers.heaps)) for heap in (tiers.heaps[tier_rank], tiers.missed[tier_rank])]
-        ranked = [(order.rank(vc.attached_info(entry[3]), NOW), tier_rank, entry[3]) for tier_rank, entry in heads if entry is not None]
+        heads = tiers.heads()  # each tier offers its earliest attainable request and its oldest missed one
+        ranked = [(order.rank(vc.attached_info(head.item), NOW), head.tier_rank, head.item) for head in heads]
         best = min(ranked, key=lambda r: r[0])
         fresh = [r for r in ranked if r[0][0]]
         if not best[0][0] and fresh and tiers.aged_share >= AGED_SHARE:

@@ -1,9 +1,12 @@
-"""One contract over every registered policy: a new term, ranking, account, load or victim policy
-is tested here the day its registry line is added."""
+"""One contract over every registered policy: a new term, ranking, account, load, victim or
+step-budget policy is tested here the day its registration line is added."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,12 +14,12 @@ from hypothesis import strategies as st
 
 from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
-from slaq.engine.step_budget import BatchView
 from slaq.policy import REGISTRIES, PodPolicy, policy_names
 from slaq.policy.accounting import ACCOUNTS
 from slaq.policy.load import LOADS
 from slaq.policy.ranking import MISSED_CLASS, RANKINGS, STARVING_CLASS
-from slaq.policy.step_budget import STEP_BUDGETS, step_budget_class
+from slaq.policy.registry import DuplicateRegistration, Registry
+from slaq.policy.step_budget import STEP_BUDGETS, BatchView
 from slaq.policy.terms import TERMS
 from slaq.policy.victims import VICTIMS
 from slaq.policy.views import PoolView, RequestView
@@ -116,7 +119,7 @@ def test_every_victim_policy_orders_all_candidates_lowest_tier_first(name: str) 
 @pytest.mark.parametrize("name", sorted(STEP_BUDGETS))
 @pytest.mark.parametrize("tpot_s", [None, 0.005, 0.05, 1.0])
 def test_every_step_budget_stays_within_the_engine_limit(name: str, tpot_s: float | None) -> None:
-    budget = step_budget_class(name)()
+    budget = STEP_BUDGETS[name]()
     for _ in range(3):
         cap = budget.budget(BatchView(tpot_s, 32, 100_000), 8192, 0.0)
         assert cap is None or 32 < cap <= 8192
@@ -132,7 +135,7 @@ def test_a_spec_selects_one_registered_entry_of_each_part() -> None:
             assert names[part] in registry
         assert names["step_budget"] in STEP_BUDGETS
         policy = PodPolicy.from_spec(spec)
-        assert type(policy.step_budget()) is step_budget_class(names["step_budget"])
+        assert type(policy.step_budget()) is STEP_BUDGETS[names["step_budget"]]
     assert policy_names(SchedulerSpec(tpot_budget_shaping=False))["step_budget"] == "stock"
 
 
@@ -174,7 +177,7 @@ def test_the_spec_names_exactly_the_registered_policies() -> None:
         assert choices(part) == set(registry), part
     assert choices("step_budget") == set(STEP_BUDGETS)
     spec = SchedulerSpec.model_validate({"policies": {"stepBudget": "stock"}})
-    assert policy_names(spec)["step_budget"] == "stock" and type(PodPolicy.from_spec(spec).step_budget()) is step_budget_class("stock")
+    assert policy_names(spec)["step_budget"] == "stock" and type(PodPolicy.from_spec(spec).step_budget()) is STEP_BUDGETS["stock"]
     with pytest.raises(ValueError, match="ranking"):
         SchedulerSpec.model_validate({"policies": {"ranking": "fifo"}})
 
@@ -186,3 +189,86 @@ def test_the_policy_package_imports_no_vllm() -> None:
     code = "import sys, slaq.policy, slaq.policy.discipline, slaq.policy.step_budget, slaq.sidecar.queue; print('vllm' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+ALL_REGISTRIES: dict[str, Registry] = {**REGISTRIES, "terms": TERMS}
+REGISTERED = [(part, name) for part, registry in ALL_REGISTRIES.items() for name in registry]
+
+
+def _instance(part: str, name: str) -> object:
+    implementation = ALL_REGISTRIES[part][name]
+    if part == "ranking":
+        return implementation.from_spec(SchedulerSpec())
+    return implementation() if isinstance(implementation, type) else implementation
+
+
+@pytest.mark.parametrize("part,name", REGISTERED)
+def test_every_registered_policy_provides_its_parts_contract(part: str, name: str) -> None:
+    contract = ALL_REGISTRIES[part].contract
+    assert isinstance(_instance(part, name), contract)
+
+
+@pytest.mark.parametrize("part,name", REGISTERED)
+def test_a_second_registration_under_a_taken_name_is_refused_and_names_it(part: str, name: str) -> None:
+    registry = ALL_REGISTRIES[part]
+    original = registry[name]
+    with pytest.raises(DuplicateRegistration, match=f"{registry.part} '{name}' is already registered"):
+        registry.register(name, original)  # even the same implementation again
+    assert registry[name] is original and list(registry).count(name) == 1
+
+
+def test_a_registry_refuses_an_implementation_without_its_contracts_methods() -> None:
+    from slaq.policy.accounting import Accounting, VirtualTokenCounters
+
+    class ChargesOnly:
+        def charge(self, tier: str, tenant: str, tokens: float) -> None: ...
+
+    registry: Registry = Registry("accounting", Accounting)
+    with pytest.raises(TypeError, match="'partial'.*no service_share, forget"):
+        registry.register("partial", ChargesOnly)
+    assert "partial" not in registry
+    registry.register("vtc", VirtualTokenCounters)  # the control: a complete one is taken
+    assert list(registry) == ["vtc"]
+
+
+def test_a_registry_is_read_only_and_an_unknown_name_says_what_is_registered() -> None:
+    with pytest.raises(TypeError):
+        VICTIMS["other"] = VICTIMS["lowest-tier-cheapest"]  # type: ignore[index]
+    with pytest.raises(KeyError, match="no step budget named 'fifo' \\(registered: stock, tpot\\)"):
+        STEP_BUDGETS["fifo"]
+
+
+def test_the_terms_keep_their_registration_order() -> None:
+    """Formula 1 sums its terms in registration order: the order is part of the decisions."""
+    assert list(TERMS) == ["urgency", "waiting", "length", "tier", "fairness"]
+
+
+ENGINE_MODULE_PATH = re.compile(r"slaq\.engine(\.\w+)*(:\w+)?")
+
+
+def engine_names(source: str) -> list[str]:
+    """The engine modules `source` imports or names as a string for importlib, and importlib itself."""
+    named: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            named.append(node.module or "")
+        elif isinstance(node, ast.Import):
+            named += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ENGINE_MODULE_PATH.fullmatch(node.value):
+            named.append(node.value)
+    return [name for name in named if name.startswith(("slaq.engine", "importlib"))]
+
+
+def test_the_policy_package_names_no_engine_module() -> None:
+    """Implementations register from the module that defines them: the policy package imports no
+    engine module, nor names one for importlib."""
+    import slaq.policy
+
+    offenders = {path.name: engine_names(path.read_text()) for path in Path(slaq.policy.__file__).parent.rglob("*.py")}
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_engine_name_scan_catches_a_registry_of_module_paths() -> None:
+    old_registry = 'import importlib\nSTEP_BUDGETS = {"stock": "slaq.engine.step_budget:StockStepBudget"}\n'
+    assert engine_names(old_registry) == ["importlib", "slaq.engine.step_budget:StockStepBudget"]
+    assert engine_names('"""Budgets: see slaq.engine.scheduler for the caller."""\nfrom slaq.policy.registry import Registry\n') == []

@@ -123,4 +123,74 @@ def test_a_critical_request_nearer_its_deadline_than_its_lead_stays_attainable_u
         queue.begin(NOW, PoolView(load=0.5, max_length_tokens=MAX_LENGTH, aging_bound_s=60.0))
         choice = queue.choose()
         assert choice is not None and choice.missed == bool(expected_missed)
-        assert queue.missed_depth[Tier.CRITICAL.rank] == expected_missed
+        assert queue.missed_depth(Tier.CRITICAL.rank) == expected_missed
+
+
+def _views_queue(spec: SchedulerSpec | None = None) -> TieredQueue[RequestView]:
+    policy = PodPolicy.from_spec(spec or SchedulerSpec())
+    return TieredQueue(policy.ranking, policy.discipline, lambda view: view, id)
+
+
+POOL = PoolView(load=0.5, max_length_tokens=MAX_LENGTH, aging_bound_s=60.0)
+
+
+def test_a_passed_over_item_stays_queued_out_of_the_choice_until_restored() -> None:
+    queue = _views_queue()
+    first, second = RequestView(Tier.STANDARD, NOW - 1.0, 2000.0, 100, 100), RequestView(Tier.STANDARD, NOW - 0.5, 2000.0, 100, 100)
+    queue.push(first)
+    queue.push(second)
+    queue.begin(NOW, POOL)
+    choice = queue.choose()
+    assert choice is not None and choice.item is first
+    queue.pass_over(choice)
+    assert (len(queue), queue.depth(Tier.STANDARD.rank), queue.passed_over, queue.passes) == (2, 2, 1, 1)
+    assert list(queue.items()) == [first, second]  # a snapshot still lists it, in its place
+    assert queue.choose().item is second  # type: ignore[union-attr]
+    queue.restore_passed()
+    assert (queue.passed_over, queue.passes) == (0, 0)
+    assert queue.choose().item is first  # type: ignore[union-attr]
+
+
+def test_a_passed_over_item_pushed_again_or_removed_no_longer_counts_as_passed_over() -> None:
+    queue = _views_queue()
+    views = [RequestView(Tier.BATCH, NOW - i, None, 100, 100) for i in (3.0, 2.0, 1.0)]
+    for view in views:
+        queue.push(view)
+    queue.begin(NOW, POOL)
+    for _ in range(2):
+        queue.pass_over(queue.choose())  # type: ignore[arg-type]
+    queue.put_back_ahead(views[0])  # the engine re-adds a request it preempted
+    assert queue.discard(views[1])
+    assert (len(queue), queue.passed_over, queue.passes) == (2, 0, 2)
+    assert queue.choose().item is views[0]  # type: ignore[union-attr]
+    queue.restore_passed()  # the lapsed entries stay out
+    assert list(queue.items()) == [views[0], views[2]]
+
+
+def test_peek_heads_reads_the_protected_tiers_without_taking_anything() -> None:
+    queue = _views_queue()
+    critical = RequestView(Tier.CRITICAL, NOW - 0.1, 500.0, 100, 100)
+    late = RequestView(Tier.STANDARD, NOW - 5.0, 2000.0, 100, 100)  # its deadline has passed: missed
+    soon = RequestView(Tier.STANDARD, NOW - 0.2, 2000.0, 100, 100)
+    batch = RequestView(Tier.BATCH, NOW - 30.0, 60_000.0, 100, 100)
+    for view in (batch, late, soon, critical):
+        queue.push(view)
+    queue.begin(NOW, POOL)
+    assert queue.peek_heads(5, lambda view: True) == [critical, soon, late]  # attainable tier by tier, then missed
+    assert queue.peek_heads(1, lambda view: view.tier is Tier.STANDARD) == [soon]
+    assert (len(queue), queue.missed_depth(Tier.STANDARD.rank)) == (4, 1)
+    assert [queue.take(queue.choose()) for _ in range(4)] == [critical, soon, late, batch]  # type: ignore[arg-type]
+
+
+def test_expired_head_is_the_waiting_head_past_its_deadline_and_never_one_put_back_ahead() -> None:
+    queue = _views_queue()
+    expired = RequestView(Tier.BATCH, NOW - 70.0, 60_000.0, 100, 100)
+    fresh = RequestView(Tier.BATCH, NOW - 1.0, 60_000.0, 100, 100)
+    queue.push(fresh)
+    queue.begin(NOW, POOL)
+    assert queue.expired_head(Tier.BATCH.rank, NOW) is None
+    queue.push(expired)
+    assert queue.expired_head(Tier.BATCH.rank, NOW) is expired
+    assert queue.expired_head(Tier.BATCH.rank, NOW - 11.0) is None  # at that time its deadline was ahead
+    queue.put_back_ahead(fresh)
+    assert queue.expired_head(Tier.BATCH.rank, NOW) is None  # the head is ahead of its tier: not shed

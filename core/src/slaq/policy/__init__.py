@@ -7,30 +7,36 @@ Each part is a small named registry; `PodPolicy.from_spec` picks one of each fro
 - tenant service accounting (`accounting.py`): virtual token counters;
 - load (`load.py`): the fuller of the batch and the KV cache;
 - preemption victims (`victims.py`): lowest tier, cheapest to recompute;
-- step token budget (`step_budget.py`): shaped to the tightest TPOT objective, or stock;
+- step token budget (`step_budget.py`, `tpot_budget.py`): shaped to the tightest TPOT objective, or stock;
 - the queue discipline (`discipline.py`): per-tier heaps, missed requests, the starving share.
 
-tests/policy/test_conformance.py runs every registered policy through the same cases.
+Each registry (`registry.Registry`) names its part's contract, a `typing.Protocol` beside it
+(`Ranking`, `Term`, `Accounting`, `Load`, `VictimOrder`, `StepBudget`), and refuses a second
+registration under a taken name. tests/policy/test_conformance.py runs every registered policy
+through the same cases.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 from slaq.api.pool import SchedulerSpec
-from slaq.policy.accounting import ACCOUNTS, VirtualTokenCounters
+from slaq.policy import tpot_budget  # noqa: F401  registers the `tpot` step budget
+from slaq.policy.accounting import ACCOUNTS, Accounting
 from slaq.policy.discipline import Discipline
-from slaq.policy.step_budget import step_budget_class
-from slaq.policy.load import LOADS
+from slaq.policy.load import LOADS, Load
 from slaq.policy.ranking import RANKINGS, DeadlineClassRanking
-from slaq.policy.victims import VICTIMS, LowestTierCheapest
+from slaq.policy.registry import Registry
+from slaq.policy.step_budget import STEP_BUDGETS, StepBudget
+from slaq.policy.victims import VICTIMS, VictimOrder
 
-REGISTRIES: Mapping[str, Mapping[str, object]] = {
+REGISTRIES: Mapping[str, Registry] = {
     "ranking": RANKINGS,
     "accounting": ACCOUNTS,
     "load": LOADS,
     "victims": VICTIMS,
+    "step_budget": STEP_BUDGETS,
 }
 
 
@@ -45,9 +51,9 @@ def policy_names(spec: SchedulerSpec) -> dict[str, str]:
 class PodPolicy:
     spec: SchedulerSpec
     ranking: DeadlineClassRanking
-    accounting: VirtualTokenCounters
-    load: Callable[[int, int, float | None], float]
-    victims: LowestTierCheapest
+    accounting: Accounting
+    load: Load
+    victims: VictimOrder
     step_budget_name: str
     discipline: Discipline
 
@@ -64,5 +70,6 @@ class PodPolicy:
             discipline=Discipline.from_spec(spec),
         )
 
-    def step_budget(self):  # -> StepBudgetPolicy: only the engine builds one (it imports vLLM)
-        return step_budget_class(self.step_budget_name)()
+    def step_budget(self) -> StepBudget:
+        """A fresh step-budget policy (it learns from the steps it is shown: one per engine)."""
+        return STEP_BUDGETS[self.step_budget_name]()

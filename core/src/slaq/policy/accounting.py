@@ -9,7 +9,18 @@ its tier has received less service and scores higher on the fairness term. A ten
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Mapping
+from typing import Protocol, runtime_checkable
+
+from slaq.policy.registry import Registry
+
+
+@runtime_checkable
+class Accounting(Protocol):
+    """Service counted per tenant within a tier, and each tenant's share of it (the fairness term's input)."""
+
+    def charge(self, tier: str, tenant: str, tokens: float) -> None: ...
+    def service_share(self, tier: str, tenant: str) -> float: ...
+    def forget(self, tier: str, tenant: str) -> None: ...
 
 
 class VirtualTokenCounters:
@@ -38,6 +49,5 @@ class VirtualTokenCounters:
             self._totals[tier] -= counters.pop(tenant)
 
 
-ACCOUNTS: Mapping[str, type[VirtualTokenCounters]] = {
-    "vtc": VirtualTokenCounters,
-}
+ACCOUNTS: Registry[type[Accounting]] = Registry("accounting", Accounting)
+ACCOUNTS.register("vtc", VirtualTokenCounters)

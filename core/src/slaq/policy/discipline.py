@@ -9,8 +9,10 @@ same order (tests/policy/test_discipline.py checks the two hosts against each ot
 - **One heap per tier**, keyed by the ranking's static `within_tier_key` (the deadline less a
   bounded tenant-fairness credit, refreshed for the first `rekey_head` of each heap when a host
   begins a step or a release round). Band 0 holds requests a host puts back ahead of their tier
-  (the engine's preempted requests); band 1 everything else. Removal is lazy: an entry is live
-  while the live map points at it, so a cancelled request costs O(1).
+  (`put_back_ahead`: the engine's preempted requests); band 1 everything else (`push`). Removal is
+  lazy: an entry is live while the live map points at it, so a cancelled request costs O(1). A
+  host may pass over a choice (`pass_over`: the engine's waiting loop, for the rest of a step): it
+  stays queued, out of its heap, until `restore_passed`.
 - **Missed requests leave the way of those that can still make it.** A waiting head of a protected
   tier that can no longer have its first token by its TTFT deadline moves to its tier's missed heap:
   its deadline has passed, or, below the first `lead_exempt_tiers` tiers, it is nearer than `lead`
@@ -33,7 +35,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Iterator, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, NamedTuple, TypeVar
 
 from slaq.api.common import Tier
 from slaq.api.pool import QueueSpec, SchedulerSpec
@@ -41,9 +43,24 @@ from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, Deadl
 from slaq.policy.views import PoolView, RequestView
 
 T = TypeVar("T")
-Entry = tuple[int, float, int, T]  # (band, within-tier key, seq, item)
 BAND_AHEAD, BAND_WAITING = 0, 1
 TIERS = tuple(Tier)
+
+
+class Entry(NamedTuple, Generic[T]):
+    """An item in a tier heap. Heaps order entries as tuples: band, key, then `seq`, which is
+    unique, so two entries never compare their items. (A named tuple: heap comparisons stay in C.)"""
+
+    band: int  # BAND_AHEAD (put back ahead of its tier) or BAND_WAITING
+    key: float  # the ranking's within-tier key, as of the push or the last refresh of the heads
+    seq: int  # push order
+    item: T
+
+
+# Entries are built with `_new(Entry, (band, key, seq, item))`, in C: a named tuple's generated
+# __new__ is Python, and a host step builds a few dozen (its pushes, the refreshed heads of every heap).
+_new = tuple.__new__
+
 
 LeadTime = Callable[[RequestView], float]  # seconds from its admission to its first token
 
@@ -74,15 +91,17 @@ def first_token_lead(step_s: float, prompt_tokens: int, step_tokens: int) -> flo
 
 @dataclass(frozen=True, slots=True)
 class Choice(Generic[T]):
+    """A tier head offered to the cross-tier choice: give it back to `take` or `pass_over`."""
+
     rank_class: int
     tier_rank: int
-    entry: Entry
-    heap: list
-    missed: bool
+    _entry: Entry[T]
+    _heap: list[Entry[T]]
+    missed: bool  # the head of its tier's missed heap
 
     @property
     def item(self) -> T:
-        return self.entry[3]
+        return self._entry.item
 
     @property
     def starving(self) -> bool:
@@ -93,8 +112,10 @@ class TieredQueue(Generic[T]):
     """Per-tier heaps, missed heaps and the cross-tier choice (see the module doc).
 
     A host calls `begin(now, pool)` before it chooses (the clock and load are fixed until the next
-    call), `choose()` for the next item, and `take(choice)` when it admits or releases it. Between
-    `begin` calls each head's rank is computed once."""
+    call), `choose()` for the next item, and `take(choice)` when it admits or releases it, or
+    `pass_over(choice)` to leave it queued but out of the choice until `restore_passed()`. Between
+    `begin` calls each head's rank is computed once. The heaps and their entries are the queue's
+    own: hosts use the verbs here (tests/policy/test_queue_hosts.py reads the hosts' source)."""
 
     def __init__(self, ranking: DeadlineClassRanking, discipline: Discipline, view_of: Callable[[T], RequestView],
                  id_of: Callable[[T], Hashable]) -> None:
@@ -102,134 +123,231 @@ class TieredQueue(Generic[T]):
         self.discipline = discipline
         self.view_of = view_of
         self.id_of = id_of
-        self.heaps: list[list[Entry]] = [[] for _ in TIERS]
-        self.missed: list[list[Entry]] = [[] for _ in TIERS]
-        self.live: dict[Hashable, Entry] = {}
-        self.depth = [0] * len(TIERS)  # live items per tier rank
-        self.missed_depth = [0] * len(TIERS)  # of which in the missed heap
+        self.lead: LeadTime | None = None  # the host's time from admission to a first token; None: deadlines alone
+        self._heaps: list[list[Entry[T]]] = [[] for _ in TIERS]
+        self._missed: list[list[Entry[T]]] = [[] for _ in TIERS]
+        self._live: dict[Hashable, Entry[T]] = {}
+        self._depth = [0] * len(TIERS)  # live items per tier rank
+        self._missed_depth = [0] * len(TIERS)  # of which in the missed heap
         self._in_missed: set[int] = set()  # seqs of live entries in a missed heap
-        self.aged_share = 0.0  # running share of choices that went to starving requests
-        self.lead: LeadTime | None = None
-        self.now = 0.0
-        self.pool = PoolView(load=0.0, max_length_tokens=1, aging_bound_s=60.0)
+        self._passed: list[Choice[T]] = []  # passed over since the last `restore_passed`
+        self._passed_ids: set[Hashable] = set()  # of which still queued
+        self._aged_share = 0.0  # running share of choices that went to starving requests
+        self._now = 0.0
+        self._pool = PoolView(load=0.0, max_length_tokens=1, aging_bound_s=60.0)
         self._seq = itertools.count()
         self._classes: dict[int, int] = {}
         self._ranks: dict[int, Rank] = {}
 
     def __len__(self) -> int:
-        return len(self.live)
+        return len(self._live)
+
+    @property
+    def now(self) -> float:
+        """The clock of the last `begin`."""
+        return self._now
+
+    @property
+    def aged_share(self) -> float:
+        """The running share of choices that went to starving requests."""
+        return self._aged_share
+
+    def depth(self, tier_rank: int) -> int:
+        """Queued items of the tier (passed over ones included)."""
+        return self._depth[tier_rank]
+
+    def missed_depth(self, tier_rank: int) -> int:
+        """Queued items of the tier in its missed heap."""
+        return self._missed_depth[tier_rank]
+
+    def depth_by_rank(self) -> tuple[int, ...]:
+        """Queued items per tier, indexed by tier rank."""
+        return tuple(self._depth)
 
     # -- contents ----------------------------------------------------------------------------
-    def push(self, item: T, band: int = BAND_WAITING) -> Entry:
+    def push(self, item: T) -> None:
+        """Queue `item` in its tier (again, if it was queued: the earlier entry lapses)."""
+        self._push(item, BAND_WAITING)
+
+    def put_back_ahead(self, item: T) -> None:
+        """Queue `item` ahead of every waiting item of its tier (the engine's preempted requests)."""
+        self._push(item, BAND_AHEAD)
+
+    def _push(self, item: T, band: int) -> None:
         view = self.view_of(item)
-        entry: Entry = (band, self.ranking.within_tier_key(view, self.pool.aging_bound_s), next(self._seq), item)
+        entry: Entry[T] = _new(Entry, (band, self.ranking.within_tier_key(view, self._pool.aging_bound_s), next(self._seq), item))
         key = self.id_of(item)
-        previous = self.live.get(key)
+        previous = self._live.get(key)
         if previous is None:
-            self.depth[view.tier.rank] += 1
+            self._depth[view.tier.rank] += 1
         else:
             self._left_missed(previous, view.tier.rank)
-        self.live[key] = entry
-        heapq.heappush(self.heaps[view.tier.rank], entry)
-        return entry
+        self._live[key] = entry
+        self._passed_ids.discard(key)
+        heapq.heappush(self._heaps[view.tier.rank], entry)
 
     def discard(self, item: T) -> bool:
         """Take `item` out wherever it is (lazily); False when it was not queued."""
-        entry = self.live.get(self.id_of(item))
-        if entry is None or entry[3] is not item:
+        key = self.id_of(item)
+        entry = self._live.get(key)
+        if entry is None or entry.item is not item:
             return False
-        del self.live[self.id_of(item)]
+        del self._live[key]
+        self._passed_ids.discard(key)
         tier_rank = self.view_of(item).tier.rank
-        self.depth[tier_rank] -= 1
+        self._depth[tier_rank] -= 1
         self._left_missed(entry, tier_rank)
         return True
 
     def take(self, choice: Choice[T]) -> T:
         """Admit the chosen item: it leaves the queue and counts in the starving share."""
-        discipline = self.discipline
-        self.aged_share += discipline.aged_share_alpha * ((1.0 if choice.starving else 0.0) - self.aged_share)
-        heapq.heappop(choice.heap)  # the chosen entry heads its heap (`head` made sure)
-        del self.live[self.id_of(choice.item)]
-        self.depth[choice.tier_rank] -= 1
-        self._left_missed(choice.entry, choice.tier_rank)
+        self._aged_share += self.discipline.aged_share_alpha * ((1.0 if choice.starving else 0.0) - self._aged_share)
+        heapq.heappop(choice._heap)  # the chosen entry heads its heap (`_head` made sure)
+        del self._live[self.id_of(choice.item)]
+        self._depth[choice.tier_rank] -= 1
+        self._left_missed(choice._entry, choice.tier_rank)
         return choice.item
 
-    def _left_missed(self, entry: Entry, tier_rank: int) -> None:
-        if entry[2] in self._in_missed:
-            self._in_missed.discard(entry[2])
-            self.missed_depth[tier_rank] -= 1
+    def pass_over(self, choice: Choice[T]) -> None:
+        """Leave the chosen item queued (it counts in len and depth) but out of the choice until
+        `restore_passed` puts it back in its heap."""
+        heapq.heappop(choice._heap)  # the chosen entry heads its heap (`_head` made sure)
+        self._passed.append(choice)
+        self._passed_ids.add(self.id_of(choice.item))
 
-    def is_live(self, entry: Entry) -> bool:
-        return self.live.get(self.id_of(entry[3])) is entry
+    def restore_passed(self) -> None:
+        """Put what was passed over, and is still queued, back in its heap."""
+        for choice in self._passed:
+            if self._is_live(choice._entry):
+                heapq.heappush(choice._heap, choice._entry)
+        self._passed.clear()
+        self._passed_ids.clear()
 
-    def head(self, heap: list[Entry]) -> Entry | None:
+    @property
+    def passed_over(self) -> int:
+        """Items passed over since the last `restore_passed` and still queued."""
+        return len(self._passed_ids)
+
+    @property
+    def passes(self) -> int:
+        """Choices passed over since the last `restore_passed` (those since removed included)."""
+        return len(self._passed)
+
+    def _left_missed(self, entry: Entry[T], tier_rank: int) -> None:
+        if entry.seq in self._in_missed:
+            self._in_missed.discard(entry.seq)
+            self._missed_depth[tier_rank] -= 1
+
+    def _is_live(self, entry: Entry[T]) -> bool:
+        return self._live.get(self.id_of(entry.item)) is entry
+
+    def _head(self, heap: list[Entry[T]]) -> Entry[T] | None:
         while heap:
             entry = heap[0]
-            if self.is_live(entry):
+            if self._is_live(entry):
                 return entry
             heapq.heappop(heap)  # stale: removed or re-added since it was pushed
         return None
 
     def items(self) -> Iterator[T]:
-        """Live items, tier by tier in heap order (a snapshot; O(n log n), not for the hot path)."""
+        """Queued items (passed over ones included), tier by tier, each tier's heap in order and
+        then its missed heap (a snapshot; O(n log n), not for the hot path)."""
         for tier_rank in range(len(TIERS)):
-            for entry in sorted(self.heaps[tier_rank]) + sorted(self.missed[tier_rank]):
-                if self.is_live(entry):
-                    yield entry[3]
+            for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
+                passed = [choice._entry for choice in self._passed if choice._heap is heap]
+                for entry in sorted(heap + passed):
+                    if self._is_live(entry):
+                        yield entry.item
 
     # -- the clock ---------------------------------------------------------------------------
     def begin(self, now: float, pool: PoolView) -> None:
         """Fix the clock and load for the choices until the next call; refresh the heads' fairness credit."""
-        self.now, self.pool = now, pool
+        self._now, self._pool = now, pool
         self._classes.clear()
         self._ranks.clear()
-        for heap in (*self.heaps, *self.missed):
+        for heap in (*self._heaps, *self._missed):
             self._rekey_head(heap)
 
-    def _rekey_head(self, heap: list[Entry]) -> None:
-        taken: list[Entry] = []
+    def _rekey_head(self, heap: list[Entry[T]]) -> None:
+        taken: list[Entry[T]] = []
         while heap and len(taken) < self.discipline.rekey_head:
             entry = heapq.heappop(heap)
-            if self.is_live(entry):
+            if self._is_live(entry):
                 taken.append(entry)
-        for band, _, seq, item in taken:
-            fresh: Entry = (band, self.ranking.within_tier_key(self.view_of(item), self.pool.aging_bound_s), seq, item)
-            self.live[self.id_of(item)] = fresh
-            heapq.heappush(heap, fresh)
+        for entry in taken:
+            band, key, seq, item = entry
+            fresh_key = self.ranking.within_tier_key(self.view_of(item), self._pool.aging_bound_s)
+            if fresh_key != key:
+                entry = _new(Entry, (band, fresh_key, seq, item))
+                self._live[self.id_of(item)] = entry
+            heapq.heappush(heap, entry)
+
+    # -- what the hosts look at ------------------------------------------------------------------
+    def peek_heads(self, limit: int, accept: Callable[[T], bool]) -> list[T]:
+        """Up to `limit` items that `accept`, from the first `limit` of each heap of the tiers above
+        the lowest, best first within each: those that can still make their deadline, tiers in
+        order, then missed ones. Costs O(limit log n): entries are popped and pushed back unchanged."""
+        found: list[T] = []
+        for tier_rank in range(LOWEST_RANK):
+            self._settle_missed(tier_rank)
+        for heap in (*self._heaps[:LOWEST_RANK], *self._missed[:LOWEST_RANK]):
+            taken: list[Entry[T]] = []
+            while heap and len(taken) < limit and len(found) < limit:
+                entry = heapq.heappop(heap)
+                if not self._is_live(entry):
+                    continue
+                taken.append(entry)
+                if accept(entry.item):
+                    found.append(entry.item)
+            for entry in taken:
+                heapq.heappush(heap, entry)
+            if len(found) >= limit:
+                break
+        return found
+
+    def expired_head(self, tier_rank: int, now: float) -> T | None:
+        """The tier's first waiting item (not one put back ahead) if its TTFT deadline has passed at `now`."""
+        entry = self._head(self._heaps[tier_rank])
+        if entry is None or entry.band != BAND_WAITING:
+            return None
+        view = self.view_of(entry.item)
+        if view.ttft_ms is None or now < deadline(view, self._pool.aging_bound_s):
+            return None
+        return entry.item
 
     # -- the choice --------------------------------------------------------------------------
-    def settle_missed(self, tier_rank: int) -> None:
+    def _settle_missed(self, tier_rank: int) -> None:
         """Move the tier's waiting heads that can no longer make their TTFT deadline to its missed heap."""
         if tier_rank >= LOWEST_RANK:
             return  # the lowest tier has no attainable class
-        heap = self.heaps[tier_rank]
+        heap = self._heaps[tier_rank]
         lead = self.lead if tier_rank >= self.discipline.lead_exempt_tiers else None
-        aging = self.pool.aging_bound_s
-        while (entry := self.head(heap)) is not None and entry[0] == BAND_WAITING:
-            view = self.view_of(entry[3])
-            if view.ttft_ms is None or self.now + (lead(view) if lead is not None else 0.0) < deadline(view, aging):
+        aging = self._pool.aging_bound_s
+        while (entry := self._head(heap)) is not None and entry.band == BAND_WAITING:
+            view = self.view_of(entry.item)
+            if view.ttft_ms is None or self._now + (lead(view) if lead is not None else 0.0) < deadline(view, aging):
                 return
-            heapq.heappush(self.missed[tier_rank], heapq.heappop(heap))
-            if entry[2] not in self._in_missed:
-                self._in_missed.add(entry[2])
-                self.missed_depth[tier_rank] += 1
+            heapq.heappush(self._missed[tier_rank], heapq.heappop(heap))
+            if entry.seq not in self._in_missed:
+                self._in_missed.add(entry.seq)
+                self._missed_depth[tier_rank] += 1
 
     def heads(self) -> list[Choice[T]]:
         """Each tier's attainable and missed heads, with their rank class at the fixed clock."""
         heads: list[Choice[T]] = []
         for tier_rank in range(len(TIERS)):
-            self.settle_missed(tier_rank)
-            for heap in (self.heaps[tier_rank], self.missed[tier_rank]):
-                entry = self.head(heap)
+            self._settle_missed(tier_rank)
+            for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
+                entry = self._head(heap)
                 if entry is None:
                     continue
-                missed = heap is self.missed[tier_rank]
-                rank_class = self._classes.get(entry[2])
+                missed = heap is self._missed[tier_rank]
+                rank_class = self._classes.get(entry.seq)
                 if rank_class is None:
-                    rank_class = self.ranking.rank_class(self.view_of(entry[3]), self.now, self.pool)
+                    rank_class = self.ranking.rank_class(self.view_of(entry.item), self._now, self._pool)
                     if rank_class != STARVING_CLASS and missed:
                         rank_class = MISSED_CLASS  # moved for its lead, its deadline not yet passed
-                    self._classes[entry[2]] = rank_class
+                    self._classes[entry.seq] = rank_class
                 heads.append(Choice(rank_class, tier_rank, entry, heap, missed))
         return heads
 
@@ -238,7 +356,7 @@ class TieredQueue(Generic[T]):
         if heads is None:
             heads = self.heads()
         best = self.best(heads)
-        if best is not None and best.starving and self.aged_share >= self.discipline.aged_share:
+        if best is not None and best.starving and self._aged_share >= self.discipline.aged_share:
             fresh = self.best([head for head in heads if not head.starving])
             if fresh is not None and fresh.tier_rank < best.tier_rank:
                 return fresh
@@ -255,21 +373,22 @@ class TieredQueue(Generic[T]):
         return min(tied, key=self.full_rank)
 
     def full_rank(self, head: Choice[T]) -> Rank:
-        rank = self._ranks.get(head.entry[2])
+        seq = head._entry.seq
+        rank = self._ranks.get(seq)
         if rank is None:
             view = self.view_of(head.item)
-            rank = self.ranking.rank(view, self.now, self.pool)
+            rank = self.ranking.rank(view, self._now, self._pool)
             if head.rank_class == MISSED_CLASS and rank[0] != MISSED_CLASS:
-                rank = (MISSED_CLASS, -self.ranking.score(view, self.now, self.pool))  # in the missed heap for its lead
-            self._ranks[head.entry[2]] = rank
+                rank = (MISSED_CLASS, -self.ranking.score(view, self._now, self._pool))  # in the missed heap for its lead
+            self._ranks[seq] = rank
         return rank
 
     def ahead_of(self, view: RequestView) -> int:
         """About how many queued requests would be chosen before a new one with `view`: for an
         attainable request of a protected tier, the attainable ones of its tier and above (its
         deadline is the latest of its tier); for any other, all of them."""
-        rank_class = self.ranking.rank_class(view, self.now, self.pool)
+        rank_class = self.ranking.rank_class(view, self._now, self._pool)
         if STARVING_CLASS < rank_class < MISSED_CLASS:
             tier_rank = view.tier.rank
-            return sum(self.depth[r] - self.missed_depth[r] for r in range(tier_rank + 1))
-        return len(self.live)
+            return sum(self._depth[r] - self._missed_depth[r] for r in range(tier_rank + 1))
+        return len(self._live)

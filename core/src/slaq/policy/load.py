@@ -9,7 +9,16 @@ from its gauges, or the pool's `maxNumSeqs`), with the KV usage the engine last 
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Protocol, runtime_checkable
+
+from slaq.policy.registry import Registry
+
+
+@runtime_checkable
+class Load(Protocol):
+    """The pool's load in [0, 1] from its busy batch slots, their limit and the KV cache usage (None: unknown)."""
+
+    def __call__(self, busy: int, limit: int, kv_usage: float | None) -> float: ...
 
 
 def batch_or_kv(busy: int, limit: int, kv_usage: float | None) -> float:
@@ -17,6 +26,5 @@ def batch_or_kv(busy: int, limit: int, kv_usage: float | None) -> float:
     return min(1.0, max(0.0, batch, kv_usage or 0.0))
 
 
-LOADS: Mapping[str, Callable[[int, int, float | None], float]] = {
-    "batch-or-kv": batch_or_kv,
-}
+LOADS: Registry[Load] = Registry("load", Load)
+LOADS.register("batch-or-kv", batch_or_kv)

@@ -25,10 +25,11 @@ with the terms of `slaq.policy.terms` and the weights of the pool's `spec.schedu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Protocol, runtime_checkable
 
 from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec, ScoreWeights
+from slaq.policy.registry import Registry
 from slaq.policy.terms import TERMS, Term
 from slaq.policy.views import PoolView, RequestView
 
@@ -61,6 +62,18 @@ def effective_weights(weights: ScoreWeights, load: float) -> dict[str, float]:
 def deadline(request: RequestView, aging_bound_s: float) -> float:
     """Arrival plus the TTFT objective, or plus the aging bound when there is none."""
     return request.arrival + (request.ttft_ms / 1000.0 if request.ttft_ms is not None else aging_bound_s)
+
+
+@runtime_checkable
+class Ranking(Protocol):
+    """What the queue discipline asks of a ranking (`from_spec` builds one from the pool's spec)."""
+
+    @classmethod
+    def from_spec(cls, spec: SchedulerSpec) -> "Ranking": ...
+    def rank_class(self, request: RequestView, now: float, pool: PoolView) -> int: ...
+    def rank(self, request: RequestView, now: float, pool: PoolView) -> Rank: ...
+    def score(self, request: RequestView, now: float, pool: PoolView) -> float: ...
+    def within_tier_key(self, request: RequestView, aging_bound_s: float) -> float: ...
 
 
 @dataclass
@@ -113,6 +126,5 @@ class DeadlineClassRanking:
         return deadline(request, aging_bound_s) - credit * horizon
 
 
-RANKINGS: Mapping[str, type[DeadlineClassRanking]] = {
-    "deadline-classes": DeadlineClassRanking,
-}
+RANKINGS: Registry[type[DeadlineClassRanking]] = Registry("ranking", Ranking)
+RANKINGS.register("deadline-classes", DeadlineClassRanking)

@@ -1,21 +1,60 @@
-"""The step token budget, by name: `tpot` shapes each step to the tightest running TPOT objective
-(`slaq.engine.tpot_budget`), `stock` leaves vLLM's `max_num_scheduled_tokens`. The policies live
-with the engine (they are calibrated on its measured steps and read vLLM's requests); this registry
-only names them, as `module:class` paths imported when the engine builds one, so `slaq.policy`
-itself never imports vLLM (the sidecar imports it)."""
+"""The step token budget: how many tokens the next engine step (`schedule()`) may hand out.
+
+A policy sees a read-only summary of the running batch (`BatchView`, O(1) to build: the engine's
+block manager keeps it as requests come and go) and returns a cap (or None: vLLM's own
+`max_num_scheduled_tokens`). The engine's scheduler applies the cap and reports each step's
+measured duration back, so a policy can calibrate itself online.
+
+Registered by name in `STEP_BUDGETS`, each by the module that defines it: `stock` (here) leaves
+vLLM's budget, `tpot` (`slaq.policy.tpot_budget`) shapes each step to the tightest running TPOT
+objective. Both are pure arithmetic on the batch view; what reads vLLM's requests to build that
+view (the pace of each decoding request, `slaq.engine.tpot_budget.PaceClock`) is the engine's.
+"""
 
 from __future__ import annotations
 
-import importlib
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-STEP_BUDGETS: Mapping[str, str] = {
-    "stock": "slaq.engine.step_budget:StockStepBudget",
-    "tpot": "slaq.engine.tpot_budget:TpotStepBudget",
-}
+from slaq.policy.registry import Registry
 
 
-def step_budget_class(name: str) -> type:
-    """The registered step-budget policy class of `name` (imports its engine module)."""
-    module, _, attribute = STEP_BUDGETS[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
+@dataclass(frozen=True, slots=True)
+class BatchView:
+    tightest_tpot_s: float | None  # the smallest TPOT objective among running requests, None if none has one
+    running: int  # requests in the running batch
+    kv_tokens: int = 0  # tokens of KV cache the running batch holds (its attention reads them every step)
+    # Seconds from now to the earliest pace deadline (see slaq.engine.tpot_budget.PaceClock) of a token the
+    # step planned now would deliver; None when no decoding request has a TPOT objective (or it is not tracked).
+    pace_slack_s: float | None = None
+    steps_in_flight: int = 0  # steps scheduled before this one and not finished: they run first
+    urgent_tokens: int = 0  # prompt tokens of the most urgent waiting request (0: none waits)
+
+
+@runtime_checkable
+class StepBudget(Protocol):
+    """A step token budget policy."""
+
+    def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
+        """Token cap for the next step (<= limit), or None for no cap."""
+        ...
+
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        """Measured duration of a step that scheduled `tokens` tokens while the batch held `kv_tokens` of KV."""
+        ...
+
+
+STEP_BUDGETS: Registry[type[StepBudget]] = Registry("step budget", StepBudget)
+
+
+class StockStepBudget:
+    """vLLM's behaviour: every step may use `max_num_scheduled_tokens`."""
+
+    def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
+        return None
+
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        return None
+
+
+STEP_BUDGETS.register("stock", StockStepBudget)

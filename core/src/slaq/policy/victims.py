@@ -11,9 +11,10 @@ admitted again ahead of it: the preemption would buy nothing).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, TypeVar
+from typing import Protocol, Sequence, TypeVar, runtime_checkable
 
 from slaq.policy.ranking import LOWEST_RANK
+from slaq.policy.registry import Registry
 
 
 class VictimFacts(Protocol):
@@ -30,6 +31,13 @@ class VictimFacts(Protocol):
 V = TypeVar("V", bound=VictimFacts)
 
 
+@runtime_checkable
+class VictimOrder(Protocol):
+    """The order in which to preempt running requests (first: preempted first); a permutation of them."""
+
+    def order(self, candidates: Sequence[V]) -> list[V]: ...
+
+
 @dataclass(frozen=True)
 class LowestTierCheapest:
     def order(self, candidates: Sequence[V]) -> list[V]:
@@ -41,6 +49,5 @@ def may_preempt_for(victim_tier_rank: int, for_tier_rank: int, missed: bool = Fa
     return victim_tier_rank > for_tier_rank and (not missed or victim_tier_rank >= LOWEST_RANK)
 
 
-VICTIMS: Mapping[str, type[LowestTierCheapest]] = {
-    "lowest-tier-cheapest": LowestTierCheapest,
-}
+VICTIMS: Registry[type[VictimOrder]] = Registry("victim order", VictimOrder)
+VICTIMS.register("lowest-tier-cheapest", LowestTierCheapest)

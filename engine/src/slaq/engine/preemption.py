@@ -32,7 +32,7 @@ from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import steps_until_room
 from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request
-from slaq.policy.victims import LowestTierCheapest, may_preempt_for
+from slaq.policy.victims import LowestTierCheapest, VictimOrder, may_preempt_for
 
 REASON_BATCH_FULL = "batch_full"
 REASON_KV_FULL = "kv_full"
@@ -64,7 +64,7 @@ class _Candidate:
 
 @dataclass(frozen=True)
 class VictimChooser:
-    policy: LowestTierCheapest = LowestTierCheapest()
+    policy: VictimOrder = LowestTierCheapest()
 
     def order(self, candidates: Sequence[Request], info_of: Callable[[Request], RequestInfo]) -> list[Request]:
         facts = [_Candidate(info_of(r).tier_rank, vc.computed_tokens(r), info_of(r).arrival, r) for r in candidates]

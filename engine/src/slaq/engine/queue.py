@@ -36,17 +36,16 @@ bounded); they are back in their heaps when the step ends.
 
 from __future__ import annotations
 
-import heapq
 import time
 from typing import Callable, Iterable, Iterator
 
 from slaq.api.common import Tier
 from slaq.engine.blocks import REFUSED_TENANT_CAP
-from slaq.engine.ordering import LOWEST_RANK, WaitingOrder
+from slaq.engine.ordering import WaitingOrder
 from slaq.engine.sla import RequestInfo
 from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import Request, RequestQueue, is_preempted
-from slaq.policy.discipline import BAND_AHEAD, BAND_WAITING, TIERS, Choice, LeadTime, TieredQueue
+from slaq.policy.discipline import TIERS, Choice, LeadTime, TieredQueue
 
 AdmissionCheck = Callable[[Request], "str | None"]  # why the request would be refused now, or None
 HeldCheck = Callable[[Request, list[Request]], bool]  # whether admitting it would delay those passed over
@@ -58,8 +57,7 @@ class SLARequestQueue(RequestQueue):
         self._info_of = info_of
         self._tiers: TieredQueue[Request] = TieredQueue(order.policy.ranking, order.policy.discipline,
                                                         lambda request: order.view(info_of(request)), vc.request_id)
-        self._tiers.pool = order.pool
-        self._tiers.now = time.time()
+        self._tiers.begin(time.time(), order.pool)
         queue_spec = order.spec.queue
         self._backfill_slack = queue_spec.backfill_slack
         self._max_passed_over = queue_spec.max_passed_over
@@ -68,8 +66,6 @@ class SLARequestQueue(RequestQueue):
         self.held: HeldCheck | None = None
         self._short_of_blocks: list[tuple[int, Request]] = []  # (tier rank, request) passed over for blocks this step
         self._checking = False
-        self._passed: list[Choice[Request]] = []  # passed over this step (back to their heaps at its end)
-        self._passed_ids: set[str] = set()
 
     @property
     def lead(self) -> LeadTime | None:
@@ -96,11 +92,7 @@ class SLARequestQueue(RequestQueue):
         self._restore_passed()
 
     def _restore_passed(self) -> None:
-        for choice in self._passed:
-            if self._tiers.is_live(choice.entry):
-                heapq.heappush(choice.heap, choice.entry)
-        self._passed.clear()
-        self._passed_ids.clear()
+        self._tiers.restore_passed()
         self._short_of_blocks.clear()
         self._choice = None
 
@@ -109,11 +101,11 @@ class SLARequestQueue(RequestQueue):
         return self._order
 
     def depth_by_tier(self) -> dict[Tier, int]:
-        return {tier: self._tiers.depth[index] for index, tier in enumerate(TIERS)}
+        return {tier: self._tiers.depth(index) for index, tier in enumerate(TIERS)}
 
-    def depth_by_rank(self) -> list[int]:
-        """Waiting requests per tier, indexed by tier rank (the live list: read, do not keep)."""
-        return self._tiers.depth
+    def depth_by_rank(self) -> tuple[int, ...]:
+        """Waiting requests per tier, indexed by tier rank."""
+        return self._tiers.depth_by_rank()
 
     def urgent_heads(self, limit: int) -> list[Request]:
         """Up to `limit` waiting requests with a TTFT objective, from the first `limit` of each tier
@@ -121,31 +113,17 @@ class SLARequestQueue(RequestQueue):
         their deadline, tiers in order, then missed ones (the planner preempts only the lowest
         tier for those, `may_preempt_for`).
 
-        Costs O(limit log n): entries are popped and pushed back unchanged.
+        Costs O(limit log n) (`TieredQueue.peek_heads`).
         """
-        tiers = self._tiers
-        found: list[Request] = []
-        for tier_rank in range(LOWEST_RANK):
-            tiers.settle_missed(tier_rank)
-        for heap in (*tiers.heaps[:LOWEST_RANK], *tiers.missed[:LOWEST_RANK]):
-            taken = []
-            while heap and len(taken) < limit and len(found) < limit:
-                entry = heapq.heappop(heap)
-                if not tiers.is_live(entry):
-                    continue
-                taken.append(entry)
-                if self._info_of(entry[3]).ttft_s is not None:
-                    found.append(entry[3])
-            for entry in taken:
-                heapq.heappush(heap, entry)
-            if len(found) >= limit:
-                break
-        return found
+        info_of = self._info_of
+        return self._tiers.peek_heads(limit, lambda request: info_of(request).ttft_s is not None)
 
     # -- vLLM's RequestQueue interface ------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        self._tiers.push(request, BAND_AHEAD if is_preempted(request) else BAND_WAITING)
-        self._passed_ids.discard(vc.request_id(request))
+        if is_preempted(request):
+            self._tiers.put_back_ahead(request)
+        else:
+            self._tiers.push(request)
         self._choice = None
 
     def pop_request(self) -> Request:
@@ -169,7 +147,6 @@ class SLARequestQueue(RequestQueue):
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
             if self._tiers.discard(request):
-                self._passed_ids.discard(vc.request_id(request))
                 self._choice = None
 
     def __bool__(self) -> bool:
@@ -177,7 +154,7 @@ class SLARequestQueue(RequestQueue):
         step checks admissions the choice is made here (and kept for the peek that follows), so a
         loop whose every remaining request is passed over ends. Only vLLM's waiting loop asks this
         during a step; the scheduler's own checks use len()."""
-        if len(self._tiers) <= len(self._passed_ids):
+        if len(self._tiers) <= self._tiers.passed_over:
             return False
         if self._checking:
             try:
@@ -191,13 +168,7 @@ class SLARequestQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[Request]:
         """Live requests, tier by tier in heap order (a snapshot; O(n log n), not for the hot path)."""
-        tiers = self._tiers
-        for tier_rank in range(len(TIERS)):
-            for heap in (tiers.heaps[tier_rank], tiers.missed[tier_rank]):
-                passed = [choice.entry for choice in self._passed if choice.heap is heap]
-                for entry in sorted(heap + passed):
-                    if tiers.is_live(entry):
-                        yield entry[3]
+        return self._tiers.items()
 
     # -- internals ----------------------------------------------------------------------------
     def _chosen(self) -> Choice[Request]:
@@ -210,13 +181,12 @@ class SLARequestQueue(RequestQueue):
                 raise IndexError("peek from an empty queue")
             # Passing over the last request ends the loop as its refused allocation would, so it
             # is checked only when it may be held for one passed over before it.
-            others_left = len(self._tiers) - len(self._passed_ids) > 1 or bool(self._short_of_blocks)
-            if not (self._checking and others_left and len(self._passed) < self._max_passed_over and self._pass_over(choice.item)):
+            tiers = self._tiers
+            others_left = len(tiers) - tiers.passed_over > 1 or bool(self._short_of_blocks)
+            if not (self._checking and others_left and tiers.passes < self._max_passed_over and self._pass_over(choice.item)):
                 self._choice = choice
                 return choice
-            heapq.heappop(choice.heap)  # the head of its heap (`TieredQueue.head` made sure)
-            self._passed.append(choice)
-            self._passed_ids.add(vc.request_id(choice.item))
+            tiers.pass_over(choice)
 
     def _pass_over(self, request: Request) -> bool:
         """Skip `request` for this step: refused by its tenant's KV cap, refused for want of free

@@ -42,11 +42,12 @@ from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuar
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
 from slaq.engine.sla import RequestInfo, request_info
-from slaq.engine.step_budget import BatchView, StepBudgetPolicy
-from slaq.engine.tpot_budget import PaceClock, StepTimeModel
+from slaq.engine.tpot_budget import PaceClock
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
+from slaq.policy.step_budget import BatchView, StepBudget
+from slaq.policy.tpot_budget import StepTimeModel
 from slaq.policy.views import RequestView
 
 TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
@@ -80,7 +81,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims))
-        self.step_budget: StepBudgetPolicy = self.pod_policy.step_budget()
+        self.step_budget: StepBudget = self.pod_policy.step_budget()
         self.pace = PaceClock()
         # The step budget's learned model, or one of the scheduler's own: it also prices a preempted
         # request's recompute for the KV connector's swap rule (kv_security/swap.py).

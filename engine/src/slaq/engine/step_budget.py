@@ -1,45 +1,13 @@
-"""Step token budget policies: how many tokens the next `schedule()` may hand out.
-
-A policy sees a read-only summary of the running batch (O(1) to build: the block manager's ledger
-keeps it as requests come and go) and returns a cap (or None: vLLM's own
-`max_num_scheduled_tokens`). The scheduler applies the cap through
-`vllm_compat.step_token_budget` and reports each step's measured duration back, so a policy
-can calibrate itself online.
+"""Step token budget policies, for the engine's importers: the policies are the pod policy's
+(`slaq.policy.step_budget`, `slaq.policy.tpot_budget`: pure arithmetic on a `BatchView`, registered
+by name in `STEP_BUDGETS`); the scheduler builds the view and applies the cap
+(`vllm_compat.step_token_budget`), and reports each step's measured duration back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from slaq.policy.step_budget import BatchView, StepBudget, StockStepBudget
 
+StepBudgetPolicy = StepBudget  # the engine's name for the protocol
 
-@dataclass(frozen=True, slots=True)
-class BatchView:
-    tightest_tpot_s: float | None  # the smallest TPOT objective among running requests, None if none has one
-    running: int  # requests in the running batch
-    kv_tokens: int = 0  # tokens of KV cache the running batch holds (its attention reads them every step)
-    # Seconds from now to the earliest pace deadline (see tpot_budget.PaceClock) of a token the step
-    # planned now would deliver; None when no decoding request has a TPOT objective (or it is not tracked).
-    pace_slack_s: float | None = None
-    steps_in_flight: int = 0  # steps scheduled before this one and not finished: they run first
-    urgent_tokens: int = 0  # prompt tokens of the most urgent waiting request (0: none waits)
-
-
-class StepBudgetPolicy(Protocol):
-    def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
-        """Token cap for the next step (<= limit), or None for no cap."""
-        ...
-
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
-        """Measured duration of a step that scheduled `tokens` tokens while the batch held `kv_tokens` of KV."""
-        ...
-
-
-class StockStepBudget:
-    """vLLM's behaviour: every step may use `max_num_scheduled_tokens`."""
-
-    def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
-        return None
-
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
-        return None
+__all__ = ["BatchView", "StepBudget", "StepBudgetPolicy", "StockStepBudget"]

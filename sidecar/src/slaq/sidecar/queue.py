@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from slaq.api.common import Tier
-from slaq.policy.discipline import BAND_WAITING, Choice, Discipline, TieredQueue
-from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking, deadline
+from slaq.policy.discipline import Choice, Discipline, TieredQueue
+from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, DeadlineClassRanking
 from slaq.policy.views import PoolView, RequestView
 from slaq.sidecar.errors import DeadlineUnreachable, SidecarError
 from slaq.sidecar.release import ReleaseGate
@@ -58,7 +58,7 @@ class RequestQueue:
 
     @property
     def depth_by_tier(self) -> dict[Tier, int]:
-        return {tier: self.tiers.depth[tier.rank] for tier in Tier}
+        return {tier: self.tiers.depth(tier.rank) for tier in Tier}
 
     def push(self, entry: QueuedRequest) -> None:
         entry.seq = next(self._seq)
@@ -239,14 +239,10 @@ class Dispatcher:
     def _shed_expired(self, now: float) -> None:
         """Refuse the lowest tier's queued requests whose TTFT deadline has passed (see the class doc)."""
         tiers = self.queue.tiers
-        heap = tiers.heaps[LOWEST_RANK]
-        while (head := tiers.head(heap)) is not None and head[0] == BAND_WAITING:
-            entry = head[3]
+        while (entry := tiers.expired_head(LOWEST_RANK, now)) is not None:
             view = tiers.view_of(entry)
-            if view.ttft_ms is None or now < deadline(view, tiers.pool.aging_bound_s):
-                return
             self.queue.remove(entry)
-            retry_after = max(1.0, (tiers.depth[LOWEST_RANK] + 1) * self.tier_paces[LOWEST_RANK].interval_s)
+            retry_after = max(1.0, (tiers.depth(LOWEST_RANK) + 1) * self.tier_paces[LOWEST_RANK].interval_s)
             error = DeadlineUnreachable(f"waited {now - view.arrival:.1f} s in the queue, past its {view.ttft_ms:g} ms objective; "
                                         f"the {view.tier.value} tier is shed", retry_after_s=retry_after)
             if entry.waiter is not None and not entry.waiter.done():

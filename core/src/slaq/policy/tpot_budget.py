@@ -1,0 +1,164 @@
+"""Objective-driven step token budget: spend the running requests' TPOT slack, never more.
+
+With async scheduling every decoding request gets one token per engine step, so a request's
+time per output token is the duration of the steps it runs in. A step that carries a long
+prefill chunk (vLLM's default budget, e.g. 8,192 tokens) takes far longer than a decode-only
+step, and every decoding request in it waits that long for its token.
+
+A TPOT objective is a mean over a request's output, so each decoding request carries a pace:
+its i-th token is due at anchor + i x TPOT (anchored at its first token, and again when it
+resumes after a preemption: the engine's `slaq.engine.tpot_budget.PaceClock`, which reads vLLM's
+requests). The step planned now delivers every decoding request's next token after the steps
+already in flight, so it may last
+
+    target = min over decoding requests (pace deadline of that token - now)
+             - steps in flight x the last planned step - (1 - safety) x T    (T: tightest objective)
+    clamped to [safety x T, MAX_STEP_TPOTS x T]
+
+A request ahead of its pace lets a step run long (big prefill chunks); one at its pace gets
+steps of T, one behind gets steps of safety x T, which catch it up by (1 - safety) x T a step.
+The upper clamp keeps a step short enough not to delay urgent arrivals' first tokens, except
+for urgent prefill planning: while a request with a TTFT objective waits, the step may grow up
+to the full pace slack to fit that request's prompt (`BatchView.urgent_tokens`).
+
+    budget = (target - a - c * kv) / b   tokens, if some running request has a TPOT objective
+           = vLLM's max_num_scheduled_tokens otherwise (throughput does not collapse)
+    budget is clamped to [running + MIN_PREFILL_TOKENS, max_num_scheduled_tokens]: every decode
+    keeps its token and admission always progresses (the scheduler also puts decodes ahead of
+    prefill chunks whenever a cap applies)
+
+where step time ≈ a + b * tokens + c * kv (kv: tokens of KV cache the running batch holds, which
+its attention kernels read every step) is calibrated online from measured step durations
+(`StepTimeModel`), starting from a prior. The KV term matters: at a burst's peak a batch of long
+contexts spends most of a 50 ms step reading KV, and a model linear in tokens alone is wrong by
+the difference. A step's duration is measured as the time from the later of (its scheduling, the
+previous step's completion) to its own completion, which is what a pipelined engine spends on it.
+Without a pace (`BatchView.pace_slack_s` None) the target is safety x T, as before slack was spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from slaq.policy.step_budget import STEP_BUDGETS, BatchView
+
+SAFETY = 0.85  # fraction of the tightest objective a step may take (measurement noise, sampling, detokenisation)
+MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond the decodes: admission never stalls
+# Features are scaled so the three coefficients are of similar size (seconds per feature unit).
+TOKEN_UNIT = 1_000.0
+KV_UNIT = 100_000.0
+PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
+MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
+    """Solve the 3x3 system m x = v (m symmetric positive definite) by Gaussian elimination."""
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, 3):
+            factor = a[r][col] / a[col][col]
+            for c in range(col, 4):
+                a[r][c] -= factor * a[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    return x
+
+
+@dataclass
+class StepTimeModel:
+    """step seconds ≈ fixed + per_token * tokens + per_kv_token * kv_tokens, refined from observations.
+
+    Exponentially weighted least squares (forgetting factor `forget`) with a ridge pull towards
+    the prior, solved afresh from the weighted sums after each observation. The ridge is what
+    keeps the model stable when the steps stop exciting a direction (e.g. a run of decode-only
+    steps of the same size): plain recursive least squares with forgetting winds its covariance
+    up there and diverges; here an unexcited coefficient just stays where it was.
+    """
+
+    fixed_s: float = 0.010
+    per_token_s: float = 30e-6
+    per_kv_token_s: float = 0.0
+    forget: float = 0.98
+    observations: int = 0
+    _prior: list[float] = field(default_factory=list)
+    _s: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _r: list[float] = field(default_factory=lambda: [0.0] * 3)
+
+    def __post_init__(self) -> None:
+        self._prior = [self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT]
+
+    def predict(self, tokens: int, kv_tokens: int = 0) -> float:
+        return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens
+
+    def tokens_within(self, seconds: float, kv_tokens: int = 0) -> float:
+        return (seconds - self.fixed_s - self.per_kv_token_s * kv_tokens) / max(self.per_token_s, 1e-9)
+
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        if tokens <= 0 or not 0.0 < seconds < math.inf:
+            return
+        x = (1.0, tokens / TOKEN_UNIT, kv_tokens / KV_UNIT)
+        s, r, f = self._s, self._r, self.forget
+        for i in range(3):
+            r[i] = f * r[i] + x[i] * seconds
+            row = s[i]
+            for j in range(3):
+                row[j] = f * row[j] + x[i] * x[j]
+        lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(3)] for i in range(3)]
+        rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(3)]
+        fixed, per_unit, per_kv_unit = _solve3(lhs, rhs)
+        if not all(math.isfinite(v) for v in (fixed, per_unit, per_kv_unit)):
+            return  # an ill-conditioned solve keeps the last good fit rather than poisoning budgets
+        self.fixed_s = max(0.0, fixed)
+        self.per_token_s = max(1e-9, per_unit / TOKEN_UNIT)
+        self.per_kv_token_s = max(0.0, per_kv_unit / KV_UNIT)
+        self.observations += 1
+
+
+@dataclass
+class TpotStepBudget:
+    """The `StepBudget` of the rule above."""
+
+    model: StepTimeModel = field(default_factory=StepTimeModel)
+    safety: float = SAFETY
+    max_step_tpots: float = MAX_STEP_TPOTS
+    last_budget: int | None = None
+    last_target_s: float = 0.0  # the step duration the last budget was planned for
+
+    def target_s(self, batch: BatchView) -> tuple[float, float]:
+        """(the step duration to plan for, the longest an urgent prefill may stretch it to)."""
+        tpot = batch.tightest_tpot_s
+        assert tpot is not None
+        floor = self.safety * tpot
+        if batch.pace_slack_s is None:
+            return floor, floor
+        ahead = batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * tpot
+        return max(floor, min(ahead, self.max_step_tpots * tpot)), max(floor, ahead)
+
+    def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
+        if batch.tightest_tpot_s is None:
+            self.last_budget = None
+            self.last_target_s = 0.0
+            return None
+        target, stretch = self.target_s(batch)
+        tokens = self._tokens_within(target, batch, limit)
+        if batch.urgent_tokens and stretch > target:
+            # Urgent prefill planning: room for the urgent prompt (after the decodes), as far as the slack allows.
+            tokens = max(tokens, min(self._tokens_within(stretch, batch, limit), batch.running + batch.urgent_tokens))
+            target = max(target, self.model.predict(tokens, batch.kv_tokens))
+        self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
+        self.last_target_s = min(target, self.model.predict(self.last_budget, batch.kv_tokens))
+        return self.last_budget
+
+    def _tokens_within(self, seconds: float, batch: BatchView, limit: int) -> int:
+        estimate = self.model.tokens_within(seconds, batch.kv_tokens)
+        return limit if math.isnan(estimate) else int(min(max(estimate, 0.0), limit))
+
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+        self.model.observe(tokens, seconds, kv_tokens)
+
+
+STEP_BUDGETS.register("tpot", TpotStepBudget)
