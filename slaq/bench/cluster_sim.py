@@ -135,7 +135,8 @@ class ClusterSimulator:
                 self._new_pod(now)
         elif desired < current:
             # A ReplicaSet deletes pods not yet ready first, then the newest.
-            victims = sorted(members, key=lambda p: (p.state is PodState.READY, -p.created_s))[: current - desired]
+            order = {id(p): i for i, p in enumerate(self.pods)}
+            victims = sorted(members, key=lambda p: (p.state is PodState.READY, -p.created_s, -order[id(p)]))[: current - desired]
             for pod in victims:
                 pod.drain(now, self.options.drain_timeout_s)
         if desired != current:
