@@ -46,6 +46,7 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
                          help="cold start: seconds Running but not Ready while the engine loads (default 120)")
     cluster.add_argument("--stock", action="store_true", help="stock vLLM pods (priority scheduling, no sidecar) instead of slaq pods")
     cluster.add_argument("--profile", default=None, help="pool profile (default: the workload's, h100x2-qwen3-32b)")
+    cluster.add_argument("--jobs", type=int, default=1, help="simulate this many signals at once, one process each (default 1)")
     cluster.add_argument("--quiet", action="store_true", help="no progress")
     cluster.set_defaults(handler=_cluster)
 
@@ -61,44 +62,36 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def run_cluster_command(args: argparse.Namespace) -> int:
-    from slaq.bench.cluster_report import format_table, signal_figures
-    from slaq.bench.cluster_router import make_router
-    from slaq.bench.cluster_signals import bench_pool, make_signal, parse_signals
-    from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S, ClusterOptions, ClusterSimulator
+    from slaq.bench.cluster_report import format_table
+    from slaq.bench.cluster_signals import parse_signals
+    from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.errors import WorkloadError
-    from slaq.bench.policies import policy
     from slaq.bench.pool_profile import load_profile
-    from slaq.bench.progress import ProgressBar
 
     names = parse_signals(args.signals)
     if not 1 <= args.min_replicas <= args.max_replicas:
         raise WorkloadError(f"--min-replicas {args.min_replicas} and --max-replicas {args.max_replicas}: need 1 <= min <= max")
     workload = cluster_workload(args.workload, seed=args.seed, time_scale=args.time_scale)
     profile = load_profile(args.profile or workload.profile)
-    pool = bench_pool(args.max_replicas, min_replicas=args.min_replicas)
-    spec = policy("priority" if args.stock else "slaq")
-    options = ClusterOptions(
-        spec=spec, profile=profile,
-        pending_s=DEFAULT_PENDING_S if args.pending is None else args.pending,
-        loading_s=DEFAULT_LOADING_S if args.loading is None else args.loading,
-        fail_at_s=args.fail_pod,
-    )
+    pending_s = DEFAULT_PENDING_S if args.pending is None else args.pending
+    loading_s = DEFAULT_LOADING_S if args.loading is None else args.loading
     print(f"{len(workload.requests)} requests ({workload.name}, seed {args.seed}, time scale {args.time_scale:g}); profile {profile.name}; "
           f"pods {'stock vLLM (priority)' if args.stock else 'slaq (sidecar core + SLAScheduler)'}; router {args.router}; "
-          f"cold start {options.pending_s:g} s pending + {options.loading_s:g} s loading; replicas {args.min_replicas}..{args.max_replicas}")
-    signals: dict[str, Any] = {}
-    for name in names:
-        signal = make_signal(name, pool)
-        bar = None if args.quiet else ProgressBar(f"{name}")
-        started = time.perf_counter()
-        result = ClusterSimulator(workload.requests, workload.objectives, signal, make_router(args.router), options,
-                                  progress=bar).run()
-        wall = time.perf_counter() - started
-        figures = signal_figures(result, workload, signal.initial_replicas, wall_s=wall)
-        if bar is not None:
-            bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['replicas']['mean']:.2f} replicas, {wall:.0f} s")
-        signals[name] = figures
+          f"cold start {pending_s:g} s pending + {loading_s:g} s loading; replicas {args.min_replicas}..{args.max_replicas}")
+    if args.jobs < 1:
+        raise WorkloadError(f"--jobs must be 1 or more, got {args.jobs}")
+    jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
+             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1) for name in names]
+    if args.jobs == 1:
+        results = [simulate_signal(*job) for job in jobs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool_:
+            results = list(pool_.map(simulate_signal, *zip(*jobs)))
+    signals: dict[str, Any] = dict(zip(names, results))
     print()
     print(format_table(signals))
     for name, figures in signals.items():
@@ -112,7 +105,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "profile": profile.name,
         "pods": "stock" if args.stock else "slaq",
         "router": args.router,
-        "cold_start_s": {"pending": options.pending_s, "loading": options.loading_s},
+        "cold_start_s": {"pending": pending_s, "loading": loading_s},
         "replicas": {"min": args.min_replicas, "max": args.max_replicas},
         "simulated": True,
         "signals": signals,
@@ -122,3 +115,29 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         print(f"\nreport: {args.out}")
     return 0
+
+
+def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float, max_replicas: int, min_replicas: int, profile_name: str,
+                    stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool) -> dict[str, Any]:
+    """One signal's run and figures (a top-level function of plain arguments, so a worker process can run it)."""
+    from slaq.bench.cluster_report import signal_figures
+    from slaq.bench.cluster_router import make_router
+    from slaq.bench.cluster_signals import bench_pool, make_signal
+    from slaq.bench.cluster_sim import ClusterOptions, ClusterSimulator
+    from slaq.bench.cluster_workloads import cluster_workload
+    from slaq.bench.policies import policy
+    from slaq.bench.pool_profile import load_profile
+    from slaq.bench.progress import ProgressBar
+
+    workload = cluster_workload(workload_name, seed=seed, time_scale=time_scale)
+    options = ClusterOptions(spec=policy("priority" if stock else "slaq"), profile=load_profile(profile_name),
+                             pending_s=pending_s, loading_s=loading_s, fail_at_s=fail_at_s)
+    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas))
+    bar = ProgressBar(name) if show_progress else None
+    started = time.perf_counter()
+    result = ClusterSimulator(workload.requests, workload.objectives, signal, make_router(router), options, progress=bar).run()
+    wall = time.perf_counter() - started
+    figures = signal_figures(result, workload, signal.initial_replicas, wall_s=wall)
+    if bar is not None:
+        bar.close(f"attainment {100 * figures['attainment']:.1f}%, {figures['replicas']['mean']:.2f} replicas, {wall:.0f} s")
+    return figures
