@@ -25,13 +25,36 @@ from slaq.bench import engine_harness as harness
 from slaq.bench.clock import SimClock
 from slaq.bench.kv_swap import SwapAccount, transfer_config
 from slaq.bench.policies import PolicySpec
-from slaq.bench.pod import PodConfig, PodFront
+from slaq.bench.pod import RETRIED_STATUSES, PodConfig, PodFront
 from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.runner import _configured
 from slaq.bench.simulator import BATCH_QUEUE_SIZE, RequestRecord, Simulator, _InFlight
 from slaq.bench.stepcost import StepCostModel
 from slaq.api.table import TenantTable
 from slaq.bench.workload import BenchRequest, TierObjectives
+from slaq.sidecar.errors import SidecarError, http_status
+
+# (the request, when the client sends it again) for a refusal the client retries.
+Retry = Callable[[BenchRequest, float], None]
+
+
+class PoolFront(PodFront):
+    """The pod's sidecar core, where a refusal the client retries (429/503 with a Retry-After)
+    goes back through the pool's router after the delay, as a client's retry through a Service
+    does, instead of to this pod. `retries` is the pool's count per request."""
+
+    def __init__(self, *args: Any, retry: Retry, retries: dict[str, int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retries = retries
+        self._retry = retry
+
+    def _refused(self, request: BenchRequest, error: SidecarError) -> None:
+        status, tried = http_status(error), self.retries.get(request.request_id, 0)
+        if status in RETRIED_STATUSES and error.retry_after_s is not None and tried < self.config.client_retries:
+            self.retries[request.request_id] = tried + 1
+            self._retry(request, self.clock.now + error.retry_after_s)
+        else:
+            super()._refused(request, error)
 
 
 class PodState(str, enum.Enum):
@@ -57,7 +80,8 @@ class PodMetrics:
 class ClusterPod:
     def __init__(self, name: str, spec: PolicySpec, profile: PoolProfile, objectives: dict[Tier, TierObjectives],
                  table: TenantTable | None, clock: SimClock, *, pod: PodConfig, created_s: float, pending_s: float,
-                 loading_s: float, on_done: Callable[[RequestRecord], None], kv_swap: bool = True) -> None:
+                 loading_s: float, on_done: Callable[[RequestRecord], None], retry: Retry, retries: dict[str, int],
+                 kv_swap: bool = True) -> None:
         self.name = name
         self.clock = clock
         self.created_s = created_s
@@ -67,13 +91,14 @@ class ClusterPod:
         self.drain_deadline_s = float("inf")
         self.state = PodState.PENDING if pending_s > 0 else (PodState.LOADING if loading_s > 0 else PodState.READY)
         self._on_done = on_done
+        self._retry = retry
         cost = StepCostModel(profile)
         scheduler_cls = spec.load()
         front = None
         if spec.behind_sidecar and table is not None:
             scheduler_cls = _configured(scheduler_cls, pod)
-            front = PodFront(pod, table, clock, max_num_seqs=profile.engine.max_num_seqs, max_model_len=profile.model.max_model_len,
-                             max_num_batched_tokens=profile.engine.max_num_batched_tokens)
+            front = PoolFront(pod, table, clock, max_num_seqs=profile.engine.max_num_seqs, max_model_len=profile.model.max_model_len,
+                              max_num_batched_tokens=profile.engine.max_num_batched_tokens, retry=self._retry_elsewhere, retries=retries)
             front.next_scrape_s = self.ready_at_s
         connector = transfer_config(profile) if kv_swap and spec.ships_kv_connector else None
         self.scheduler = harness.build_scheduler(scheduler_cls, harness.engine_setup(profile, spec.scheduling_policy, kv_transfer_config=connector))
@@ -159,6 +184,10 @@ class ClusterPod:
     def _released(self, request_id: str, body: dict[str, Any]) -> None:
         self.sim._release(request_id, body)
         self._stalled = False
+
+    def _retry_elsewhere(self, request: BenchRequest, at_s: float) -> None:
+        self.held.pop(request.request_id, None)
+        self._retry(request, at_s)
 
     def _settle(self, request_id: str) -> None:
         record = self.held.pop(request_id, None)

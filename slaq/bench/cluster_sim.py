@@ -14,6 +14,8 @@ GPU time counts each pod from its creation (cold start included) to its end.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -95,6 +97,9 @@ class ClusterSimulator:
         self.settled = 0
         self._serial = 0
         self.failure: dict[str, Any] | None = None
+        self.retries: dict[str, int] = {}  # request id -> refusals the client retried
+        self._retry_heap: list[tuple[float, int, BenchRequest]] = []
+        self._retry_seq = itertools.count()
 
     # -- pods ---------------------------------------------------------------------------------
 
@@ -109,7 +114,7 @@ class ClusterSimulator:
         self._serial += 1
         pod = ClusterPod(f"pod-{self._serial}", o.spec, o.profile, self.objectives, self.table, self.clock, pod=o.pod, created_s=now,
                          pending_s=0.0 if warm else o.pending_s, loading_s=0.0 if warm else o.loading_s, on_done=self._on_done,
-                         kv_swap=o.kv_swap)
+                         retry=self._retry, retries=self.retries, kv_swap=o.kv_swap)
         self.pods.append(pod)
         self._pod_by_name[pod.name] = pod
         return pod
@@ -142,6 +147,12 @@ class ClusterSimulator:
         if desired != current:
             self.scale_events.append({"at_s": round(now, 3), "from": current, "to": desired})
 
+    def _retry(self, request: BenchRequest, at_s: float) -> None:
+        pod = self._pod_by_name.get(self.routed_to.get(request.request_id, ""))
+        if pod is not None:
+            self.router.finished(pod)
+        heapq.heappush(self._retry_heap, (at_s, next(self._retry_seq), request))
+
     def _lose(self, records: Sequence[RequestRecord], why: str) -> None:
         for record in records:
             if record.request_id not in self.lost and not record.finished:
@@ -164,7 +175,7 @@ class ClusterSimulator:
         clock = self.clock
         progress_mark = 0
         while True:
-            if not pending and self.settled >= total:
+            if not pending and not self._retry_heap and self.settled >= total:
                 break
             pod_due, due_pod = math.inf, None
             for pod in self.pods:
@@ -175,7 +186,8 @@ class ClusterSimulator:
                     if t < pod_due:
                         pod_due, due_pod = t, pod
             arrival = pending[0].arrival_s if pending else math.inf
-            now = min(pod_due, arrival, next_scrape, next_sync, fail_at, next_sample)
+            retry = self._retry_heap[0][0] if self._retry_heap else math.inf
+            now = min(pod_due, arrival, retry, next_scrape, next_sync, fail_at, next_sample)
             if now > deadline:
                 stop_reason = f"stopped {o.max_drain_s:.0f} s of simulated time after the last arrival"
                 break
@@ -185,6 +197,8 @@ class ClusterSimulator:
                 self._pod_event(due_pod, now)
             elif arrival <= now:
                 self._arrive(pending.popleft(), now)
+            elif retry <= now:
+                self._arrive(heapq.heappop(self._retry_heap)[2], now)
             elif next_sample <= now:
                 self._sample(now)
                 next_sample += o.timeline_s
@@ -206,6 +220,8 @@ class ClusterSimulator:
                 self.progress(self.settled, total)
         for pod in self.pods:
             pod.finalize()
+        for request_id, retries in self.retries.items():
+            self.records[request_id].client_retries = retries
         end = clock.now
         gpu = sum(p.gpu_seconds(end) for p in self.pods) * o.gpus_per_pod
         return ClusterResult(
