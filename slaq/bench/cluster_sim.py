@@ -89,7 +89,8 @@ class ClusterSimulator:
         self.records = {r.request_id: RequestRecord(r.request_id, r.tenant, r.tier, r.arrival_s, r.prompt_tokens, r.output_tokens)
                         for r in self.requests}
         self.pods: list[ClusterPod] = []
-        self.routed_to: dict[str, str] = {}
+        self.routed_to: dict[str, str] = {}  # request id -> the pod that has it now
+        self.routes: dict[str, list[str]] = {}  # request id -> every pod it was sent to (client retries go through the router)
         self.prometheus = Prometheus()
         self.scale_events: list[dict[str, Any]] = []
         self.lost: dict[str, str] = {}
@@ -257,6 +258,7 @@ class ClusterSimulator:
             return
         pod = self.router.pick(ready, now)
         self.routed_to[request.request_id] = pod.name
+        self.routes.setdefault(request.request_id, []).append(pod.name)
         pod.dispatch(request, record)
 
     def _fail(self, now: float) -> None:

@@ -12,6 +12,7 @@ from slaq.bench.cluster_signals import bench_pool, make_signal
 from slaq.bench.cluster_sim import ClusterOptions, ClusterSimulator
 from slaq.bench.cluster_workloads import cluster_workload
 from slaq.bench.metrics import attained
+from slaq.bench.pod import PodConfig
 from slaq.bench.policies import policy
 from slaq.bench.pool_profile import load_profile
 from slaq.bench.workload import DEFAULT_OBJECTIVES, BenchRequest
@@ -156,3 +157,17 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     assert set(static["tiers"]) == {"critical", "standard", "batch"}
     assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
     assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
+
+
+def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> None:
+    # A sidecar queue of 2 refuses a burst at the door (queue_full, Retry-After); the client's
+    # retry reaches the pool's router again, which may pick the other pod.
+    requests = [BenchRequest(f"b{i:03d}", 0.01 * i, 2000, 50, "standard-0", Tier.STANDARD) for i in range(40)]
+    sim = ClusterSimulator(requests, DEFAULT_OBJECTIVES, make_signal("static", bench_pool(2)), make_router("least-request"),
+                           _options(profile, pod=PodConfig(max_queue_depth=2, engine_queue_target=1)))
+    result = sim.run()
+    retried = [r for r in result.records if r.client_retries > 0]
+    assert retried
+    assert all(len(sim.routes[r.request_id]) == 1 + r.client_retries for r in retried)
+    assert any(len(set(sim.routes[r.request_id])) > 1 for r in retried)  # a retry reached the other pod
+    assert all(r.finished or r.refused_status is not None for r in result.records)
