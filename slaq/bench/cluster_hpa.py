@@ -18,7 +18,8 @@ horizontal.go), for one metric:
   direction, or lands within the tolerance, nothing scales (the controller's "conservative"
   recomputation). Readiness itself only matters for CPU, so a Running pod that is not Ready
   but reports the metric counts, as in the controller;
-- the recommendation is stabilised: the highest recommendation of the last
+- the recommendation is stabilised (the history starts with the replica count at the first
+  sync, `recordInitialRecommendation`): the highest recommendation of the last
   `scaleDown.stabilizationWindowSeconds` (300 s by default) bounds a scale-down, the lowest of
   the last `scaleUp.stabilizationWindowSeconds` (0 by default) bounds a scale-up;
 - then rate-limited by the direction's `policies` (`Pods` or `Percent` per `periodSeconds`,
@@ -261,9 +262,8 @@ class HorizontalController:
 
     def _normalize(self, now: float, current: int, desired: int) -> int:
         """horizontal.go normalizeDesiredReplicasWithBehaviors: stabilise, rate-limit, clamp."""
-        config = self.config
-        if not self.recommendations and config.scale_down.stabilization_window_s > 0:
-            self.recommendations.append((now, current))  # maybeInitScaleDownStabilizationWindow
+        if not self.recommendations:
+            self.recommendations.append((now, current))  # recordInitialRecommendation
         stabilized = self._stabilize(now, current, desired)
         return self._rate_limited(now, current, stabilized)
 
