@@ -18,9 +18,10 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from slaq.api.common import Tier
+from slaq.api.table import TenantTable
 from slaq.bench import engine_harness as harness
 from slaq.bench.clock import SimClock
 from slaq.bench.kv_swap import SwapAccount, transfer_config
@@ -30,7 +31,6 @@ from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.runner import _configured
 from slaq.bench.simulator import BATCH_QUEUE_SIZE, RequestRecord, Simulator, _InFlight
 from slaq.bench.stepcost import StepCostModel
-from slaq.api.table import TenantTable
 from slaq.bench.workload import BenchRequest, TierObjectives
 from slaq.sidecar.errors import SidecarError, http_status
 
@@ -293,8 +293,4 @@ class ClusterPod:
             record = self.sim.records.get(req_id)
             if record is not None:
                 record.preemptions = harness.preemptions(request)
-
-
-def held_ids(pods: Sequence[ClusterPod]) -> set[str]:
-    return {rid for pod in pods for rid in pod.held}
 

@@ -19,7 +19,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from slaq.api.common import Tier
 from slaq.bench.clock import SimClock
@@ -68,9 +68,13 @@ class ClusterResult:
     failure: dict[str, Any] | None = None
 
 
-class Signal:  # the protocol cluster_signals' classes follow
+class Signal(Protocol):
+    """What sets the replica count (cluster_signals): every sync, from the pods and their metrics."""
+
     name: str
-    initial_replicas: int
+
+    @property
+    def initial_replicas(self) -> int: ...
 
     def sync(self, now: float, current: int, pods: Sequence[PodView], prometheus: Prometheus) -> int: ...
 
