@@ -67,6 +67,9 @@ def _recovery(windows: list[dict[str, Any]], fail_at_s: float) -> dict[str, floa
         if not history:
             continue
         level = min(0.95, sum(history) / len(history))
+        if level <= 0.0:
+            recovery[tier.value] = None  # nothing attained before the failure: nothing to recover to
+            continue
         after = [w.get(tier.value) for w in windows[first_after:]]
         recovered = None
         for start in range(len(after)):
