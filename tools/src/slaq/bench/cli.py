@@ -98,6 +98,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_live_parser(commands, _workload_arguments)
 
+    from slaq.bench.cluster_cli import add_cluster_parser
+
+    add_cluster_parser(commands)
+
 
 def _objectives(overrides: list[str]) -> dict:
     from slaq.api.common import Tier

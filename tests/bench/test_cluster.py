@@ -1,0 +1,173 @@
+"""`slaq bench cluster`, suite-sized: a few pods, a short load, the controller's decisions asserted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slaq.api.common import Tier
+from slaq.bench.cluster_router import make_router
+from slaq.bench.cluster_signals import bench_pool, make_signal
+from slaq.bench.cluster_sim import ClusterOptions, ClusterSimulator
+from slaq.bench.cluster_workloads import cluster_workload
+from slaq.bench.metrics import attained
+from slaq.bench.pod import PodConfig
+from slaq.bench.policies import policy
+from slaq.bench.pool_profile import load_profile
+from slaq.bench.workload import DEFAULT_OBJECTIVES, BenchRequest
+
+
+@pytest.fixture(scope="module")
+def profile():
+    """The 32B TP=2 profile with a smaller engine: fewer objects per step, same cost model."""
+    base = load_profile("h100x2-qwen3-32b")
+    return base.model_copy(update={"engine": base.engine.model_copy(update={"max_num_seqs": 16, "max_num_batched_tokens": 4096})})
+
+
+def _options(profile, **overrides) -> ClusterOptions:
+    fields = dict(spec=policy("slaq"), profile=profile, pending_s=0.0, loading_s=10.0, max_drain_s=600.0)
+    fields.update(overrides)
+    return ClusterOptions(**fields)
+
+
+def _poisson(rate: float, seconds: float, tier: Tier, *, prompt: int, output: int, start: float = 0.0, seed: int = 1,
+             prefix: str = "r") -> list[BenchRequest]:
+    rng, t, out = random.Random(seed), start, []
+    while (t := t + rng.expovariate(rate)) < start + seconds:
+        out.append(BenchRequest(f"{prefix}{len(out):05d}", round(t, 6), prompt, output, f"{tier.value}-0", tier))
+    return out
+
+
+class Scripted:
+    """A controller that sets the replica count a script says (to test the pool, not the HPA)."""
+
+    name = "scripted"
+
+    def __init__(self, initial: int, script: list[tuple[float, int]]) -> None:
+        self.initial_replicas = initial
+        self.script = script
+
+    def sync(self, now, current, pods, prometheus) -> int:
+        wanted = self.initial_replicas
+        for at, replicas in self.script:
+            if now >= at:
+                wanted = replicas
+        return wanted
+
+
+def _run(requests, signal, options, router: str = "service"):
+    return ClusterSimulator(requests, DEFAULT_OBJECTIVES, signal, make_router(router), options).run()
+
+
+def _peak(result, initial: int) -> int:
+    return max([initial] + [e["to"] for e in result.scale_events])
+
+
+def test_slaq_scales_out_while_a_protected_tier_is_at_risk_and_stops_at_max_replicas(profile) -> None:
+    # Standard requests at several times one pod's capacity for two minutes.
+    requests = _poisson(6.0, 120.0, Tier.STANDARD, prompt=2000, output=60)
+    result = _run(requests, make_signal("slaq", bench_pool(3)), _options(profile))
+    ups = [e for e in result.scale_events if e["to"] > e["from"]]
+    assert ups and ups[0]["at_s"] <= 60.0  # within the first syncs of the overload
+    assert _peak(result, 1) == 3  # maxReplicas
+    assert all(e["to"] <= 3 for e in result.scale_events)
+    assert sum(1 for p in result.pods) == 3  # never more pods than the maximum
+    assert not result.lost
+
+
+def test_slaq_does_not_scale_for_a_batch_only_backlog_where_queue_depth_does(profile) -> None:
+    # Batch work only (no TTFT objective near): a backlog that waits well inside its 60 s.
+    requests = _poisson(8.0, 60.0, Tier.BATCH, prompt=2000, output=60, seed=2)
+    slaq = _run(requests, make_signal("slaq", bench_pool(3)), _options(profile))
+    assert slaq.scale_events == []
+    waits = [r.ttft_s for r in slaq.records if r.ttft_s is not None]
+    assert max(waits) > 5.0  # there was a backlog
+    # Negative control: the queue-depth HPA, same pool and workload, scales out for it.
+    queue = _run(requests, make_signal("queue-depth", bench_pool(3)), _options(profile))
+    assert any(e["to"] > e["from"] for e in queue.scale_events)
+
+
+def test_a_draining_pod_finishes_what_it_holds(profile) -> None:
+    # Two pods busy with long requests; at 30 s the pool goes to one: the newer pod drains.
+    requests = _poisson(3.0, 40.0, Tier.STANDARD, prompt=1000, output=400, seed=3)
+    sim = ClusterSimulator(requests, DEFAULT_OBJECTIVES, Scripted(2, [(30.0, 1)]), make_router("service"), _options(profile))
+    result = sim.run()
+    down = next(e for e in result.scale_events if e["to"] < e["from"])
+    drained = next(p for p in result.pods if p["name"] == "pod-2")
+    assert drained["state"] == "gone"
+    assert drained["ended_s"] > down["at_s"] + 1.0  # it ran on after the scale-down ...
+    held = [r for r in result.records if sim.routed_to[r.request_id] == "pod-2" and r.arrival_s < down["at_s"]
+            and (r.last_token_s or 0.0) > down["at_s"]]
+    assert held and all(r.finished for r in held)  # ... finishing what it held at the time
+    assert not result.lost
+    assert not any(sim.routed_to[r.request_id] == "pod-2" for r in result.records if r.arrival_s > down["at_s"])  # no new work
+    assert all(r.finished for r in result.records)
+
+
+def test_a_drain_past_its_timeout_loses_what_is_left_and_says_so(profile) -> None:
+    requests = _poisson(3.0, 40.0, Tier.STANDARD, prompt=1000, output=400, seed=3)
+    result = _run(requests, Scripted(2, [(30.0, 1)]), _options(profile, drain_timeout_s=1.0))
+    assert result.lost and set(result.lost.values()) == {"drain timeout"}
+
+
+def test_a_failed_pod_loses_what_it_held_and_is_replaced(profile) -> None:
+    requests = _poisson(3.0, 60.0, Tier.STANDARD, prompt=1000, output=200, seed=4)
+    result = _run(requests, make_signal("static", bench_pool(2)), _options(profile, fail_at_s=20.0))
+    assert result.failure is not None and result.failure["lost"] == len(result.lost) > 0
+    assert set(result.lost.values()) == {"pod failed"}
+    assert any(p["state"] == "failed" for p in result.pods) and len(result.pods) == 3  # replaced
+    served = [r for r in result.records if r.request_id not in result.lost]
+    assert all(r.finished for r in served)
+
+
+def test_gateway_router_reads_scraped_metrics_and_spreads_load(profile) -> None:
+    requests = _poisson(4.0, 30.0, Tier.STANDARD, prompt=1000, output=100, seed=5)
+    sim = ClusterSimulator(requests, DEFAULT_OBJECTIVES, make_signal("static", bench_pool(3)), make_router("gateway"), _options(profile))
+    result = sim.run()
+    per_pod = {}
+    for rid, pod in sim.routed_to.items():
+        per_pod[pod] = per_pod.get(pod, 0) + 1
+    assert len(per_pod) == 3 and min(per_pod.values()) > 0.15 * len(requests)
+    assert sum(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in result.records) > 0
+
+
+def test_the_published_ramp_has_its_stages_and_shape() -> None:
+    workload = cluster_workload("wva-ramp")
+    assert [s[2] for s in workload.stages] == [2.0, 4.0, 6.0, 8.0, 10.0, 4.0, 1.0]
+    assert workload.stages[-1][1] == 2430.0
+    assert abs(len(workload.requests) - 12480) < 300  # Poisson around the published 12,480
+    assert {(r.prompt_tokens, r.output_tokens) for r in workload.requests} == {(4000, 1000)}
+    tiers = cluster_workload("wva-ramp-tiers", time_scale=0.1)
+    assert {r.tier for r in tiers.requests} == set(Tier)
+
+
+def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
+    import json
+
+    from slaq.cli import main
+
+    assert main(["bench", "cluster", "--signals", "slaq,cpu", "--quiet"]) == 2
+    assert "unknown signal(s) cpu" in capsys.readouterr().err
+    out = tmp_path / "report.json"
+    assert main(["bench", "cluster", "--workload", "wva-ramp-tiers", "--time-scale", "0.02", "--signals", "static",
+                 "--max-replicas", "2", "--quiet", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    static = report["signals"]["static"]
+    assert set(static["tiers"]) == {"critical", "standard", "batch"}
+    assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
+    assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
+
+
+def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> None:
+    # A sidecar queue of 2 refuses a burst at the door (queue_full, Retry-After); the client's
+    # retry reaches the pool's router again, which may pick the other pod.
+    requests = [BenchRequest(f"b{i:03d}", 0.01 * i, 2000, 50, "standard-0", Tier.STANDARD) for i in range(40)]
+    sim = ClusterSimulator(requests, DEFAULT_OBJECTIVES, make_signal("static", bench_pool(2)), make_router("least-request"),
+                           _options(profile, pod=PodConfig(max_queue_depth=2, engine_queue_target=1)))
+    result = sim.run()
+    retried = [r for r in result.records if r.client_retries > 0]
+    assert retried
+    assert all(len(sim.routes[r.request_id]) == 1 + r.client_retries for r in retried)
+    assert any(len(set(sim.routes[r.request_id])) > 1 for r in retried)  # a retry reached the other pod
+    assert all(r.finished or r.refused_status is not None for r in result.records)
