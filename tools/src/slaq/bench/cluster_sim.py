@@ -33,7 +33,7 @@ from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.simulator import RequestRecord
 from slaq.bench.workload import BenchRequest, TierObjectives
 
-# Cold start of a replica (see slaq/bench/README.md, "Cold start"): Pending while a node with free
+# Cold start of a replica (see tools/src/slaq/bench/README.md, "Cold start"): Pending while a node with free
 # GPUs takes it and the (cached) image starts, then Running-not-Ready while vLLM loads the weights
 # and captures CUDA graphs.
 DEFAULT_PENDING_S = 30.0
