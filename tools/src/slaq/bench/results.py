@@ -6,7 +6,8 @@
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
 sidecar_latency.py, operator_scale.py), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
-anchored by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`),
+headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
+`#pod-6000-load15` for `pod-6000-load1.5.json`, as GitHub drops the dot),
 with the command that produced it, its date and commit. A report without its command or date is
 refused, naming the file. Rendering is a pure function of the reports (`render`), so the page is
 stale exactly when re-rendering changes it (tests/test_results_page.py).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -110,22 +112,32 @@ def render_sim(report: Mapping[str, Any]) -> list[str]:
     lines = [_sim_workload(report), ""]
     if "slo_capacity" in report:
         return lines + render_slo_capacity(report)
+    pod = report.get("mode") == "pod"
     header = ["load", "policy", "critical / standard / batch attained", "critical TTFT p99", "throughput",
-              "× stock `fcfs`", "refused"]
+              "× stock `fcfs`", "refused"] + (["held in the sidecar, p99 (critical / standard / batch)"] if pod else [])
     rows = []
     for entry in _sim_loads(report):
         policies = entry["policies"]
         fcfs = policies.get("fcfs", {}).get("throughput_tok_s")
         for name, figures in policies.items():
             if "error" in figures:
-                rows.append([f"{entry['load']:g}", f"`{name}`", f"failed: {figures['error']}", "", "", "", ""])
+                rows.append([f"{entry['load']:g}", f"`{name}`", f"failed: {figures['error']}"] + [""] * (len(header) - 3))
                 continue
             tiers = figures["tiers"]
             attained = " / ".join(_pct(tiers[t]["attainment"]) if t in tiers else "—" for t in TIERS)
             ratio = f"{figures['throughput_tok_s'] / fcfs:.3f}×" if fcfs else "—"
             rows.append([f"{entry['load']:g}", f"`{name}`", attained, _seconds(tiers.get("critical", {}).get("ttft_p99_s")),
-                         f"{figures['throughput_tok_s']:,.0f} tok/s", ratio, f"{figures.get('refused') or 0:,}"])
+                         f"{figures['throughput_tok_s']:,.0f} tok/s", ratio, f"{figures.get('refused') or 0:,}"]
+                        + ([_held(figures)] if pod else []))
     return lines + _table(header, rows)
+
+
+def _held(figures: Mapping[str, Any]) -> str:
+    """p99 of the time each tier's requests waited in the sidecar, or "no sidecar" for a stock pod."""
+    if not figures.get("behind_sidecar"):
+        return "no sidecar"
+    tiers = figures["tiers"]
+    return " / ".join(_seconds(tiers.get(t, {}).get("sidecar_wait_p99_s")) for t in TIERS)
 
 
 def render_slo_capacity(report: Mapping[str, Any]) -> list[str]:
@@ -182,6 +194,11 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
 }
 
 
+def anchor(name: str) -> str:
+    """The fragment GitHub gives the section `## name`: lower case, punctuation but `-` and `_` dropped."""
+    return re.sub(r"[^\w\- ]", "", name.lower()).replace(" ", "-")
+
+
 def _provenance(run: Mapping[str, Any]) -> str:
     commit = run.get("commit")
     at = f"commit `{commit[:12]}`" + (" + local changes" if run.get("dirty") else "") if commit else "no git commit recorded"
@@ -196,7 +213,7 @@ def render_section(name: str, report: Mapping[str, Any]) -> list[str]:
 
 def render(reports: Mapping[str, Mapping[str, Any]]) -> str:
     """The page for these reports (name -> report), sections in name order."""
-    lines = [HEADER, "Reports: " + ", ".join(f"[{name}](#{name})" for name in sorted(reports)) + ".", ""]
+    lines = [HEADER, "Reports: " + ", ".join(f"[{name}](#{anchor(name)})" for name in sorted(reports)) + ".", ""]
     for name in sorted(reports):
         lines += render_section(name, reports[name])
     return "\n".join(lines).rstrip("\n") + "\n"
