@@ -4,7 +4,7 @@
     python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
 
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
-sidecar_latency.py, operator_scale.py), the run's envelope first (`slaq.bench.envelope`: command
+sidecar_latency.py, operator_scale.py, quota_skew.py), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
 headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
 `#pod-6000-load15` for `pod-6000-load1.5.json`, as GitHub drops the dot),
@@ -30,9 +30,9 @@ TIERS = ("critical", "standard", "batch")
 
 HEADER = """# Results
 
-Every figure the documentation quotes from a benchmark, rendered from the benchmarks' own JSON
-reports in `docs/results/` by `python -m slaq.bench.results` (do not edit this page by hand: rerun
-the command, and tests/test_results_page.py fails when the page and the reports disagree). Each
+The benchmark figures the READMEs point to, rendered from the benchmarks' own JSON reports in
+`docs/results/` by `python -m slaq.bench.results` (do not edit this page by hand: rerun the
+command; tests/test_results_page.py fails when the page and the reports disagree). Each
 section is one report: the command line that wrote it (run it to reproduce the figure), the UTC date
 and the commit it ran at ("+ local changes" when tracked files differed from that commit).
 
@@ -186,11 +186,24 @@ def render_operator_scale(report: Mapping[str, Any]) -> list[str]:
                      "API calls for the change"], [row])]
 
 
+def render_quota_skew(report: Mapping[str, Any]) -> list[str]:
+    rows = [[f"{row['propagation_s']:g} s", row["split"], f"{row['admitted']:.3f}", " ".join(f"{r:.3f}" for r in row["runs"])]
+            for row in report["rows"]]
+    skew = " / ".join(f"{s:.0%}" for s in report["skew"])
+    return [f"A tenant sending exactly its quota ({report['rpm']:,} requests per minute, "
+            f"{'evenly spaced' if report['even'] else 'Poisson'}) through a router that sends {skew} of its requests to "
+            f"{len(report['skew'])} replicas; the operator's split re-planned every {report['tick_s']:g} s; the fraction "
+            f"admitted over the last {report['measure_s']:g} s of {report['minutes']:g} simulated minutes, mean of "
+            f"{report['seeds']} seeds.", "",
+            *_table(["table propagation", "split", "admitted", "runs"], rows)]
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.sim/v1": render_sim,
     "slaq.bench.sched_overhead/v1": render_sched_overhead,
     "slaq.bench.sidecar_latency/v1": render_sidecar_latency,
     "slaq.bench.operator_scale/v1": render_operator_scale,
+    "slaq.bench.quota_skew/v1": render_quota_skew,
 }
 
 
