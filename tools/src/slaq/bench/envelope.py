@@ -1,17 +1,20 @@
 """The envelope a benchmark writes around its JSON report: how, when and from which commit it ran.
 
     {"command": "slaq bench sim --pod --requests 1500 ...", "date": "2026-12-04T17:40:12Z",
-     "commit": "263a624…" | null, "dirty": true | false | null}
+     "commit": "263a624…" | null, "dirty": true | false | null, "load_average": 1.7 | null, "cpus": 2}
 
 `command` is the command line as it was run (what a reader types to reproduce the figure),
 `date` the UTC time the run started, `commit` the checkout's `git rev-parse HEAD` (null outside a
-git checkout) and `dirty` whether tracked files differed from that commit. docs/results.md is
+git checkout), `dirty` whether tracked files differed from that commit, and `load_average` the
+machine's one-minute load average as the run started and `cpus` its CPU count (wall-clock figures
+depend on both). docs/results.md is
 rendered from reports that carry one (`slaq.bench.results`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shlex
 import subprocess
 import sys
@@ -55,7 +58,12 @@ def envelope(argv: Sequence[str] | None = None, *, now: dt.datetime | None = Non
     """The envelope for a run started now (or at `now`) with `argv` (default: this process's)."""
     started = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     commit, dirty = git_commit()
-    return {"command": command_line(argv), "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "dirty": dirty}
+    try:
+        load_average: float | None = round(os.getloadavg()[0], 2)
+    except OSError:  # not available on this platform
+        load_average = None
+    return {"command": command_line(argv), "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit, "dirty": dirty,
+            "load_average": load_average, "cpus": os.cpu_count()}
 
 
 def with_envelope(report: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:

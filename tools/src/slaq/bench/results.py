@@ -215,7 +215,9 @@ def anchor(name: str) -> str:
 def _provenance(run: Mapping[str, Any]) -> str:
     commit = run.get("commit")
     at = f"commit `{commit[:12]}`" + (" + local changes" if run.get("dirty") else "") if commit else "no git commit recorded"
-    return f"Run {run['date']}, {at}."
+    load = f", load average {run['load_average']:g} on {run['cpus']} CPUs at the start" if run.get("load_average") is not None \
+        and run.get("cpus") else (f", load average {run['load_average']:g} at the start" if run.get("load_average") is not None else "")
+    return f"Run {run['date']}, {at}{load}."
 
 
 def render_section(name: str, report: Mapping[str, Any]) -> list[str]:
