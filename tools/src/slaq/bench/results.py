@@ -147,11 +147,13 @@ def render_slo_capacity(report: Mapping[str, Any]) -> list[str]:
     rows = []
     for name, entry in found.items():
         capacity = entry["slo_capacity"]
-        probes = ", ".join(f"{p['load']:g} {'✓' if p['meets'] else '✗'}" for p in entry["probes"])
+        probes = ", ".join(f"{p['load']:g} {'✓' if p['meets'] else '✗'} ("
+                           + " / ".join(_pct(p.get(tier)) for tier in report["slo_targets"]) + ")" for p in entry["probes"])
         rows.append([f"`{name}`", f"{capacity:g}" + ("" if entry["bounded"] else "+"),
                      f"{capacity / reference:.2f}" if reference else "—", probes])
     return [f"SLO capacity: the highest load with {targets}.", "",
-            *_table(["policy", "SLO capacity", "× stock `priority`", "loads probed (✓ met, ✗ not)"], rows)]
+            *_table(["policy", "SLO capacity", "× stock `priority`",
+                     f"loads probed (✓ met, ✗ not; {' / '.join(report['slo_targets'])} attained)"], rows)]
 
 
 def render_sched_overhead(report: Mapping[str, Any]) -> list[str]:
