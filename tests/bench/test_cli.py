@@ -30,6 +30,8 @@ def test_small_sweep_with_report_and_plots(tmp_path: Path, small_profile) -> Non
                    "--out", str(out), "--plots", str(plots), "--quiet")
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
+    assert report["run"]["command"].startswith("slaq bench sim --trace ") and report["run"]["command"].endswith(" --quiet")
+    assert report["run"]["date"].endswith("Z")  # the envelope docs/results.md shows (slaq.bench.envelope)
     assert [entry["load"] for entry in report["sweep"]] == [0.5, 1.0, 1.5, 2.0]
     assert report["workload"]["seed"] == 3 and report["workload"]["requests"] == 80
     assert "Splitwise" in report["workload"]["trace_attribution"]

@@ -11,7 +11,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "src" / "slaq" / "bench
 
 
 def test_the_script_prints_its_figures_as_json_and_a_change_stays_within_the_call_bound(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tenants", "20", "--pools", "3", "--models", "3"],
+    done = subprocess.run([sys.executable, str(SCRIPT), "--tenants", "20", "--pools", "3", "--models", "3", "--out", "scale.json"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -21,3 +21,6 @@ def test_the_script_prints_its_figures_as_json_and_a_change_stays_within_the_cal
     assert 1 <= result["calls_per_change"] <= 2 * result["affected_pools"] + 2 == result["calls_bound"]
     assert result["calls_by_kind"].get("PATCH secrets") == 1  # its one table, and no other
     assert not [kind for kind in result["calls_by_kind"] if kind.startswith(("LIST", "GET"))]
+    report = json.loads((tmp_path / "scale.json").read_text())  # what docs/results.md is rendered from
+    assert report["run"]["command"] == "python tools/src/slaq/bench/operator_scale.py --tenants 20 --pools 3 --models 3 --out scale.json"
+    assert {k: v for k, v in report.items() if k not in ("run", "schema")} == result

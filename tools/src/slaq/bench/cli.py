@@ -195,6 +195,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 def _run_sim(args: argparse.Namespace) -> int:
     from slaq.bench.benchmark import run_benchmark
+    from slaq.bench.envelope import envelope
     from slaq.bench.policies import parse_policies
     from slaq.bench.pool_profile import load_profile, with_kv_swap
     from slaq.bench.progress import ProgressBar
@@ -209,8 +210,9 @@ def _run_sim(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     profile = with_kv_swap(profile, host_cache_gib=args.kv_host_cache_gib, seal_gb_s=_seal_rate(args.kv_seal_gb_s),
                            seal_counted=args.kv_seal_gb_s != "off")
+    run = envelope()  # the command line, the start time and the commit, for the report
     if args.slo_capacity:
-        return _run_slo_capacity(args, workload, profile, policies, pod)
+        return _run_slo_capacity(args, workload, profile, policies, pod, run)
     bars: dict[tuple[str, float], ProgressBar] = {}
 
     def on_start(spec, load):
@@ -249,7 +251,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         print()
         print(sweep_table(entries))
     if args.out:
-        write_report(report, args.out)
+        write_report(report, args.out, run)
         print(f"\nreport: {args.out}")
     if args.plots:
         from slaq.bench.plots import attainment_vs_load, ttft_cdf
@@ -276,7 +278,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod) -> int:
+def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod, run: dict) -> int:
     from slaq.bench.benchmark import run_slo_capacity
     from slaq.bench.report import slo_capacity_table, write_report
 
@@ -295,6 +297,6 @@ def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod
           f"mode {report['mode']}")
     print(slo_capacity_table(report["slo_capacity"], report["slo_targets"]))
     if args.out:
-        write_report(report, args.out)
+        write_report(report, args.out, run)
         print(f"\nreport: {args.out}")
     return 0

@@ -17,7 +17,9 @@ Measured:
 - calls_per_change: requests the operator made from that patch until the API went quiet (its
   table writes, the tenant's status, kopf's own bookkeeping patch), watch streams not counted.
 Target at 10,000 tenants x 50 pools: converge_s <= 120, change_s <= 2,
-calls_per_change <= 2 x affected pools + 2. The last line printed is the JSON result.
+calls_per_change <= 2 x affected pools + 2. The last line printed is the JSON result; `--out FILE`
+also writes it as a report (schema slaq.bench.operator_scale/v1, with the run's envelope: command
+line, date, commit) for docs/results.md.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from slaq.bench.scale_objects import (
     KEY_NAMESPACE, OPEN_NAMESPACES, POOL_NAMESPACE, key_secret, pool_body, pool_name, pools_of_tenant, tenant_body, tenant_name,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the CRDs the emulator serves are the checkout's crds/
+REPO_ROOT = Path(__file__).resolve().parents[4]  # the CRDs the emulator serves are the checkout's crds/
 
 CHANGED_TENANT = 0
 NEW_RPM = 300  # from 600
@@ -246,10 +248,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="pools and tenants are spread over this many model labels; a tenant selects its model's pools")
     parser.add_argument("--observe-interval", type=float, default=3600.0, help="the operator's usage timer (s)")
     parser.add_argument("--deadline", type=float, default=600.0, help="give up waiting for a state after this long (s)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the result as a JSON report here")
     args = parser.parse_args(argv)
     if args.tenants < 1 or args.pools < 1 or not 1 <= args.models <= args.pools:
         parser.error("--tenants and --pools must be >= 1, and --models between 1 and --pools")
+    from slaq.bench.envelope import envelope
+    from slaq.bench.report import write_report
+
+    started = envelope(None if argv is None else [__file__, *argv])
     result = run(args.tenants, args.pools, args.models, observe_interval_s=args.observe_interval, deadline_s=args.deadline)
+    if args.out:
+        write_report({"schema": "slaq.bench.operator_scale/v1", **result}, args.out, started)
     print(json.dumps(result))
     return 0
 

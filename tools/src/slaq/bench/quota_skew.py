@@ -14,7 +14,10 @@ operator's usage timer); the admitted fraction is counted over the last `--measu
 "Pool-wide share" is the split before per-pod shares (every replica the same share: the
 pool's summed demand), for comparison.
 
-    python tools/src/slaq/bench/quota_skew.py [--rpm 600] [--skew 0.8 0.2] [--minutes 30] [--measure 600]
+    python tools/src/slaq/bench/quota_skew.py [--rpm 600] [--skew 0.8 0.2] [--minutes 30] [--measure 600] [--out FILE]
+
+--out writes the figures as JSON (schema slaq.bench.quota_skew/v1, with the run's envelope:
+command line, date, commit) for docs/results.md.
 """
 
 from __future__ import annotations
@@ -116,7 +119,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--propagation", type=float, nargs="+", default=[0.0, 60.0], help="Seconds from table write to sidecar read.")
     parser.add_argument("--even", action="store_true", help="Evenly spaced arrivals instead of Poisson.")
     parser.add_argument("--seeds", type=int, default=3, help="Runs per figure (Poisson arrivals and routing are random).")
+    parser.add_argument("--out", type=Path, default=None, help="Write the figures as a JSON report here.")
     args = parser.parse_args(argv)
+    from slaq.bench.envelope import envelope
+    from slaq.bench.report import write_report
+
+    run = envelope(None if argv is None else [__file__, *argv])
+    rows: list[dict] = []
     skew = [s / sum(args.skew) for s in args.skew]
     print(f"tenant sends {args.rpm} rpm (its quota), {'even' if args.even else 'Poisson'} arrivals, router skew "
           f"{' / '.join(f'{s:.0%}' for s in skew)} over {len(skew)} replicas; usage tick {args.tick:g} s; "
@@ -127,6 +136,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              propagation_s=propagation, even=args.even, seed=seed) for seed in range(args.seeds)]
             print(f"  propagation {propagation:>4.0f} s  {label:<16} admitted {sum(runs) / len(runs):.3f}  "
                   f"(runs {' '.join(f'{r:.3f}' for r in runs)})")
+            rows.append({"propagation_s": propagation, "split": label, "admitted": sum(runs) / len(runs), "runs": runs})
+    if args.out:
+        write_report({"schema": "slaq.bench.quota_skew/v1", "rpm": args.rpm, "skew": skew, "minutes": args.minutes,
+                      "measure_s": args.measure, "tick_s": args.tick, "even": args.even, "seeds": args.seeds, "rows": rows},
+                     args.out, run)
+        print(f"report: {args.out}")
 
 
 if __name__ == "__main__":

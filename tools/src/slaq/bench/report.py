@@ -19,7 +19,12 @@ from slaq.api.common import Tier
 SCHEMA = "slaq.bench.sim/v1"
 
 
-def write_report(report: dict[str, Any], path: str | Path) -> None:
+def write_report(report: dict[str, Any], path: str | Path, run: dict[str, Any] | None = None) -> None:
+    """Write the report as JSON; `run` (slaq.bench.envelope) goes first, under "run"."""
+    if run is not None:
+        from slaq.bench.envelope import with_envelope
+
+        report = with_envelope(report, run)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -28,7 +28,10 @@ add time).
 requests) and preemptions per step and the share of steps that admit anything; "p50/token" the
 ratio of p50 step time per scheduled token.
 
-Usage: python tools/src/slaq/bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000] [--repeats R]
+Usage: python tools/src/slaq/bench/sched_overhead.py [--steps N] [--sizes 100,1000,10000] [--repeats R] [--out FILE]
+
+--out writes the figures as JSON (schema slaq.bench.sched_overhead/v1, with the run's envelope:
+command line, date, commit) for docs/results.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import gc
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 from slaq.api.common import Tier
@@ -132,10 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="full,same,churn")
     parser.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
     parser.add_argument("--repeats", type=int, default=2, help="paired measurements; the quietest counts")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as a JSON report here")
     args = parser.parse_args(argv)
 
+    from slaq.bench.envelope import envelope
+    from slaq.bench.report import write_report
     from slaq.engine.scheduler import SLAScheduler
 
+    run = envelope(None if argv is None else [__file__, *argv])
+    rows: list[dict] = []
     print(f"schedule() per step, max_num_seqs={args.max_num_seqs}, max_num_batched_tokens={MAX_BATCHED_TOKENS}, "
           f"{args.steps} steps, quietest of {args.repeats}")
     print(f"{'scenario':<8} {'waiting':>8} {'stock mean µs':>14} {'slaq mean µs':>13} {'stock p50':>10} {'slaq p50':>9} {'ratio mean':>11} "
@@ -159,6 +168,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scenario:<8} {size:>8} {s_mean:>14.0f} {q_mean:>13.0f} {s_p50:>10.0f} {q_p50:>9.0f} {q_mean / s_mean:>11.2f} "
                   f"{q_p50 / s_p50:>10.2f} {s_tok:>10.0f} {q_tok:>9.0f} {s_work:>20} {q_work:>19} {per_token:>10.2f}")
             sys.stdout.flush()
+            rows.append({"scenario": scenario, "waiting": size, "stock_mean_us": s_mean, "slaq_mean_us": q_mean,
+                         "stock_p50_us": s_p50, "slaq_p50_us": q_p50, "ratio_mean": q_mean / s_mean, "ratio_p50": q_p50 / s_p50,
+                         "stock_tokens_per_step": s_tok, "slaq_tokens_per_step": q_tok, "p50_per_token_ratio": per_token,
+                         "stock_admitting_share": statistics.fmean(r.admitting for r in stock_runs),
+                         "slaq_admitting_share": statistics.fmean(r.admitting for r in slaq_runs)})
+    if args.out:
+        write_report({"schema": "slaq.bench.sched_overhead/v1", "steps": args.steps, "repeats": args.repeats,
+                      "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": MAX_BATCHED_TOKENS, "rows": rows},
+                     args.out, run)
+        print(f"report: {args.out}")
     return 0
 
 

@@ -9,11 +9,13 @@ difference of the two distributions' percentiles. The load generator shares the 
 with both servers, so at high C its own overhead is part of both columns.
 
     python tools/src/slaq/bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
-        [--prompt-tokens 4096 [--tokenizer PATH_OR_ID|tiny]]
+        [--prompt-tokens 4096 [--tokenizer PATH_OR_ID|tiny]] [--out FILE]
 
 `--tokenizer` runs the sidecar with that tokenizer (`tiny`: the built-in tiny model's), so the prompt
 is counted as the engine counts it; without it the sidecar estimates. `--prompt-tokens` sends a prompt
 of that many tokens (by the tokenizer when given, else 4 characters per token).
+--out writes the figures as JSON (schema slaq.bench.sidecar_latency/v1, with the run's envelope:
+command line, date, commit, and the load average before the run) for docs/results.md.
 """
 
 from __future__ import annotations
@@ -142,11 +144,18 @@ def main() -> None:
     parser.add_argument("--token-delay-ms", type=float, default=5.0)
     parser.add_argument("--prompt-tokens", type=int, default=0, help="Prompt length in tokens (default: 'hello ' × 50).")
     parser.add_argument("--tokenizer", default=None, help="The sidecar's --tokenizer (tiny: the built-in tiny model's); default none (estimated).")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as a JSON report here")
     args = parser.parse_args()
     if args.tokenizer == "tiny":
         from slaq.engine.tiny_model import ensure_tiny_model
 
         args.tokenizer = str(ensure_tiny_model())
+
+    from slaq.bench.envelope import envelope
+    from slaq.bench.report import write_report
+
+    run = envelope()
+    load_average = os.getloadavg()[0]
 
     workdir = Path(tempfile.mkdtemp(prefix="slaq-bench-sidecar-"))
     table = workdir / "tenants.json"
@@ -179,9 +188,10 @@ def main() -> None:
         body = {"model": "fake-model", "prompt": prompt, "max_tokens": args.tokens, "stream": True,
                 "user": fake_user(tokens=args.tokens, delay_ms=args.token_delay_ms)}
         print(f"prompt: {len(prompt)} characters ({args.prompt_tokens or 'about 50'} tokens); sidecar tokenizer: {args.tokenizer or 'none (estimated)'}")
-        print(f"load average {os.getloadavg()[0]:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
+        print(f"load average {load_average:.1f} before the run; fake engine: {args.tokens} tokens, first after {args.token_delay_ms:g} ms; {args.requests_per_stream} requests per stream; CPUs: {os.cpu_count()}")
         print(f"{'streams':>8} {'n':>6} {'direct p50':>11} {'direct p99':>11} {'sidecar p50':>12} {'sidecar p99':>12} {'added p50':>10} {'added p99':>10}  (ms)")
         own = []
+        rows: list[dict] = []
         for streams in args.streams:
             d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))
             before = added_buckets(metrics)
@@ -190,10 +200,19 @@ def main() -> None:
             own.append((streams, bucket_quantile(before, after, 0.5), bucket_quantile(before, after, 0.99)))
             print(f"{streams:>8} {len(s):>6} {pct(d, .5):>11.2f} {pct(d, .99):>11.2f} {pct(s, .5):>12.2f} {pct(s, .99):>12.2f} "
                   f"{pct(s, .5) - pct(d, .5):>10.2f} {pct(s, .99) - pct(d, .99):>10.2f}  mean added {1000 * (statistics.fmean(s) - statistics.fmean(d)):.2f}")
+            rows.append({"streams": streams, "requests": len(s), "direct_p50_ms": pct(d, .5), "direct_p99_ms": pct(d, .99),
+                         "sidecar_p50_ms": pct(s, .5), "sidecar_p99_ms": pct(s, .99),
+                         "added_p50_ms": pct(s, .5) - pct(d, .5), "added_p99_ms": pct(s, .99) - pct(d, .99),
+                         "own_p50_ms_at_most": own[-1][1], "own_p99_ms_at_most": own[-1][2]})
         print("the sidecar's own share of TTFT (slaq_sidecar_added_seconds: its work before the engine call + forwarding the first token),")
         print("as bucket upper bounds in ms:")
         for streams, p50, p99 in own:
             print(f"{streams:>8} streams: p50 <= {p50:g} ms, p99 <= {p99:g} ms")
+        if args.out:
+            write_report({"schema": "slaq.bench.sidecar_latency/v1", "load_average_before": load_average, "cpus": os.cpu_count(),
+                          "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
+                          "requests_per_stream": args.requests_per_stream, "rows": rows}, args.out, run)
+            print(f"report: {args.out}")
     finally:
         for process in processes:
             process.terminate()

@@ -1,0 +1,264 @@
+"""docs/results.md, rendered from the benchmarks' JSON reports in docs/results/.
+
+    python -m slaq.bench.results            # (re)write docs/results.md from docs/results/*.json
+    python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
+
+Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
+sidecar_latency.py, operator_scale.py, quota_skew.py), the run's envelope first (`slaq.bench.envelope`: command
+line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
+headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
+`#pod-6000-load15` for `pod-6000-load1.5.json`, as GitHub drops the dot),
+with the command that produced it, its date and commit. A report without its command or date is
+refused, naming the file. Rendering is a pure function of the reports (`render`), so the page is
+stale exactly when re-rendering changes it (tests/test_results_page.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from slaq.bench.envelope import ENVELOPE_KEY, REPO_ROOT
+
+REPORTS = REPO_ROOT / "docs" / "results"
+PAGE = REPO_ROOT / "docs" / "results.md"
+TIERS = ("critical", "standard", "batch")
+
+HEADER = """# Results
+
+The benchmark figures the READMEs point to, rendered from the benchmarks' own JSON reports in
+`docs/results/` by `python -m slaq.bench.results` (do not edit this page by hand: rerun the
+command; tests/test_results_page.py fails when the page and the reports disagree). Each
+section is one report: the command line that wrote it (run it to reproduce the figure), the UTC date
+and the commit it ran at ("+ local changes" when tracked files differed from that commit).
+
+The simulator (`slaq bench sim`, tools/src/slaq/bench/README.md) runs the real vLLM 0.32 scheduler
+classes in simulated time on an H200 / Llama-3-8B step-time model that is not calibrated against a
+real H200: read its comparisons, not its absolute figures. Its attainment figures are deterministic
+(same command, same figures); wall-clock figures (scheduler cost, sidecar latency, operator
+convergence) depend on the machine and what else ran on it.
+"""
+
+
+class ResultsError(ValueError):
+    """A report the page cannot be rendered from; the message names the file and what is wrong."""
+
+
+def load_reports(directory: Path = REPORTS) -> dict[str, dict[str, Any]]:
+    """name (file stem) -> report, for every `*.json` in `directory`, each checked for its envelope."""
+    if not directory.is_dir():
+        raise ResultsError(f"no report directory {directory}")
+    reports: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ResultsError(f"{path}: not JSON ({exc})") from None
+        check_report(path.name, report)
+        reports[path.stem] = report
+    if not reports:
+        raise ResultsError(f"no reports (*.json) in {directory}")
+    return reports
+
+
+def check_report(name: str, report: Any) -> None:
+    """Raise ResultsError unless `report` carries a known schema and an envelope with its command and date."""
+    if not isinstance(report, dict):
+        raise ResultsError(f"{name}: a report is a JSON object, got {type(report).__name__}")
+    run = report.get(ENVELOPE_KEY)
+    if not isinstance(run, dict):
+        raise ResultsError(f"{name}: no {ENVELOPE_KEY!r} envelope (command line, date, commit): "
+                           "rerun the benchmark with --out, which writes it")
+    for key in ("command", "date"):
+        if not isinstance(run.get(key), str) or not run[key].strip():
+            raise ResultsError(f"{name}: the envelope has no {key!r}: rerun the benchmark with --out, which writes it")
+    if report.get("schema") not in RENDERERS:
+        raise ResultsError(f"{name}: unknown schema {report.get('schema')!r} (known: {', '.join(sorted(RENDERERS))})")
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def _sim_loads(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    if report.get("sweep"):
+        return report["sweep"]
+    return [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
+
+
+def _sim_workload(report: Mapping[str, Any]) -> str:
+    workload, capacity = report["workload"], report["capacity"]
+    trace = Path(workload["trace"]).name if workload.get("trace") else "synthetic"
+    mode = "the pod (slaq behind the sidecar core; stock policies without one)" if report.get("mode") == "pod" \
+        else "the engine alone (no sidecar)"
+    return (f"{workload['requests']:,} requests of `{trace}`, seed {workload['seed']}, arrivals {workload['arrivals']}; "
+            f"{mode}; capacity {capacity['requests_per_s']:.2f} requests/s ({capacity['method']}).")
+
+
+def render_sim(report: Mapping[str, Any]) -> list[str]:
+    """Per load, per policy: attainment per tier, critical TTFT p99, throughput (and × stock fcfs), refusals."""
+    lines = [_sim_workload(report), ""]
+    if "slo_capacity" in report:
+        return lines + render_slo_capacity(report)
+    pod = report.get("mode") == "pod"
+    header = ["load", "policy", "critical / standard / batch attained", "critical TTFT p99", "throughput",
+              "× stock `fcfs`", "refused"] + (["held in the sidecar, p99 (critical / standard / batch)"] if pod else [])
+    rows = []
+    for entry in _sim_loads(report):
+        policies = entry["policies"]
+        fcfs = policies.get("fcfs", {}).get("throughput_tok_s")
+        for name, figures in policies.items():
+            if "error" in figures:
+                rows.append([f"{entry['load']:g}", f"`{name}`", f"failed: {figures['error']}"] + [""] * (len(header) - 3))
+                continue
+            tiers = figures["tiers"]
+            attained = " / ".join(_pct(tiers[t]["attainment"]) if t in tiers else "—" for t in TIERS)
+            ratio = f"{figures['throughput_tok_s'] / fcfs:.3f}×" if fcfs else "—"
+            rows.append([f"{entry['load']:g}", f"`{name}`", attained, _seconds(tiers.get("critical", {}).get("ttft_p99_s")),
+                         f"{figures['throughput_tok_s']:,.0f} tok/s", ratio, f"{figures.get('refused') or 0:,}"]
+                        + ([_held(figures)] if pod else []))
+    return lines + _table(header, rows)
+
+
+def _held(figures: Mapping[str, Any]) -> str:
+    """p99 of the time each tier's requests waited in the sidecar, or "no sidecar" for a stock pod."""
+    if not figures.get("behind_sidecar"):
+        return "no sidecar"
+    tiers = figures["tiers"]
+    return " / ".join(_seconds(tiers.get(t, {}).get("sidecar_wait_p99_s")) for t in TIERS)
+
+
+def render_slo_capacity(report: Mapping[str, Any]) -> list[str]:
+    targets = " and ".join(f"{tier} ≥ {target:g}" for tier, target in report["slo_targets"].items())
+    found = report["slo_capacity"]
+    reference = found.get("priority", {}).get("slo_capacity")
+    rows = []
+    for name, entry in found.items():
+        capacity = entry["slo_capacity"]
+        probes = ", ".join(f"{p['load']:g} {'✓' if p['meets'] else '✗'} ("
+                           + " / ".join(_pct(p.get(tier)) for tier in report["slo_targets"]) + ")" for p in entry["probes"])
+        rows.append([f"`{name}`", f"{capacity:g}" + ("" if entry["bounded"] else "+"),
+                     f"{capacity / reference:.2f}" if reference else "—", probes])
+    return [f"SLO capacity: the highest load with {targets}.", "",
+            *_table(["policy", "SLO capacity", "× stock `priority`",
+                     f"loads probed (✓ met, ✗ not; {' / '.join(report['slo_targets'])} attained)"], rows)]
+
+
+def render_sched_overhead(report: Mapping[str, Any]) -> list[str]:
+    rows = [[row["scenario"], f"{row['waiting']:,}", f"{row['stock_mean_us']:,.0f} / {row['slaq_mean_us']:,.0f}",
+             f"{row['stock_p50_us']:,.0f} / {row['slaq_p50_us']:,.0f}", f"{row['ratio_mean']:.2f}", f"{row['ratio_p50']:.2f}",
+             f"{row['stock_admitting_share']:.0%} / {row['slaq_admitting_share']:.0%}"] for row in report["rows"]]
+    return [f"`schedule()` per step, stock vLLM `AsyncScheduler` against slaq's `SLAScheduler`, stepped in turn; "
+            f"max_num_seqs {report['max_num_seqs']}, max_num_batched_tokens {report['max_num_batched_tokens']}, "
+            f"{report['steps']} steps, the quietest of {report['repeats']} repeats (wall clock on the machine that ran it).", "",
+            *_table(["scenario", "waiting", "mean µs (stock / slaq)", "p50 µs (stock / slaq)", "slaq ÷ stock, mean",
+                     "slaq ÷ stock, p50", "steps admitting (stock / slaq)"], rows)]
+
+
+def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
+    rows = [[f"{row['streams']:,}", f"{row['requests']:,}", f"{row['direct_p50_ms']:.2f} / {row['direct_p99_ms']:.2f}",
+             f"{row['sidecar_p50_ms']:.2f} / {row['sidecar_p99_ms']:.2f}", f"{row['added_p50_ms']:.2f} / {row['added_p99_ms']:.2f}",
+             f"≤ {row['own_p50_ms_at_most']:g} / ≤ {row['own_p99_ms_at_most']:g}"] for row in report["rows"]]
+    return [f"TTFT straight to a fake engine ({report['tokens']} tokens, the first after {report['token_delay_ms']:g} ms) and "
+            f"through the real sidecar, {report['requests_per_stream']} requests per stream; {report['cpus']} CPUs, load "
+            f"average {report['load_average_before']:.1f} before the run (wall clock: other processes add to both columns).", "",
+            *_table(["streams", "requests", "direct p50 / p99 ms", "through the sidecar p50 / p99 ms", "added p50 / p99 ms",
+                     "sidecar's own work p50 / p99 ms (`slaq_sidecar_added_seconds`)"], rows)]
+
+
+def render_operator_scale(report: Mapping[str, Any]) -> list[str]:
+    row = [f"{report['tenants']:,}", f"{report['pools']:,}", f"{report['models']:,}", f"{report['table_secrets']:,}",
+           f"{report['converge_s']:g} s", f"{report['change_s']:g} s", f"{report['affected_pools']:,}",
+           f"{report['calls_per_change']:,} (bound {report['calls_bound']:,})"]
+    return ["The real operator (kopf, lightkube) against the API emulator: cold-start convergence and one tenant's quota "
+            "change (wall clock on the machine that ran it).", "",
+            *_table(["tenants", "pools", "models", "table Secrets", "converge", "quota change", "pools affected",
+                     "API calls for the change"], [row])]
+
+
+def render_quota_skew(report: Mapping[str, Any]) -> list[str]:
+    rows = [[f"{row['propagation_s']:g} s", row["split"], f"{row['admitted']:.3f}", " ".join(f"{r:.3f}" for r in row["runs"])]
+            for row in report["rows"]]
+    skew = " / ".join(f"{s:.0%}" for s in report["skew"])
+    return [f"A tenant sending exactly its quota ({report['rpm']:,} requests per minute, "
+            f"{'evenly spaced' if report['even'] else 'Poisson'}) through a router that sends {skew} of its requests to "
+            f"{len(report['skew'])} replicas; the operator's split re-planned every {report['tick_s']:g} s; the fraction "
+            f"admitted over the last {report['measure_s']:g} s of {report['minutes']:g} simulated minutes, mean of "
+            f"{report['seeds']} seeds.", "",
+            *_table(["table propagation", "split", "admitted", "runs"], rows)]
+
+
+RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
+    "slaq.bench.sim/v1": render_sim,
+    "slaq.bench.sched_overhead/v1": render_sched_overhead,
+    "slaq.bench.sidecar_latency/v1": render_sidecar_latency,
+    "slaq.bench.operator_scale/v1": render_operator_scale,
+    "slaq.bench.quota_skew/v1": render_quota_skew,
+}
+
+
+def anchor(name: str) -> str:
+    """The fragment GitHub gives the section `## name`: lower case, punctuation but `-` and `_` dropped."""
+    return re.sub(r"[^\w\- ]", "", name.lower()).replace(" ", "-")
+
+
+def _provenance(run: Mapping[str, Any]) -> str:
+    commit = run.get("commit")
+    at = f"commit `{commit[:12]}`" + (" + local changes" if run.get("dirty") else "") if commit else "no git commit recorded"
+    load = f", load average {run['load_average']:g} on {run['cpus']} CPUs at the start" if run.get("load_average") is not None \
+        and run.get("cpus") else (f", load average {run['load_average']:g} at the start" if run.get("load_average") is not None else "")
+    return f"Run {run['date']}, {at}{load}."
+
+
+def render_section(name: str, report: Mapping[str, Any]) -> list[str]:
+    check_report(name, report)
+    run = report[ENVELOPE_KEY]
+    return [f"## {name}", "", "```bash", run["command"], "```", "", _provenance(run), "", *RENDERERS[report["schema"]](report), ""]
+
+
+def render(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    """The page for these reports (name -> report), sections in name order."""
+    lines = [HEADER, "Reports: " + ", ".join(f"[{name}](#{anchor(name)})" for name in sorted(reports)) + ".", ""]
+    for name in sorted(reports):
+        lines += render_section(name, reports[name])
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slaq.bench.results", description=__doc__.splitlines()[0])
+    parser.add_argument("--reports", type=Path, default=REPORTS, help=f"the reports' directory (default {REPORTS})")
+    parser.add_argument("--page", type=Path, default=PAGE, help=f"the page (default {PAGE})")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when the page is not what the reports give")
+    args = parser.parse_args(argv)
+    try:
+        reports = load_reports(args.reports)
+        page = render(reports)
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    current = args.page.read_text(encoding="utf-8") if args.page.exists() else None
+    if args.check:
+        if current != page:
+            print(f"{args.page} is stale against {args.reports}: run python -m slaq.bench.results", file=sys.stderr)
+            return 1
+        return 0
+    if current != page:
+        args.page.write_text(page, encoding="utf-8")
+    print(f"{args.page}: {len(reports)} reports")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
