@@ -71,7 +71,10 @@ async def test_a_rotated_key_is_accepted_by_the_sidecar_within_five_seconds(
         await eventually(lambda: table_file.is_file() and len(entries(kube, *POOL)) == 3, what="the pool's table on disk")
         sidecar = start_child("sidecar", slaq_command(
             "sidecar", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-            "--engine-url", fake_upstream[1], "--tenant-table", str(table_file), "--served-model-name", "fake-model"),
+            "--engine-url", fake_upstream[1], "--tenant-table", str(table_file), "--served-model-name", "fake-model",
+            # the poll below tries the new key every 0.1 s until it is accepted: dozens of failed
+            # authentications from one address, which the throttle (tests/sidecar/test_edge.py) would answer with 429
+            "--auth-failure-limit", "0"),
             tmp_path / "sidecar.log", f"http://127.0.0.1:{port}{READY_PATH}")
         try:
             await asyncio.to_thread(wait_ready, [sidecar], 120.0)

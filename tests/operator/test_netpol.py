@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from slaq.api.pool import InferencePool
 from slaq.api.runtime import ENGINE_PORT, METRICS_PORT_NAME, SIDECAR_PORT_NAME
 from slaq.operator.children import render_children, render_deployment
+from tests.support.images import TEST_IMAGES
 from slaq.operator.netpol import NetworkPolicySettings, render_network_policy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
@@ -21,7 +22,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "crds" / "examples"
 def gpu_pool(**spec: Any) -> InferencePool:
     body = yaml.safe_load((EXAMPLES / "pool-gpu.yaml").read_text())
     body["spec"].update(spec)
-    return InferencePool.model_validate(body)
+    return TEST_IMAGES.resolve(InferencePool.model_validate(body))
 
 
 def rules(policy: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

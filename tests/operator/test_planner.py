@@ -108,7 +108,7 @@ async def test_a_table_too_large_is_left_as_written_and_its_tenants_told(monkeyp
     assert blocked.writes.parts == {} and len(harness.api.calls) == calls
     assert record.table_problem is not None and "do not fit" in record.table_problem
     assert record.blocked == {tenant_name(1)} and blocked.statuses == {tenant_name(1)}
-    assert harness.books.pools.blocking(tenant_name(1)) == {POOL[0]: record.table_problem}
+    assert harness.books.pools.blocking(tenant_name(1)) == {POOL[0]: ("TableTooLarge", record.table_problem)}
     monkeypatch.undo()
     healed = await harness.refresh(pools=[POOL[0]], tenants=[tenant_name(1)], force=True)
     assert record.table_problem is None and tenant_name(1) in healed.statuses and list(healed.writes.parts) == [POOL[0]]

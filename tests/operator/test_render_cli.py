@@ -24,7 +24,7 @@ from slaq.operator.gateway import GIE_API_VERSION, render_gateway_inference_pool
 from slaq.operator.names import SALT_SECRET_KEY, SALT_SECRET_NAME
 from tests.operator.test_operator_kmock import EXAMPLES, operator, seed
 from slaq.testing.kube import KubeEmulator
-from tests.support.images import CPU_IMAGE, IMAGE_FLAGS
+from tests.support.images import CPU_IMAGE, IMAGE_FLAGS, TEST_IMAGES
 from tests.support.polling import eventually
 
 KUBECTL = shutil.which("kubectl")
@@ -118,7 +118,7 @@ def test_the_output_holds_no_key_hash_key_salt_or_key_hash(capsys: pytest.Captur
     assert code == 0, err
     # What the operator writes into the cluster for the same inputs: the secrets to look for.
     found = read_manifest_set([EXAMPLES])
-    applied = render_from_manifests(read_manifest_set(pools).pools, found, salt_key).objects
+    applied = render_from_manifests(read_manifest_set(pools).pools, found, salt_key, images=TEST_IMAGES).objects
     tables = [table_of(o) for o in applied if o["kind"] == "Secret"]
     assert len(tables) == 2
     secrets_ = {"the cache-salt key": salt_key, "the key-hash key": derive_key_hash_key(salt_key)}

@@ -59,3 +59,7 @@ class UsageReport(ApiModel):
     table_revision: str = ""
     window_seconds: float = 60.0
     tenants: dict[str, TenantUsage] = Field(default_factory=dict)
+
+# How long the sidecar waits for the engine's /health before it calls the pod not ready and refuses new
+# requests with 503 (`slaq sidecar --engine-health-timeout`): a hung engine is told apart from a busy one.
+ENGINE_HEALTH_TIMEOUT_S = 2.0

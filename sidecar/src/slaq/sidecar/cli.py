@@ -49,7 +49,7 @@ def _seconds(text: str) -> float:
 def register(subparsers: argparse._SubParsersAction) -> None:
     from slaq.sidecar.auth_failures import AuthFailureLimits
     from slaq.sidecar.connections import ConnectionLimits
-    from slaq.sidecar.monitor import HEALTH_TIMEOUT_S
+    from slaq.api.runtime import ENGINE_HEALTH_TIMEOUT_S as HEALTH_TIMEOUT_S
 
     defaults, failures = ConnectionLimits(), AuthFailureLimits()
     parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)

@@ -18,7 +18,7 @@ import time
 import httpx
 
 from slaq.api.common import Tier
-from slaq.api.runtime import HEALTH_PATH, METRICS_PATH
+from slaq.api.runtime import ENGINE_HEALTH_TIMEOUT_S, HEALTH_PATH, METRICS_PATH
 from slaq.sidecar.proxy import EngineClient
 from slaq.sidecar.service import SidecarCore
 
@@ -63,7 +63,7 @@ def tier_gauge(text: str, name: str) -> list[int] | None:
     return values if seen else None
 
 
-HEALTH_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = ENGINE_HEALTH_TIMEOUT_S
 
 
 class EngineMonitor:

@@ -14,10 +14,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from typing import Protocol, Sequence
 
-from slaq.bench.cluster_pod import ClusterPod
 from slaq.bench.errors import WorkloadError
+
+if TYPE_CHECKING:  # the pod simulation imports vLLM: `slaq --help` must not
+    from slaq.bench.cluster_pod import ClusterPod
 
 GATEWAY_SCRAPE_S = 0.05  # the Inference Extension EPP's --refresh-metrics-interval default
 

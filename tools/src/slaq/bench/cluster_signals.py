@@ -24,15 +24,18 @@ Every autoscaled signal starts at `minReplicas` ready pods and uses the operator
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from slaq.api.pool import InferencePool
 from slaq.bench.cluster_hpa import HorizontalController, HpaConfig, PodPhase, PodSample
-from slaq.bench.cluster_pod import PodMetrics
 from slaq.bench.errors import WorkloadError
-from slaq.operator.children import render_hpa
+
+if TYPE_CHECKING:  # the pod simulation imports vLLM: `slaq --help` must not
+    from slaq.bench.cluster_pod import PodMetrics
 
 SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
@@ -192,6 +195,8 @@ class StaticSignal:
 
 
 def make_signal(name: str, pool: InferencePool) -> HpaSignal | SaturationSignal | StaticSignal:
+    from slaq.operator.children import render_hpa  # the operator's rendering; imported late: `slaq --help` stays light
+
     hpa = render_hpa(pool)
     if hpa is None:
         raise WorkloadError("the bench pool renders no HPA (spec.autoscaling.enabled is false)")
