@@ -134,7 +134,9 @@ def cluster_docs(metrics_port: int) -> list[dict]:
     secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "stringData": {"main": KEY},
               "metadata": {"name": f"tenant-{TENANT}-keys", "namespace": "slaq-system", "labels": {"slaq.dev/tenant": TENANT}}}
     tenant = {"apiVersion": API_VERSION, "kind": "TenantSLA", "metadata": {"name": TENANT},
-              "spec": {"tier": "standard", "objectives": {"ttftMs": 60000},  # a standard tier needs one; this one never binds
+              # A standard tier needs a TTFT objective; an hour (the largest) never refuses a request as
+              # unreachable, which a stalled step on a busy machine can predict for a minute's objective.
+              "spec": {"tier": "standard", "objectives": {"ttftMs": 3_600_000},
                        "apiKeySecretRef": {"name": f"tenant-{TENANT}-keys", "namespace": "slaq-system"},
                        "poolSelector": {"matchLabels": pool["metadata"]["labels"]}, "quotas": {"requestsPerMinute": QUOTA}}}
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "slaq-system"}}
