@@ -35,6 +35,7 @@ Run it with `python -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider` to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import shutil
 import tempfile
@@ -204,25 +205,30 @@ def stage(request: pytest.FixtureRequest) -> Iterator[Stage]:
     ])
     stage = Stage(pods, balancer, RedisServer(workdir, shutil.which("redis-server") or ""), metrics_port)
     failed_before = request.session.testsfailed
-    try:
+
+    def failed() -> bool:  # a failure keeps the logs (the processes' and HAProxy's)
+        return request.session.testsfailed > failed_before
+
+    def leave_workdir() -> None:
+        if failed():
+            print("logs kept:", workdir, *(pod.root for pod in pods))
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    with contextlib.ExitStack() as teardown:  # every step runs, whatever an earlier one raised
+        teardown.callback(leave_workdir)
+        teardown.callback(stage.store.stop)
+        for pod in pods:
+            teardown.callback(lambda pod=pod: pod.stop() if failed() else pod.cleanup())
+        teardown.callback(stop_plane, stage)
+        teardown.callback(balancer.stop)
+        teardown.callback(lambda: print("\nquota skew figures:", stage.figures))
         stage.store.start()
         start_plane(stage, store=None)
         start_children(pods, ("engine",))  # both engines load at once
         start_children(pods, ("sidecar",))
         balancer.start()
         yield stage
-    finally:
-        print("\nquota skew figures:", stage.figures)
-        balancer.stop()
-        stop_plane(stage)
-        stage.store.stop()
-        keep = request.session.testsfailed > failed_before  # a failure keeps the logs (processes' and HAProxy's)
-        for pod in pods:
-            pod.stop() if keep else pod.cleanup()
-        if keep:
-            print("logs kept:", workdir, *(pod.root for pod in pods))
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 # -- traffic ---------------------------------------------------------------------------------
