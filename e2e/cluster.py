@@ -12,13 +12,16 @@ import base64
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from slaq.api.runtime import TENANT_TABLE_KEY
 from slaq.api.table import TenantTable
 from tests.support.polling import wait_for
+
+if TYPE_CHECKING:
+    from slaq.operator.pod import QuotaStoreRef
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLURALS = {"Secret": "secrets", "Namespace": "namespaces", "InferencePool": "inferencepools", "TenantSLA": "tenantslas"}
@@ -33,7 +36,8 @@ def resource_url(api_version: str, plural: str, namespace: str | None = None, na
 class ControlPlane:
     """Emulator on a background loop + the operator; `close()` stops both."""
 
-    def __init__(self) -> None:
+    def __init__(self, quota_store: QuotaStoreRef | None = None) -> None:
+        self.quota_store = quota_store  # the install's shared quota store, rendered into every sidecar (None: local shares)
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -81,7 +85,8 @@ class ControlPlane:
         # `default` (the CPU pool's) is open to every tenant: the tests' tenants name no pools (tables.binding).
         options = OperatorOptions(namespace="slaq-system", observe_interval_s=1.0, retry_delay_s=0.5, images=TEST_IMAGES,
                                   open_namespaces=("default",),
-                                  tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True})
+                                  tune={"queueing.idle_timeout": 0.5, "queueing.exit_timeout": 0.5, "scanning.disabled": True},
+                                  quota_store=self.quota_store)
         self.operator = OperatorThread(Connection(server=self.url), options)
         self.operator.start()
         wait_for(lambda: self.operator.ready_flag.is_set() or not self.operator.alive, 60, "the operator to start")
@@ -125,11 +130,11 @@ class ControlPlane:
         assert response.status_code == 200, f"patch {plural}/{name}: {response.status_code} {response.text}"
         return response.json()
 
-    def register_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
-        """A Running pod at 127.0.0.1, as the kubelet would report the local stand-in (e2e/pod.py)."""
+    def register_pod(self, namespace: str, name: str, labels: dict[str, str], ip: str = "127.0.0.1") -> None:
+        """A Running pod at `ip`, as the kubelet would report the local stand-in (e2e/pod.py)."""
         assert self.http is not None
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+                "status": {"phase": "Running", "podIP": ip}}
         response = self.http.post(resource_url("v1", "pods", namespace), json=body)
         assert response.status_code in (200, 201), f"create Pod/{name}: {response.status_code} {response.text}"
 

@@ -7,6 +7,9 @@ namespace), and the tenant-table file content from the rendered table Secret.
 What is remapped, and only this:
 - ports: the sidecar's `--port` and the engine's `--port` (and the sidecar's `--engine-url`
   that names it) become free ports on 127.0.0.1, so tests can run beside anything else;
+- the pod's address, for tests that run several pods: given a `pod_ip` (another loopback address,
+  127.0.0.2...), the sidecar listens there (`--host`), as a pod listens on its own IP, so pods can
+  share the pool's metrics port as they do in a cluster (the operator reads each at its pod IP);
 - volume mounts: each mounted path (`/etc/slaq/tenants`, `/etc/slaq/engine`, `/var/cache/slaq`,
   `/tmp`) becomes a temporary directory, as the kubelet would back it, and args/env values under
   a mount path point into that directory. The table Secret's keys are written into the volumes
@@ -34,6 +37,9 @@ class PodSpecRun:
 
     template: dict[str, Any]  # the Deployment's spec.template
     namespace: str
+    pod_name: str = POD_NAME  # metadata.name, as the Downward API gives it (POD_NAME: whose quota shares)
+    pod_ip: str | None = None  # None: the sidecar listens as rendered (all addresses); else only here
+    image_env: dict[str, str] = field(default_factory=dict)  # the image's environment, beside this process's
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slaq-e2e-pod-")))
     sidecar_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -43,7 +49,11 @@ class PodSpecRun:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.sidecar_port}"
+        return f"http://{self.pod_ip or '127.0.0.1'}:{self.sidecar_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.pod_ip or '127.0.0.1'}:{self.metrics_port}"
 
     @property
     def engine_url(self) -> str:
@@ -85,9 +95,11 @@ class PodSpecRun:
         program = shutil.which(container["command"][0])
         assert program, f"{container['command'][0]} is not on PATH (scripts/setup.sh installs it)"
         rest = [*container["command"][1:], *self._remap_ports(name, container["args"])]
+        if name == "sidecar" and self.pod_ip is not None:
+            rest += ["--host", self.pod_ip]
         argv = [program, *(self._local_path(a, mounts) for a in rest)]  # the program is this machine's, not the image's
-        env = dict(os.environ)  # the image's environment
-        field_values = {"metadata.name": POD_NAME, "metadata.namespace": self.namespace}
+        env = {**os.environ, **self.image_env}  # the image's environment
+        field_values = {"metadata.name": self.pod_name, "metadata.namespace": self.namespace}
         for entry in container.get("env", []):
             if "value" in entry:
                 env[entry["name"]] = self._local_path(entry["value"], mounts)

