@@ -373,15 +373,17 @@ async def test_a_killed_store_falls_back_to_local_shares_and_loses_nothing(stage
     on the local shares from the first second on, streams the store admitted before finish, and
     when a store comes back on the same address both sidecars count in it again."""
     assert stage.figures.get("store"), "runs after the shared-store test (the sidecars count in the store)"
-    long_tokens = 48
+    long_tokens = 128
     async with client(120.0) as http:
-        t0 = time.monotonic()
-        traffic = asyncio.create_task(paced(http, stage.url("least"), QUOTA, 10.0, seed=200_000))
-        await asyncio.sleep(2.0)  # part of the load pattern: the kill falls mid-run
+        # Streams the store admits and the engines run (first token seen) before the kill, then tiny
+        # requests at the quota's rate, the store killed 1 s into them (the load pattern, not a wait).
         started = [asyncio.Event() for _ in range(4)]
         streams = [asyncio.create_task(stream_completion(http, stage.url("least"), KEY, prompt_tokens=4, max_tokens=long_tokens,
                                                          seed=300_000 + i, first_token=e)) for i, e in enumerate(started)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        t0 = time.monotonic()
+        traffic = asyncio.create_task(paced(http, stage.url("least"), QUOTA, 5.0, seed=200_000))
+        await asyncio.sleep(1.0)
         stage.store.kill()
         killed_at = time.monotonic()
         outcomes = await traffic
