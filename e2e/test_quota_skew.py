@@ -373,18 +373,19 @@ async def test_a_killed_store_falls_back_to_local_shares_and_loses_nothing(stage
     on the local shares from the first second on, streams the store admitted before finish, and
     when a store comes back on the same address both sidecars count in it again."""
     assert stage.figures.get("store"), "runs after the shared-store test (the sidecars count in the store)"
-    long_tokens = 48
+    long_tokens = 256
     async with client(120.0) as http:
+        # Tiny requests at the quota's rate, and streams the store admits; the store is killed as soon
+        # as those stream (first token seen), then the tiny requests go on for 4 s.
         t0 = time.monotonic()
-        traffic = asyncio.create_task(paced(http, stage.url("least"), QUOTA, 10.0, seed=200_000))
-        await asyncio.sleep(2.0)  # part of the load pattern: the kill falls mid-run
+        before = asyncio.create_task(paced(http, stage.url("least"), QUOTA, 2.0, seed=200_000))
         started = [asyncio.Event() for _ in range(4)]
         streams = [asyncio.create_task(stream_completion(http, stage.url("least"), KEY, prompt_tokens=4, max_tokens=long_tokens,
                                                          seed=300_000 + i, first_token=e)) for i, e in enumerate(started)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
         stage.store.kill()
         killed_at = time.monotonic()
-        outcomes = await traffic
+        outcomes = await paced(http, stage.url("least"), QUOTA, 4.0, seed=250_000) + await before
         long = await asyncio.gather(*streams)
     check_answers(outcomes)
     check_answers(long, max_tokens=long_tokens)
