@@ -16,8 +16,17 @@ pool's summed demand), for comparison.
 
     python tools/src/slaq/bench/quota_skew.py [--rpm 600] [--skew 0.8 0.2] [--minutes 30] [--measure 600] [--out FILE]
 
---out writes the figures as JSON (schema slaq.bench.quota_skew/v1, with the run's envelope:
-command line, date, commit) for docs/results.md.
+With `--routers`, requests are routed by policy instead of a fixed skew while the pool follows
+`--schedule` (`0:2,600:4,1200:3`: from t seconds on, N replicas): `round-robin` and
+`least-request` are cluster_router's ServiceRouter and LeastRequestRouter (they key only on a
+pod's name, which a Replica has); `affinity` hashes Zipf-popular sessions onto the pods present
+(consistent hashing, here). It reports the admitted fraction and the cluster-wide quota error per
+minute (admitted / quota - 1), overall and in the minute after each scale event (`simulate_routed`).
+
+    python tools/src/slaq/bench/quota_skew.py --routers round-robin least-request affinity [--schedule 0:2,600:4,1200:3]
+
+--out writes the figures as JSON (schema slaq.bench.quota_skew/v1, with --routers
+slaq.bench.quota_routing/v1; with the run's envelope: command line, date, commit) for docs/results.md.
 """
 
 from __future__ import annotations
