@@ -64,6 +64,7 @@ class Replica:
     gate: QuotaGate
     usage: UsageLog
     tenant: Tenant | None = None
+    revision: int = -1  # simulate_routed: the newest table this pod read (a pod never goes back to an older one)
 
     @property
     def name(self) -> str:  # what cluster_router's routers key their counts by
@@ -206,24 +207,29 @@ def simulate_routed(rpm: int, router: str, schedule: Sequence[tuple[float, int]]
 
     replicas = [new_replica() for _ in range(schedule[0][1])]
     previous: TenantSplits | None = None
-    latest: TenantTable | None = None
-    pending: list[tuple[float, TenantTable]] = []
+    written: list[TenantTable] = []  # every table written, by revision
+    pending: list[tuple[float, int]] = []  # (when the old pods read it, revision)
     writes = 0
 
     def replan(now: float) -> None:
-        nonlocal previous, latest, writes
+        nonlocal previous, writes
         usage = sum_usage([PodObservation(r.pod, r.usage.report(key, "", {}, now)) for r in replicas])
         plan = plan_tenant(tenant, [pool], [], b"k" * 32, {key: len(replicas)}, {key: usage if per_pod else dict(usage)}, previous)
         table = TenantTable(pool=key, tenants=[plan.entries[key]])
-        writes += latest is None or table.tenants != latest.tenants
-        previous, latest = plan.splits, table
-        pending.append((now + propagation_s if replicas[0].tenant is not None else now, table))
+        writes += not written or table.tenants != written[-1].tenants
+        previous = plan.splits
+        written.append(table)
+        pending.append((now + propagation_s if replicas[0].tenant is not None else now, len(written) - 1))
+
+    def read(r: Replica, revision: int) -> None:
+        if revision > r.revision:
+            r.tenant, r.revision = TenantIndex.from_table(written[revision], r.pod).by_name[name], revision
 
     def install(now: float) -> None:
         while pending and pending[0][0] <= now:
-            _, table = pending.pop(0)
+            _, revision = pending.pop(0)
             for r in replicas:
-                r.tenant = TenantIndex.from_table(table, r.pod).by_name[name]
+                read(r, revision)
 
     cum: list[float] = []
     if router == "affinity":
@@ -246,7 +252,7 @@ def simulate_routed(rpm: int, router: str, schedule: Sequence[tuple[float, int]]
                 replan(now)
                 for r in replicas:
                     if r.tenant is None:  # a new pod mounts the newest table
-                        r.tenant = TenantIndex.from_table(latest, r.pod).by_name[name]  # type: ignore[arg-type]
+                        read(r, len(written) - 1)
             else:
                 del replicas[n:]
         while next_tick <= now:
