@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from slaq.bench.quota_skew import ROUTERS, parse_schedule, simulate, simulate_routed
+from slaq.bench.quota_skew import ROUTERS, AffinityRouter, Replica, parse_schedule, simulate, simulate_routed
+from slaq.sidecar.admission import QuotaGate
+from slaq.sidecar.usage import UsageLog
 
 
 def test_per_pod_shares_admit_a_skewed_tenant_that_equal_shares_refuse() -> None:
@@ -49,3 +51,16 @@ def test_a_bad_schedule_is_refused_naming_the_part() -> None:
     for bad, part in (("0:2,600", "'600'"), ("10:2", "first step"), ("0:2,60:0", "'60:0'"), ("0:2,60:3,30:2", "'30:2'")):
         with pytest.raises(ValueError, match=part):
             parse_schedule(bad)
+
+
+def test_affinity_remaps_only_the_sessions_the_new_pods_take() -> None:
+    def owners(n: int) -> list[str]:
+        pods = [Replica(f"pool-pod-{i}", QuotaGate(), UsageLog()) for i in range(n)]
+        router = AffinityRouter()
+        return [router.pick(pods, session).name for session in range(2000)]
+
+    two, four = owners(2), owners(4)
+    moved = [(a, b) for a, b in zip(two, four) if a != b]
+    assert all(b in ("pool-pod-2", "pool-pod-3") for _, b in moved)  # none moves between surviving pods
+    assert 0.3 < len(moved) / len(two) < 0.7  # about n_added / n_new = 1/2
+    assert all(sum(o == f"pool-pod-{i}" for o in four) > 200 for i in range(4))  # every pod takes a part
