@@ -200,12 +200,30 @@ def render_quota_skew(report: Mapping[str, Any]) -> list[str]:
             *_table(["table propagation", "split", "admitted", "runs"], rows)]
 
 
+def render_quota_routing(report: Mapping[str, Any]) -> list[str]:
+    def signed(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.3f}"
+
+    rows = [[row["router"], f"{row['propagation_s']:g} s", row["split"], f"{row['admitted']:.3f}", signed(row["error_max"]),
+             signed(row["error_mean"]), signed(row["after_scale_mean"]), signed(row["after_scale_min"])] for row in report["rows"]]
+    schedule = ", ".join(f"{n} from {t:g} s" for t, n in report["schedule"])
+    return [f"A tenant sending exactly its quota ({report['rpm']:,} requests per minute, Poisson) through each router "
+            f"while its pool scales ({schedule}); least-request holds a request open for an exponential "
+            f"{report['service_s']:g} s on average, affinity hashes {report['sessions']} Zipf({report['zipf']:g})-popular client "
+            f"sessions onto the pods; the split re-planned every {report['tick_s']:g} s over {report['minutes']:g} simulated "
+            f"minutes, {report['seeds']} seeds. Error: admitted per minute / quota − 1 (max and mean over every minute; "
+            f"mean and lowest in the minute after each scale event).", "",
+            *_table(["router", "table propagation", "split", "admitted", "error max", "error mean", "after scale mean",
+                     "after scale lowest"], rows)]
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.sim/v1": render_sim,
     "slaq.bench.sched_overhead/v1": render_sched_overhead,
     "slaq.bench.sidecar_latency/v1": render_sidecar_latency,
     "slaq.bench.operator_scale/v1": render_operator_scale,
     "slaq.bench.quota_skew/v1": render_quota_skew,
+    "slaq.bench.quota_routing/v1": render_quota_routing,
 }
 
 
