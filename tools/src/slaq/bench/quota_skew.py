@@ -70,6 +70,18 @@ class Replica:
     def name(self) -> str:  # what cluster_router's routers key their counts by
         return self.pod
 
+    def offer(self, tenant: str, now: float) -> bool:
+        """One request of `tenant` at this pod: admitted or refused by its real QuotaGate, and
+        recorded in its UsageLog either way (the demand the operator splits on)."""
+        assert self.tenant is not None
+        try:
+            self.gate.admit(self.tenant, 0, now)
+        except QuotaExceeded:
+            self.usage.refused(tenant, now)
+            return False
+        self.usage.admitted(tenant, now)
+        return True
+
 
 def load(rpm: int, replicas: int) -> tuple[TenantSLA, InferencePool]:
     docs = [d for d in yaml.safe_load_all((EXAMPLES / "tenants.yaml").read_text(encoding="utf-8")) if d]
@@ -113,14 +125,7 @@ def simulate(rpm: int, skew: Sequence[float], *, per_pod: bool, minutes: float, 
             next_tick += tick_s
         install(now)
         replica = rng.choices(replicas, weights=skew)[0]
-        assert replica.tenant is not None
-        try:
-            replica.gate.admit(replica.tenant, 0, now)
-            replica.usage.admitted(name, now)
-            ok = True
-        except QuotaExceeded:
-            replica.usage.refused(name, now)
-            ok = False
+        ok = replica.offer(name, now)
         if now >= start_measure:
             sent += 1
             admitted += ok
@@ -267,14 +272,7 @@ def simulate_routed(rpm: int, router: str, schedule: Sequence[tuple[float, int]]
             replica = lr.pick(replicas, now)  # type: ignore[arg-type]
         else:
             replica = aff.pick(replicas, bisect.bisect_left(cum, rng.random() * cum[-1]))
-        assert replica.tenant is not None
-        try:
-            replica.gate.admit(replica.tenant, 0, now)
-            replica.usage.admitted(name, now)
-            ok = True
-        except QuotaExceeded:
-            replica.usage.refused(name, now)
-            ok = False
+        ok = replica.offer(name, now)
         if router == "least-request":
             serial += 1
             heapq.heappush(open_requests, (now + (rng.expovariate(1.0 / service_s) if ok else 0.0), serial, replica))
