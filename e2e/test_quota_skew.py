@@ -319,13 +319,19 @@ async def skewed_run(stage: Stage, mode: str) -> tuple[list[Outcome], list[Outco
 
 # Thresholds and their margins. The exact phase: 120 requests. What can refuse one there is a
 # share below its pod's demand, once the 5 s of slack is spent: with one pool-wide share (120 rpm
-# on the hot pod, which gets 192) about 26 are refused (0.78 admitted); with shares within 2 % of
+# on the hot pod, which gets 192) about 26 are refused (0.78 admitted); with shares within 1 % of the quota of
 # 80/20 none are, whatever the client's timing jitter (the slack is 16 requests on the hot pod). So
 # 0.95 and 0.99, the issue's figures, hold with a margin of the whole slack, and fail for a split
 # that does not follow the skew. The window (at least 10 s at 240 rpm: 40 requests refilled or
 # more): each empty bucket can add under one request, and a request's transit time can move one
 # across the window's opening edge; EPSILON = 0.1 leaves 4 for those 2-3. The print says what it was.
 LOCAL_ADMITTED, STORE_ADMITTED, EPSILON = 0.95, 0.99, 0.10
+# The split's precision. Demand is counted per second over the sidecar's 60 s window and the shares
+# step toward it on usage ticks (quotas.py smoothing), so the split lands within a request or two a
+# minute of 80/20, not on it (one CI run: 193.1/46.9 for 192/48). 1 % of the quota is 2.4 rpm: a cold
+# pod that far short for the 30 s phase is 1.2 requests short, inside its 4 requests of slack, while a
+# split that ignores the skew (120/120) is 72 rpm off.
+SPLIT_TOLERANCE = 0.01
 
 
 async def test_local_shares_follow_the_skew(stage: Stage) -> None:
@@ -334,8 +340,10 @@ async def test_local_shares_follow_the_skew(stage: Stage) -> None:
     admitted (>= 95 %), and the cluster admits at most its quota's rate when every bucket is empty."""
     _, exact = await skewed_run(stage, "local")
     figures = stage.figures["local"]
-    # The split followed the skew (what the admission rests on): the table's per-pod shares are 80/20 within 2 %.
-    assert figures[f"share_{HOT}"] == pytest.approx(0.8 * QUOTA, rel=0.02) and figures[f"share_{COLD}"] == pytest.approx(0.2 * QUOTA, rel=0.02), figures
+    # The split followed the skew (what the admission rests on): each pod's share is its 80/20 part
+    # within SPLIT_TOLERANCE of the quota.
+    for name, part in ((HOT, 0.8), (COLD, 0.2)):
+        assert figures[f"share_{name}"] == pytest.approx(part * QUOTA, abs=SPLIT_TOLERANCE * QUOTA), (name, figures)
     assert figures[f"share_{HOT}"] + figures[f"share_{COLD}"] <= QUOTA
     assert abs(figures[f"exact_{HOT}_sent"] - 0.8 * figures["exact_sent"]) <= 4, figures  # HAProxy's weights: 4 of every 5 to the hot pod
     assert figures["exact_admitted_fraction"] >= LOCAL_ADMITTED, figures
