@@ -152,24 +152,24 @@ def test_resolution_by_path_sees_a_package_only_an_import_hook_provides(tmp_path
     assert resolve_by_path("sidecar.errors", [str(tmp_path)]) == tmp_path / "sidecar" / "errors.py"  # the second name
 
 
-def _imported_top_names_of(text: str, source: Path) -> set[str]:
-    names: set[str] = set()
+def _imported_modules_of(text: str, source: Path) -> set[str]:
+    """The absolute module names a module imports (`import a.b`, `from a.b import c`: `a.b`)."""
+    modules: set[str] = set()
     for node in ast.walk(ast.parse(text, str(source))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+            modules.add(node.module)
+    return modules
+
+
+def _imported_top_names_of(text: str, source: Path) -> set[str]:
+    return {module.split(".")[0] for module in _imported_modules_of(text, source)}
 
 
 def _imported_components_of(text: str, source: Path) -> set[str]:
     """The slaq packages a module imports (`slaq.sidecar`, `slaq.api`, `slaq.cli`, …)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(text, str(source))):
-        modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-        names.update(".".join(m.split(".")[:2]) for m in modules if m.startswith("slaq."))
-    return names
+    return {".".join(m.split(".")[:2]) for m in _imported_modules_of(text, source) if m.startswith("slaq.")}
 
 
 def _component_of(package: str) -> str:
@@ -288,16 +288,6 @@ def test_no_folder_at_the_root_shadows_the_standard_library() -> None:
 def test_scripts_need_no_safe_path() -> None:
     for script in ("setup.sh", "test.sh"):
         assert "PYTHONSAFEPATH" not in (ROOT / "scripts" / script).read_text()
-
-
-def _imported_top_names_of(text: str, source: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(text, str(source))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
 
 
 def _imported_top_names(folder: Path) -> set[str]:

@@ -121,6 +121,16 @@ def _crd(*, kind: str, plural: str, singular: str, short_names: list[str], scope
     }
 
 
+def _column(name: str, type_: str, json_path: str, *, priority: int = 0) -> dict[str, Any]:
+    """One `additionalPrinterColumns` entry; priority 1 shows only with `kubectl get -o wide`."""
+    return {"name": name, "type": type_, **({"priority": priority} if priority else {}), "jsonPath": json_path}
+
+
+def _condition(type_: str, field: str) -> str:
+    """The JSONPath of one field of the status condition of this type."""
+    return f'.status.conditions[?(@.type=="{type_}")].{field}'
+
+
 def inference_pool_crd() -> dict[str, Any]:
     return _crd(
         kind="InferencePool", plural="inferencepools", singular="inferencepool", short_names=["ipool"],
@@ -128,12 +138,12 @@ def inference_pool_crd() -> dict[str, Any]:
         schema=_resource_schema(InferencePoolSpec, InferencePoolStatus, POOL_CEL_RULES,
                                 "GPU pods serving one model behind slaq's SLA-aware scheduler."),
         columns=[
-            {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
-            {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas.desired"},
-            {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
-            {"name": "SLA-Risk", "type": "number", "jsonPath": ".status.slaRisk"},
-            {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+            _column("Model", "string", ".spec.model.name"),
+            _column("Desired", "integer", ".spec.replicas.desired"),
+            _column("Ready", "integer", ".status.readyReplicas"),
+            _column("SLA-Risk", "number", ".status.slaRisk"),
+            _column("Status", "string", _condition("Ready", "reason")),
+            _column("Age", "date", ".metadata.creationTimestamp"),
         ],
         subresources={
             "status": {},
@@ -150,17 +160,16 @@ def tenant_sla_crd() -> dict[str, Any]:
         schema=_resource_schema(TenantSLASpec, TenantSLAStatus, TENANT_CEL_RULES,
                                 "A tenant's tier, latency objectives, cluster-wide quotas and API keys."),
         columns=[
-            {"name": "Tier", "type": "string", "jsonPath": ".spec.tier"},
-            {"name": "TTFT-ms", "type": "number", "jsonPath": ".spec.objectives.ttftMs"},
-            {"name": "TPOT-ms", "type": "number", "jsonPath": ".spec.objectives.tpotMs"},
-            {"name": "Attainment", "type": "number", "jsonPath": ".status.attainment"},
-            {"name": "At-Risk", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"AtRisk\")].status"},
+            _column("Tier", "string", ".spec.tier"),
+            _column("TTFT-ms", "number", ".spec.objectives.ttftMs"),
+            _column("TPOT-ms", "number", ".spec.objectives.tpotMs"),
+            _column("Attainment", "number", ".status.attainment"),
+            _column("At-Risk", "string", _condition("AtRisk", "status")),
             # QuotaBelowReplicas when a quota is too small to give every replica a share; -o wide says which.
-            {"name": "Quota", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"QuotaSplit\")].reason"},
-            {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-            {"name": "Quota-Split", "type": "string", "priority": 1,
-             "jsonPath": ".status.conditions[?(@.type==\"QuotaSplit\")].message"},
+            _column("Quota", "string", _condition("QuotaSplit", "reason")),
+            _column("Status", "string", _condition("Ready", "reason")),
+            _column("Age", "date", ".metadata.creationTimestamp"),
+            _column("Quota-Split", "string", _condition("QuotaSplit", "message"), priority=1),
         ],
         subresources={"status": {}},
     )
