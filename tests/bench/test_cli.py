@@ -62,7 +62,7 @@ def test_bad_input_is_named(capsys) -> None:
     assert "burst duration must be positive and at most period / factor (15 s), got 30.0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "sim", "--load", "-1"])
-    assert exit_info.value.code == 2 and "loads must be positive" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --load: must be > 0" in capsys.readouterr().err
 
 
 def test_kv_swap_flags_are_checked_before_any_simulation(capsys) -> None:

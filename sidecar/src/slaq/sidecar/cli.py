@@ -8,42 +8,7 @@ import sys
 from pathlib import Path
 
 from slaq.api.runtime import ENGINE_HOST, ENGINE_PORT, METRICS_PORT, QUOTA_STORE_PASSWORD_ENV, TENANT_TABLE_DIR, TENANT_TABLE_KEY
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """Seconds as a number, or a duration such as 30s / 1m30s (the pool's drainTimeout format)."""
-    from slaq.api.common import duration_seconds
-
-    try:
-        value = float(text)
-    except ValueError:
-        try:
-            value = duration_seconds(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+from slaq.arguments import count, positive_int, seconds
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     defaults, failures = ConnectionLimits(), AuthFailureLimits()
     parser = subparsers.add_parser("sidecar", help="Run the priority-scheduling sidecar in front of an engine.", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default 0.0.0.0).")
-    parser.add_argument("--port", type=_positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
-    parser.add_argument("--metrics-port", type=_positive_int, default=METRICS_PORT,
+    parser.add_argument("--port", type=positive_int, default=8000, help="Tenant port: the OpenAI API, /health and /ready (default 8000).")
+    parser.add_argument("--metrics-port", type=positive_int, default=METRICS_PORT,
                         help=f"Metrics port: /metrics (the sidecar's and the engine's series) and /slaq/usage, kept off the tenant port (default {METRICS_PORT}).")
     parser.add_argument("--access-log", choices=("json", "off"), default="json",
                         help="One JSON line per answered or refused request on standard output (default json); never prompt or output text, never the key.")
@@ -64,17 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pod-name", default=os.environ.get("POD_NAME") or None,
                         help="This pod's name: the replica enforces its own quota shares from the tenant table (default: $POD_NAME, "
                              "which the operator sets; without it the pool-wide share).")
-    parser.add_argument("--max-queue-depth", type=_positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
-    parser.add_argument("--drain-timeout", type=_seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
+    parser.add_argument("--max-queue-depth", type=positive_int, default=1024, help="Most requests queued here before refusing (503 queue_full).")
+    parser.add_argument("--drain-timeout", type=seconds, default=30.0, help="Seconds to finish in-flight requests after SIGTERM.")
     parser.add_argument("--trusted-proxies", default=None, metavar="CIDR[,CIDR...]",
                         help="Proxies (addresses or networks) whose X-Forwarded-For names the client in the access log; "
                         "default none: the client is the TCP peer, whatever the request says.")
     parser.add_argument("--trust-gateway-headers", action="store_true", help="Trust x-llm-d-* fairness and SLO headers (only behind a gateway that sets them).")
     parser.add_argument("--served-model-name", default=None, help="Model name clients must send; other names get 404 unknown_model.")
     parser.add_argument("--scheduler-config", default=None, help="SchedulerSpec as inline JSON or a JSON/YAML file (score weights, aging bound).")
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=256,
+    parser.add_argument("--max-num-seqs", type=positive_int, default=256,
                         help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                         help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
     parser.add_argument("--tokenizer", default=None,
                         help="The served model's Hugging Face tokenizer (hub id or path; the operator passes the pool's model): prompt tokens "
@@ -83,19 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenizer-revision", default=None, help="The tokenizer's revision on the hub (the pool's model.revision).")
     parser.add_argument("--request-limits", default=None,
                         help="The pool's RequestLimitsSpec as inline JSON or a JSON/YAML file (n, prompt batch, beam search, stop, logprobs, body cap...).")
-    parser.add_argument("--max-model-len", type=_positive_int, default=None,
+    parser.add_argument("--max-model-len", type=positive_int, default=None,
                         help="The engine's context length (the pool's model.maxModelLen): the bound on max_tokens and, times bytesPerToken, on the body, "
                              "and the prompt + output that scores 0 on the length term, as in the engine (default: bodies up to the largest "
                              "any pool may set, the length term over 8192 tokens).")
-    parser.add_argument("--header-timeout", type=_seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
-    parser.add_argument("--body-timeout", type=_seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
-    parser.add_argument("--write-timeout", type=_seconds, default=defaults.write_idle_s,
+    parser.add_argument("--header-timeout", type=seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
+    parser.add_argument("--body-timeout", type=seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
+    parser.add_argument("--write-timeout", type=seconds, default=defaults.write_idle_s,
                         help=f"Seconds one write to a client that does not read may wait; then the connection is closed (default {defaults.write_idle_s:g}).")
-    parser.add_argument("--engine-idle-timeout", type=_seconds, default=defaults.engine_idle_s,
+    parser.add_argument("--engine-idle-timeout", type=seconds, default=defaults.engine_idle_s,
                         help=f"Seconds the engine may stay silent within a request; then it ends (default {defaults.engine_idle_s:g}).")
-    parser.add_argument("--max-connections", type=_positive_int, default=defaults.max_connections,
+    parser.add_argument("--max-connections", type=positive_int, default=defaults.max_connections,
                         help=f"Most open connections and requests on both ports; more get 503 (default {defaults.max_connections}).")
-    parser.add_argument("--max-connections-per-client", type=_count, default=defaults.max_connections_per_client,
+    parser.add_argument("--max-connections-per-client", type=count, default=defaults.max_connections_per_client,
                         help=f"Most open connections from one client address (an IPv6 /64), both ports; more get 503 and are closed, "
                              f"except /health and /ready. Behind a gateway raise it to the gateway's pool, or 0 for no cap "
                              f"(default {defaults.max_connections_per_client}).")
@@ -105,25 +70,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"comes from ${QUOTA_STORE_PASSWORD_ENV} or --quota-store-password-file, never the URL (default: none, the shares decide).")
     parser.add_argument("--quota-store-password-file", type=Path, default=None, help="A file holding the store's password (a mounted Secret).")
     parser.add_argument("--quota-store-prefix", default="slaq", help="Prefix of the store's keys: installs sharing one Redis set different ones (default slaq).")
-    parser.add_argument("--quota-store-timeout", type=_seconds, default=0.25,
+    parser.add_argument("--quota-store-timeout", type=seconds, default=0.25,
                         help="Seconds one store call may take, connecting included, before the request is decided on the shares (at most 1; default 0.25).")
-    parser.add_argument("--quota-store-lease", type=_seconds, default=10.0,
+    parser.add_argument("--quota-store-lease", type=seconds, default=10.0,
                         help="Seconds a sidecar's in-flight slots outlive it in the store if it dies; renewed every third of it (default 10).")
-    parser.add_argument("--max-header-bytes", type=_positive_int, default=defaults.max_header_bytes,
+    parser.add_argument("--max-header-bytes", type=positive_int, default=defaults.max_header_bytes,
                         help=f"Most bytes of a request head (request line and headers); more get 431 and the connection is closed "
                              f"(default {defaults.max_header_bytes}).")
-    parser.add_argument("--max-headers", type=_positive_int, default=defaults.max_headers,
+    parser.add_argument("--max-headers", type=positive_int, default=defaults.max_headers,
                         help=f"Most headers in a request; more get 431 and the connection is closed (default {defaults.max_headers}).")
-    parser.add_argument("--auth-failure-limit", type=_count, default=failures.limit,
+    parser.add_argument("--auth-failure-limit", type=count, default=failures.limit,
                         help=f"Failed authentications one client address (an IPv6 /64) may have within --auth-failure-window; past it "
                              f"its requests get 429 auth_throttled with Retry-After, before their key is looked at. Behind a gateway "
                              f"name it in --trusted-proxies, or 0 to turn this off (default {failures.limit}).")
-    parser.add_argument("--auth-failure-window", type=_seconds, default=failures.window_s,
+    parser.add_argument("--auth-failure-window", type=seconds, default=failures.window_s,
                         help=f"The window of --auth-failure-limit and --auth-failure-log-lines, in seconds (default {failures.window_s:g}).")
-    parser.add_argument("--auth-failure-log-lines", type=_count, default=failures.log_lines,
+    parser.add_argument("--auth-failure-log-lines", type=count, default=failures.log_lines,
                         help=f"Access lines of failed authentication (401, 429 auth_throttled) written per client address per window; "
                              f"the rest are counted into one access_suppressed line when the window ends (default {failures.log_lines}).")
-    parser.add_argument("--engine-health-timeout", type=_seconds, default=HEALTH_TIMEOUT_S,
+    parser.add_argument("--engine-health-timeout", type=seconds, default=HEALTH_TIMEOUT_S,
                         help=f"Seconds the engine's /health may take; past it the pod is not ready and refuses new requests with 503 "
                              f"until the engine answers again (default {HEALTH_TIMEOUT_S:g}).")
     parser.set_defaults(handler=_run)

@@ -6,29 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from slaq.arguments import positive_number, positive_numbers
 from slaq.bench.traces import BUNDLED_TRACE, trace_path
 
 DEFAULT_POLICIES = "fcfs,priority,slaq,oracle"
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"loads must be positive numbers, got {text!r}")
-    return values
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"loads must be positive numbers, got {text!r}")
-    return value
 
 
 def _workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,12 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "schedule()/update_from_output() in simulated time and compare SLO attainment.")
     _workload_arguments(sim)
     loads = sim.add_mutually_exclusive_group()
-    loads.add_argument("--load", type=_positive, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
-    loads.add_argument("--load-sweep", type=_floats, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
+    loads.add_argument("--load", type=positive_number, default=None, help="arrival rate as a multiple of the pool's measured capacity (default 1.0)")
+    loads.add_argument("--load-sweep", type=positive_numbers, default=None, metavar="X,Y,...", help="several loads, e.g. 0.5,1.0,1.5,2.0")
     loads.add_argument("--slo-capacity", action="store_true",
                        help="search each policy's SLO capacity: the highest load with critical >= 0.99 and standard >= 0.95 "
                             "attainment (bracketing, then bisection over multiples of --slo-resolution)")
-    sim.add_argument("--slo-resolution", type=_positive, default=0.1, metavar="LOAD", help="with --slo-capacity: bisect over loads that are multiples of this step (default 0.1)")
+    sim.add_argument("--slo-resolution", type=positive_number, default=0.1, metavar="LOAD", help="with --slo-capacity: bisect over loads that are multiples of this step (default 0.1)")
     sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
