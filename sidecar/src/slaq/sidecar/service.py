@@ -311,9 +311,10 @@ class SidecarCore:
         self.risk.waiting(flight.key, arrival, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
 
-    async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
-        """Check, charge and queue one request; returns once it is released to the engine."""
-        arrival = self.clock()
+    async def admit(self, identity: Identity, kind: Kind, raw: bytes, arrival: float | None = None) -> Flight:
+        """Check, charge and queue one request; returns once it is released to the engine. `arrival`:
+        when the request reached the host, if earlier than now (the HTTP layer's stamp, arrival.py)."""
+        arrival = self.clock() if arrival is None else min(arrival, self.clock())
         parsed: InferencePayload | SidecarError | None = None
         if not self.draining:
             parsed = await self._parse_off_loop(identity, kind, raw) if self.parsers.wants(raw) else self._parse(identity, kind, raw)
