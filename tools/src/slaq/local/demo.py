@@ -574,20 +574,6 @@ class EngineHold:
         finally:
             self._resume()
 
-    @contextmanager
-    def unread(self) -> Iterator[None]:
-        """The sidecar stopped inside the block (SIGSTOP to its process group): requests sent meanwhile
-        wait in its listening socket, their arrival not yet stamped; continued after."""
-        sidecar = self.stack.sidecar
-        if sidecar is None:
-            yield
-            return
-        try:
-            sidecar.signal(signal.SIGSTOP)
-            yield
-        finally:
-            sidecar.signal(signal.SIGCONT)
-
     def _stop(self) -> None:
         if self._stopped:
             return
