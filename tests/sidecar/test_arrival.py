@@ -78,6 +78,7 @@ def test_a_body_sent_late_counts_in_ttft_histogram_access_log_and_slo(sidecar) -
     assert b"[DONE]" in late
     line = _one_line(sidecar, buffer, 1)
     assert WAIT_S <= line["ttft_s"] <= line["e2e_s"]
+    assert line["pipe_ahead"] == 0 and 0 <= line["handover_s"] < WAIT_S  # the door wait is before the release, not in the handover
     assert line["slo"] == "ttft_missed"  # the tenant's 50 ms objective, lost at the door
     assert _ttft_sum(sidecar) - before >= WAIT_S
 

@@ -35,6 +35,7 @@ class QueuedRequest:
     released: bool = False
     release_time: float | None = None
     queued_at: float | None = None  # None: released without queueing
+    pipe_ahead: int | None = None  # released requests without a first byte yet when this one was released (the pipe to the engine)
 
     @property
     def queue_wait_s(self) -> float:
@@ -218,6 +219,7 @@ class Dispatcher:
 
     def _release(self, entry: QueuedRequest, *, from_queue: bool) -> None:
         now = self.clock()
+        entry.pipe_ahead = self.gate.not_started
         self.gate.on_release(entry.view.tier.rank)
         self.pace.released(now, from_queue)
         self.tier_paces[entry.view.tier.rank].released(now, from_queue)

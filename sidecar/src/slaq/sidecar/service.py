@@ -68,6 +68,8 @@ class Settlement:
     ttft_s: float | None = None
     tpot_s: float | None = None
     slo_outcome: str | None = None  # met, ttft_missed, tpot_missed, e2e_missed; None without objectives
+    handover_s: float | None = None  # release to the engine → its first response byte
+    pipe_ahead: int | None = None  # released requests without a first byte yet at this one's release
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +430,8 @@ class SidecarCore:
         flight.first_token_time = now
         release = flight.entry.release_time
         self.risk.started(flight.key, None if release is None else now - release)
+        if release is not None and flight.payload.stream and flight.entry.pipe_ahead is not None:
+            self.metrics.observe_handover(flight.tier.value, flight.entry.pipe_ahead, max(0.0, now - release))
         self.dispatcher.first_byte(flight.entry)
 
     def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int, refund: bool = False) -> None:
@@ -473,7 +477,9 @@ class SidecarCore:
                 self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
                 self._observe_token_interval(tpot, output_tokens - 1)
         outcome = self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
-        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome)
+        release = flight.entry.release_time
+        handover = None if ttft is None or release is None else max(0.0, flight.first_token_time - release)  # type: ignore[operator]
+        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome, handover, flight.entry.pipe_ahead)
 
     def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> str | None:
         identity = flight.identity
