@@ -170,7 +170,7 @@ class Dispatcher:
 
     def _gate_lets(self, tier_rank: int, rank_class: int) -> bool:
         protected = STARVING_CLASS < rank_class < MISSED_CLASS
-        return self.gate.can_release(tier_rank if protected else None)
+        return self.gate.can_release(tier_rank if protected else None) and self.gate.handover_open(tier_rank)
 
     def may_release(self, view: RequestView, now: float, pool: PoolView) -> bool:
         """The gate's answer for a request with `view` (see the class doc)."""

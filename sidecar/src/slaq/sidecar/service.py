@@ -30,7 +30,7 @@ from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
-from slaq.sidecar.release import ReleaseGate
+from slaq.sidecar.release import HANDOVER_TARGET, ReleaseGate
 from slaq.sidecar.quota_store import QuotaStore
 from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.shared_quotas import SharedQuotaGate
@@ -50,6 +50,7 @@ class CoreConfig:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     trust_gateway_headers: bool = False
     engine_queue_target: int = 16
+    handover_target: int | None = HANDOVER_TARGET  # lower tiers' bound on the pipe to the engine (release.py); None: none
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
     limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
@@ -133,7 +134,7 @@ class SidecarCore:
         self.accounting = self.policy.accounting
         self.risk = SlaRisk()
         self.usage = UsageLog()
-        self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
+        self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target, handover_target=config.handover_target)
         self.queue = RequestQueue(self.policy.ranking, self.policy.discipline, self._current_view)
         self.queue.tiers.lead = self.first_token_lead
         self.dispatcher = Dispatcher(self.queue, self.gate, self.pool_view, clock)
