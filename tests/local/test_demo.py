@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -426,3 +427,25 @@ def test_a_run_whose_requests_were_not_sent_together_is_refused() -> None:
 
     with pytest.raises(NotTogether, match="ms apart, not together"):
         _scenario_on_a_fake_engine({100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # reading B holds the loop up 200 ms
+
+
+def test_the_handover_figures_come_from_the_loaded_runs_access_lines_by_tier_and_pipe_depth() -> None:
+    from slaq.local.demo_report import access_records, handover_figures, handover_lines
+
+    def line(time_s: str, tier: str, handover: float | None, ahead: int | None) -> str:
+        return json.dumps({"time": f"2026-12-04T20:00:{time_s}Z", "event": "request", "tier": tier, "handover_s": handover,
+                           "pipe_ahead": ahead}, separators=(",", ":"))
+
+    log = [line("00.000", "critical", 0.5, 20),  # before the loaded run: left out
+           "INFO: uvicorn started", line("10.000", "critical", 0.02, 1), line("10.100", "critical", 0.03, 2),
+           line("10.200", "critical", 0.09, 9), line("10.300", "batch", 0.01, 0), line("10.400", "critical", None, None)]
+    since = datetime.fromisoformat("2026-12-04T20:00:05+00:00").timestamp()
+    records = access_records(log, since)
+    assert len(records) == 5
+    figures = handover_figures(records, {"critical": "A (VIP)", "standard": "B (standard)", "batch": "C (free)"})
+    vip = figures["A (VIP)"]
+    assert (vip["n"], vip["p50_ms"], vip["p90_ms"], vip["pipe_ahead_max"]) == (3, 30.0, 90.0, 9)
+    assert vip["by_pipe_ahead"]["0-2"] == {"n": 2, "p50_ms": 20.0, "p90_ms": 30.0}
+    assert vip["by_pipe_ahead"]["8+"]["n"] == 1 and figures["B (standard)"]["n"] == 0
+    text = handover_lines(figures)
+    assert "A (VIP)" in text and "8+ ahead: 90 / 90 (1)" in text
