@@ -8,27 +8,29 @@ stacks, as a user runs it), and prints one line per run and then the distributio
 standard tenant's, scenario 4.5's order under slaq (checked as `e2e/test_demo.py` checks it),
 slaq's VIP handover p90, the capacity measured, and whether the run's front end was saturated. A
 run that exits non-zero counts as failed. Exit status 0 when every run exited 0 with scenario 4.5
-in the report's order. `--out` keeps every run's figures and the summary (with the command, date
-and commit) for docs/results.
+in the report's order. `--out` keeps every run's figures and the summary in the benchmarks' envelope (command, date,
+commit, load average) for docs/results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
 from e2e.scenario45_loop import order_problem
+from slaq.bench.envelope import envelope, with_envelope
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1800.0
+SCHEMA = "slaq.e2e.demo_loop/v1"  # docs/results.md renders it (slaq.bench.results.render_demo_loop)
 
 
 def run_figures(report: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
+    run = envelope()  # started now: the load average at the start
+    run["command"] = shlex.join(["python", "-m", "e2e.demo_loop", *(argv if argv is not None else sys.argv[1:])])
     workdir = Path(tempfile.mkdtemp(prefix="slaq-demo-loop-"))
     runs: list[dict[str, Any]] = []
     for index in range(args.runs):
@@ -100,11 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                        ("capacity_rps", "capacity requests/s")):
         print(f"  {label:<26} min / median / max: {spread([f[key] for f in figures])}")
     if args.out is not None:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"command": "python -m e2e.demo_loop " + " ".join(argv if argv is not None else sys.argv[1:]),
-                                        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-                                        "summary": result, "runs": runs}, indent=2) + "\n")
+        report = {"schema": SCHEMA, "quick": args.quick, "summary": result, "runs": runs}
+        args.out.write_text(json.dumps(with_envelope(report, run), indent=2) + "\n")
         print(f"figures: {args.out}")
     return 0 if result["exited_0"] == len(runs) and result["scenario_in_order"] == len(runs) else 1
 

@@ -24,3 +24,16 @@ def test_the_summary_counts_order_and_saturation_and_spreads_the_figures() -> No
     assert result["slaq_vip_met"] == {"min": 0.69, "median": 0.83, "max": 0.97}
     assert result["vip_handover_p90_ms"]["max"] == 120.0
     assert spread([0.69, None, 0.97]) == "0.69 / 0.83 / 0.97" and spread([None]) == "—"
+
+
+def test_the_loops_report_renders_on_the_results_page() -> None:
+    from slaq.bench.results import check_report, render_section
+
+    runs = [{"exit": 0, "figures": run_figures(report(0.97, [["A", "C"], ["B"]]))},
+            {"exit": 0, "figures": run_figures(report(0.93, [["A", "C"], ["B"]], saturated=True))}]
+    loop = {"run": {"command": "python -m e2e.demo_loop --runs 2", "date": "2026-12-04T20:00:00Z", "commit": None},
+            "schema": "slaq.e2e.demo_loop/v1", "quick": False, "summary": summary(runs), "runs": runs}
+    check_report("demo-loop.json", loop)
+    text = "\n".join(render_section("demo-loop", loop))
+    assert "run 2 times in a row: 2 exited 0, scenario 4.5 in the report's order (under slaq) in 2" in text
+    assert "| slaq VIP SLO met | 93% / 95% / 97% |" in text and "saturated (the demo's verdict) in 0 of stock's" in text
