@@ -351,8 +351,9 @@ def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: d
 
 def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_counts_from_there() -> None:
     """The demo's hold (the engine core stopped): the background arrives while the engine is stopped
-    (one step admits all of it); the fake engine answers nothing of A, B and C until the second hold
-    ends, however late the client's loop sent them, and the background keeps its stream."""
+    (one step admits all of it); A, B and C are sent to the running server inside the second hold
+    (no sidecar stop: its clock counts from their receipt), the fake engine answers nothing of them
+    until that hold ends, and the background keeps its stream."""
     from contextlib import contextmanager
 
     from slaq.local.scenario45 import BACKGROUND, HANDOVER_S, SETTLE_S, KvPlan, run_scenario
