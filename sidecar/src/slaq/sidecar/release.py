@@ -28,13 +28,14 @@ The handover: the engine's scheduler reorders its waiting queue by tier, but the
 not. vLLM's API server tokenizes and sets up each request, one at a time in arrival order, before
 the scheduler sees it: a critical request released behind many lower-tier ones waits for all of
 them there (issue 39: 17–30 ms with 0–2 ahead, 55–148 ms with 12 or more, on the demo's 2 cores).
-So lower tiers get a bound of their own on what they have released and not started (in that pipe,
-or waiting in the engine, estimated as above): a request of tier rank r > 0 goes only while the
-requests of its tier and below are fewer than `handover_target` × (number of tiers − r), 4 for
-batch and 8 for standard with the default of 4, so a critical request never finds more than 8
-lower-tier requests ahead of it on the way, and a lower tier never holds a higher one (its bound is
-larger). The engine still has that many lower-tier requests to admit when a batch slot frees. The
-top tier has the engine-queue rule alone. `slaq_handover_seconds{tier,ahead}` measures it.
+So the lowest tier gets a bound of its own on what it has released and not started (in that pipe,
+or waiting in the engine, estimated as above): a batch request goes only while fewer than
+`handover_target` (4) batch requests are, so a critical or standard request never finds more than
+4 of them ahead of it on the way, and the engine still has 4 to admit when a slot frees. The
+protected tiers keep the engine-queue rule alone: a bound counting standard requests too (8 for
+standard and below) held standard requests behind batch requests waiting in the engine, the very
+thing the per-tier count above undid (`slaq bench sim --pod`, 6,000 requests at load 2.0: standard
+attainment 0.951 → 0.734). `slaq_handover_seconds{tier,ahead}` measures the handover.
 The dispatcher (`queue.Dispatcher`) releases in the discipline's order; past a held choice only a
 head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it.
 """
@@ -46,6 +47,7 @@ from collections.abc import Sequence
 from slaq.api.common import Tier
 
 HANDOVER_TARGET = 4  # the lowest tier's bound on what it has in the pipe to the engine (module doc)
+LOWEST_TIER_RANK = len(Tier) - 1
 
 
 class ReleaseGate:
@@ -81,16 +83,16 @@ class ReleaseGate:
         return self._waiting(slice(None) if tier_rank is None else slice(None, tier_rank + 1))
 
     def pipe_estimate(self, tier_rank: int) -> int:
-        """Requests of tier `tier_rank` and below released and not yet started by the engine: in the
-        pipe to its scheduler (the API server's) or waiting in it."""
-        return self._waiting(slice(tier_rank, None))
+        """Requests of tier `tier_rank` released and not yet started by the engine: in the pipe to its
+        scheduler (the API server's) or waiting in it."""
+        return self._waiting(slice(tier_rank, tier_rank + 1))
 
     def handover_bound(self, tier_rank: int) -> int | None:
-        """The most requests of tier `tier_rank` and below that may be in the pipe to the engine (see
-        the module doc); None for the top tier, or with no `handover_target`."""
-        if self.handover_target is None or tier_rank == 0:
+        """The most requests of tier `tier_rank` that may be in the pipe to the engine (see the module
+        doc): `handover_target` for the lowest tier; None for the others, or with no target."""
+        if self.handover_target is None or tier_rank != LOWEST_TIER_RANK:
             return None
-        return self.handover_target * (len(Tier) - tier_rank)
+        return self.handover_target
 
     def _waiting(self, ranks: slice) -> int:
         """Released requests of the tiers `ranks` (by rank) the engine has not started: the smaller of

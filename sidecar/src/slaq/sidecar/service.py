@@ -50,7 +50,7 @@ class CoreConfig:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     trust_gateway_headers: bool = False
     engine_queue_target: int = 16
-    handover_target: int | None = HANDOVER_TARGET  # lower tiers' bound on the pipe to the engine (release.py); None: none
+    handover_target: int | None = HANDOVER_TARGET  # the lowest tier's bound on the pipe to the engine (release.py); None: none
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
     limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
