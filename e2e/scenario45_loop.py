@@ -28,15 +28,19 @@ from slaq.local.up import default_tenants
 
 def slaq_order_problem(run: ScenarioRun) -> str | None:
     """What `e2e/test_demo.py` would fail on in this run (None: it passes)."""
-    groups = run.engine_groups
+    return order_problem(run.engine_groups, run.finished("B"), run.groups)
+
+
+def order_problem(groups: list[list[str]] | None, b_finished: bool, client_groups: object = None) -> str | None:
+    """The check on slaq's engine order (groups of letters started together), as `e2e/test_demo.py` makes it."""
     if groups is None:
-        return f"the engine logged no line for A, B or C (the client saw {run.groups})"
+        return f"the engine logged no line for A, B or C (the client saw {client_groups})"
     order = [x for g in groups for x in g]
     if "A" not in groups[0]:
         return f"A did not start first: {groups}"
     if not (order.index("C") < order.index("B") and not any("C" in g and "B" in g for g in groups)):
         return f"C did not start before B: {groups}"
-    if not run.finished("B"):
+    if not b_finished:
         return "B never finished"
     return None
 

@@ -30,7 +30,7 @@ def test_the_page_is_what_its_reports_render_to() -> None:
 def test_every_report_carries_its_command_date_and_commit() -> None:
     for name, report in load_reports().items():
         run = report["run"]
-        assert run["command"].startswith(("slaq bench ", "python tools/src/slaq/bench/")), (name, run["command"])
+        assert run["command"].startswith(("slaq bench ", "python tools/src/slaq/bench/", "python -m e2e.")), (name, run["command"])
         assert dt.datetime.strptime(run["date"], "%Y-%m-%dT%H:%M:%SZ"), name
         assert run["commit"] is None or len(run["commit"]) == 40, name
         assert f"## {name}\n\n```bash\n{run['command']}\n```\n\nRun {run['date']}, " in PAGE.read_text(encoding="utf-8")

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from slaq.local.cores import WORKER_NAME, descendants, free_cores, pin, pin_beside_workers, worker_cores
+from slaq.local.cores import ENGINE_CORE_NAME, WORKER_NAME, descendants, engine_cores, free_cores, pin, pin_beside_workers, pin_engine_cores, worker_cores
 
 SLEEPER = "import sys, time; open('/proc/self/comm', 'w').write(sys.argv[1]); time.sleep(60)"
 
@@ -67,3 +67,22 @@ def test_the_engine_the_others_and_this_process_move_beside_the_worker_which_sta
         assert free == set(allowed) - worker
         assert os.sched_getaffinity(0) == free and os.sched_getaffinity(sidecar.pid) == free
         assert os.sched_getaffinity(process.pid) == worker
+
+
+def test_the_engine_core_moves_onto_its_workers_cores_and_nothing_else_does() -> None:
+    """vLLM's engine core (`VLLM::EngineCore`, a comm cut to 15 characters) goes beside its model
+    worker, not onto the front end's cores; another process (the negative control) stays put."""
+    allowed = sorted(os.sched_getaffinity(0))
+    worker = {allowed[0]}
+    with child(WORKER_NAME, worker), child("VLLM::EngineCore", set(allowed)) as core, child("python-other", set(allowed)) as other:
+        assert engine_cores(os.getpid()) == [core.pid] and ENGINE_CORE_NAME == "VLLM::EngineCore"[:15]
+        assert pin_engine_cores([os.getpid()]) == {core.pid: worker}
+        assert os.sched_getaffinity(core.pid) == worker
+        assert os.sched_getaffinity(other.pid) == set(allowed)
+
+
+def test_without_a_worker_the_engine_core_is_not_moved() -> None:
+    allowed = set(os.sched_getaffinity(0))
+    with child("VLLM::EngineCore", allowed) as core:
+        assert pin_engine_cores([os.getpid()]) == {}
+        assert os.sched_getaffinity(core.pid) == allowed

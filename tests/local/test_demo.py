@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -350,23 +351,24 @@ def _scenario_on_a_fake_engine(first_token_after_s: dict[int, float], stall_s: d
 
 def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_counts_from_there() -> None:
     """The demo's hold (the engine core stopped): the background arrives while the engine is stopped
-    (one step admits all of it); the fake engine answers nothing of A, B and C until the second hold
-    ends, however late the client's loop sent them, and the background keeps its stream."""
+    (one step admits all of it); A, B and C are sent to the running server inside the second hold
+    (no sidecar stop: its clock counts from their receipt), the fake engine answers nothing of them
+    until that hold ends, and the background keeps its stream."""
     from contextlib import contextmanager
 
-    from slaq.local.scenario45 import BACKGROUND, SETTLE_S, KvPlan, run_scenario
+    from slaq.local.scenario45 import BACKGROUND, HANDOVER_S, SETTLE_S, KvPlan, run_scenario
 
     background = BACKGROUND[0].prompt_tokens
     first_token_after_s = {100: 0.01, 500: 0.2, 10: 0.06}
     seen: list[int] = []
     background_stopped: list[bool] = []  # for each background request: was the engine stopped when it arrived?
-    trio_unread: list[bool] = []  # for each of A, B and C: was the sidecar stopped when it was sent?
+    trio_held: list[bool] = []  # for each of A, B and C: was the engine stopped when it arrived?
 
     async def go() -> ScenarioRun:
         released = asyncio.Event()
 
         class Hold:
-            stops, inside, unread_inside = 0, False, False
+            stops, inside = 0, False
 
             async def arm(self) -> None:
                 pass
@@ -386,13 +388,6 @@ def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_c
                 if self.stops == 2:  # the trio's hold
                     released.set()
 
-            @contextmanager
-            def unread(self):
-                assert self.inside and self.stops == 2  # inside the trio's hold
-                self.unread_inside = True
-                yield
-                self.unread_inside = False
-
         hold = Hold()
 
         async def handler(body: dict, writer: asyncio.StreamWriter) -> None:
@@ -401,8 +396,7 @@ def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_c
                 background_stopped.append(hold.inside)
             else:
                 seen.append(n)
-                trio_unread.append(hold.unread_inside)
-                time.sleep(0.2 if n == 500 else 0.0)  # reading B holds the loop up: no matter under a hold
+                trio_held.append(hold.inside and hold.stops == 2)
                 await released.wait()
             await asyncio.sleep(0.0 if n == background else first_token_after_s[n])
             await stream_sse(writer, [chunk(sse_event("x"))])
@@ -414,11 +408,11 @@ def test_under_a_hold_the_trio_reaches_the_engine_before_it_continues_and_ttft_c
             return await run_scenario("slaq", url, "m", {x: "k" for x in "ABC"}, {x: None for x in "ABC"}, 1, "k", hold=hold)
 
     run = asyncio.run(go())
-    assert background_stopped == [True, True, True] and trio_unread == [True, True, True]
-    assert sorted(seen) == [10, 100, 500] and run.held_until is not None and run.held_until >= SETTLE_S
+    assert background_stopped == [True, True, True] and trio_held == [True, True, True]
+    assert sorted(seen) == [10, 100, 500] and run.held_until is not None and run.held_until >= SETTLE_S + HANDOVER_S
     assert run.order == ["A", "C", "B"]
     assert run.ttft_ms("A") == round(1000 * (run.outcomes["A"].first_token_at - run.held_until), 1)  # from the hold's end
-    assert run.outcomes["A"].ttft_s > SETTLE_S  # (from the send, it includes the hold)
+    assert run.outcomes["A"].ttft_s > HANDOVER_S  # (from the send, it includes the handover)
     assert all(run.outcomes[x].first_token_at > run.held_until for x in "ABC")
 
 
@@ -434,3 +428,25 @@ def test_a_run_whose_requests_were_not_sent_together_is_refused() -> None:
 
     with pytest.raises(NotTogether, match="ms apart, not together"):
         _scenario_on_a_fake_engine({100: 0.01, 500: 0.2, 10: 0.06}, {500: 0.2})  # reading B holds the loop up 200 ms
+
+
+def test_the_handover_figures_come_from_the_loaded_runs_access_lines_by_tier_and_pipe_depth() -> None:
+    from slaq.local.demo_report import access_records, handover_figures, handover_lines
+
+    def line(time_s: str, tier: str, handover: float | None, ahead: int | None) -> str:
+        return json.dumps({"time": f"2026-12-04T20:00:{time_s}Z", "event": "request", "tier": tier, "handover_s": handover,
+                           "pipe_ahead": ahead}, separators=(",", ":"))
+
+    log = [line("00.000", "critical", 0.5, 20),  # before the loaded run: left out
+           "INFO: uvicorn started", line("10.000", "critical", 0.02, 1), line("10.100", "critical", 0.03, 2),
+           line("10.200", "critical", 0.09, 9), line("10.300", "batch", 0.01, 0), line("10.400", "critical", None, None)]
+    since = datetime.fromisoformat("2026-12-04T20:00:05+00:00").timestamp()
+    records = access_records(log, since)
+    assert len(records) == 5
+    figures = handover_figures(records, {"critical": "A (VIP)", "standard": "B (standard)", "batch": "C (free)"})
+    vip = figures["A (VIP)"]
+    assert (vip["n"], vip["p50_ms"], vip["p90_ms"], vip["pipe_ahead_max"]) == (3, 30.0, 90.0, 9)
+    assert vip["by_pipe_ahead"]["0-2"] == {"n": 2, "p50_ms": 20.0, "p90_ms": 30.0}
+    assert vip["by_pipe_ahead"]["8+"]["n"] == 1 and figures["B (standard)"]["n"] == 0
+    text = handover_lines(figures)
+    assert "A (VIP)" in text and "8+ ahead: 90 / 90 (1)" in text

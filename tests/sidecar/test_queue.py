@@ -328,3 +328,67 @@ async def test_a_lowest_tier_request_whose_deadline_passes_in_the_queue_is_shed_
     assert len(dispatcher.queue) == 1 and standard.queued  # the missed standard request waits on
     tasks[1].cancel()
 
+
+
+# the handover: lower tiers' bound on the pipe to the engine (release.py, issue 39) -------------
+
+def test_the_handover_bound_holds_batch_at_4_in_the_pipe_and_never_a_protected_tier() -> None:
+    gate = ReleaseGate(engine_queue_target=100, handover_target=4)
+    assert (gate.handover_bound(C), gate.handover_bound(S), gate.handover_bound(B)) == (None, None, 4)
+    for _ in range(4):
+        assert gate.handover_open(B)
+        gate.on_release(B)
+    assert not gate.handover_open(B) and gate.can_release()  # the engine-queue rule alone would let it go
+    for _ in range(20):
+        assert gate.handover_open(S) and gate.handover_open(C)  # batch in the pipe never holds a protected tier
+        gate.on_release(S)
+        gate.on_release(C)
+    assert gate.pipe_estimate(B) == 4 and not gate.handover_open(B)  # counted on its own: the others do not move it
+    gate.on_first_byte(B)  # one batch request reached the engine's scheduler and started
+    assert gate.handover_open(B)
+
+
+def test_without_a_handover_target_lower_tiers_fill_the_pipe_up_to_the_engine_queue_target() -> None:
+    """The negative control: the engine-queue rule alone lets 16 batch requests into the pipe."""
+    gate = ReleaseGate(engine_queue_target=16, handover_target=None)
+    for _ in range(16):
+        assert gate.can_release() and gate.handover_open(B)
+        gate.on_release(B)
+    assert not gate.can_release() and gate.pipe_estimate(B) == 16
+
+
+def test_the_handover_bound_trusts_the_engines_gauges_for_non_streaming_requests() -> None:
+    """Non-streaming batch requests have no first byte until they end: running, they would hold the
+    bound shut forever; the engine's gauges say none of them waits."""
+    gate = ReleaseGate(engine_queue_target=16, handover_target=4)
+    for _ in range(6):
+        gate.on_release(B)
+    assert not gate.handover_open(B)
+    gate.observe_engine(0, released_total_at_request=gate.released_total, running=6, waiting_by_rank=[0, 0, 0],
+                        released_by_rank_at_request=gate.released_by_rank)
+    assert gate.pipe_estimate(B) == 0 and gate.handover_open(B)
+
+
+def test_a_handover_target_below_1_is_refused() -> None:
+    with pytest.raises(ValueError, match="handover_target"):
+        ReleaseGate(handover_target=0)
+
+
+async def test_a_vip_released_behind_a_batch_flood_finds_at_most_the_bound_ahead() -> None:
+    """Twenty batch requests arrive, then a VIP: with the bound, 4 of them are in the pipe when the
+    VIP is released (it goes at once); without it, 16 (the engine-queue target)."""
+    ahead = {}
+    for target in (4, None):
+        clock = [10.0]
+        dispatcher = Dispatcher(new_queue(), ReleaseGate(engine_queue_target=16, handover_target=target), lambda: POOL, lambda: clock[0])
+        batch = [QueuedRequest(view(Tier.BATCH, arrival=10.0)) for _ in range(20)]
+        tasks = [asyncio.create_task(dispatcher.wait_turn(entry)) for entry in batch]
+        await asyncio.sleep(0)
+        vip = QueuedRequest(view(Tier.CRITICAL, arrival=10.0, ttft_ms=500.0))
+        await dispatcher.wait_turn(vip)
+        assert vip.released
+        ahead[target] = vip.pipe_ahead
+        assert sum(entry.released for entry in batch) == (4 if target else 16)
+        for task in tasks:
+            task.cancel()
+    assert ahead == {4: 4, None: 16}

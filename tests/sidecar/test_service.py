@@ -145,3 +145,25 @@ async def test_past_misses_raise_the_gauge_but_do_not_shed_an_idle_pod() -> None
     c.finish(flight, output_tokens=1, engine_prompt_tokens=None, status=200)
     assert c.sla_risk() >= 10.0
     await c.admit(c.identify(bearer("free")), "chat", CHAT)  # nothing waits: batch is still served
+
+
+async def test_the_handover_is_recorded_by_tier_and_by_the_pipe_ahead_at_release() -> None:
+    """Release → first byte, with how many released requests had no first byte yet (issue 39)."""
+    c, clock = core()
+    first = await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    second = await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    vip = await c.admit(c.identify(bearer("vip")), "chat", CHAT, arrival=clock.now - 0.5)
+    assert (first.entry.pipe_ahead, second.entry.pipe_ahead, vip.entry.pipe_ahead) == (0, 1, 2)
+    clock.now += 0.04
+    c.first_token(vip)
+    clock.now += 0.01
+    c.finish(vip, output_tokens=20, engine_prompt_tokens=12, status=200)
+    metrics = c.metrics.render().decode()
+    assert 'slaq_handover_seconds_count{ahead="1-3",tier="critical"} 1.0' in metrics
+    assert 'slaq_handover_seconds_bucket{ahead="1-3",le="0.03",tier="critical"} 0.0' in metrics
+    assert 'slaq_handover_seconds_bucket{ahead="1-3",le="0.05",tier="critical"} 1.0' in metrics
+    assert 'tier="batch"' not in "".join(line for line in metrics.splitlines() if line.startswith("slaq_handover_seconds"))
+    settled = vip.settlement
+    assert settled is not None and (settled.handover_s, settled.pipe_ahead) == (pytest.approx(0.04), 2)
+    assert settled.ttft_s == pytest.approx(0.54)  # from the arrival given (the door), not from admit
+    assert settled.slo_outcome == "ttft_missed"

@@ -9,8 +9,11 @@ complaint can be checked against it without it leaking anything.
      "key_fingerprint": "5be0c1d2a3f49e77", "client": "10.0.3.7", "peer": "10.0.3.7",
      "method": "POST", "path": "/v1/completions", "status": 200, "reason": null, "stream": true,
      "prompt_tokens": 12, "output_tokens": 16, "queue_wait_s": 0.0, "ttft_s": 0.041,
-     "tpot_s": 0.012, "e2e_s": 0.22, "slo": "met"}
+     "tpot_s": 0.012, "e2e_s": 0.22, "slo": "met", "handover_s": 0.018, "pipe_ahead": 2}
 
+`ttft_s` counts from the moment the request's first byte reached the host (arrival.py);
+`handover_s` from its release to the engine to the engine's first byte, with `pipe_ahead` the
+released requests that had no first byte yet at that release (the pipe it queued behind).
 `request_id` is the sidecar's: the client gets it as `x-request-id`, and the engine's own line for
 the request (`slaq.engine.request_log`, event `engine_request`: engine/src/slaq/engine/request_log.py) carries it too,
 with what the engine did to the request (queue wait, preemptions, KV blocks erased and swapped).
@@ -86,6 +89,8 @@ class AccessEntry:
             "tpot_s": _rounded(settled.tpot_s) if settled else None,
             "e2e_s": _rounded(settled.e2e_s) if settled else None,
             "slo": settled.slo_outcome if settled else None,
+            "handover_s": _rounded(settled.handover_s) if settled else None,
+            "pipe_ahead": settled.pipe_ahead if settled else None,
         }
 
 

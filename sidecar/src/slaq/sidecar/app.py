@@ -29,6 +29,7 @@ import httpx
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
 from slaq.sidecar.access import AccessEntry, AccessLog
 from slaq.sidecar.addresses import TrustedProxies, peer_address
+from slaq.sidecar.arrival import door_wait_s
 from slaq.sidecar.auth_failures import AuthFailures
 from slaq.sidecar.connections import HEAD_REFUSAL, ConnectionLimits, client_key
 from slaq.sidecar.errors import (
@@ -179,7 +180,10 @@ class SidecarApp:
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
             peer = peer_address(scope)
-            entry = AccessEntry(scope["method"], scope["path"], self.core.clock(), request_id=uuid.uuid4().hex,
+            # Arrival is when the request's first byte reached the host (arrival.py), so TTFT, the
+            # access log and SLO outcomes include the wait at the door, not only what follows the body.
+            arrival = self.core.clock() - door_wait_s(scope)
+            entry = AccessEntry(scope["method"], scope["path"], arrival, request_id=uuid.uuid4().hex,
                                 client=self.trusted_proxies.client(peer, scope["headers"]), peer=peer)
             try:
                 problem = head_problem(scope)
@@ -323,7 +327,7 @@ class SidecarApp:
 
     async def _serve(self, scope: Scope, send: Send, entry: AccessEntry, identity: Identity, kind: str, headers: dict[str, str], raw: bytes) -> None:
         started = time.perf_counter()
-        flight = entry.flight = await self.core.admit(identity, kind, raw)  # type: ignore[arg-type]
+        flight = entry.flight = await self.core.admit(identity, kind, raw, arrival=entry.arrival)  # type: ignore[arg-type]
         observer = ResponseObserver(flight.payload.stream, tokens_per_event=flight.payload.tokens_per_event, max_output=flight.payload.max_output)
         status = CLIENT_CLOSED  # unless the response completes
         refund = False  # the engine produced nothing: it refused the request or was never reached

@@ -20,7 +20,8 @@ The head timeout, the head caps and both connection limits live in the HTTP prot
 counts what the parser hands over and keeps no header past a cap: the request reaches the app
 marked (`HEAD_REFUSAL`), and the app answers 431 with a JSON reason and closes the connection. A
 head that stays incomplete past the byte cap (one endless header) is answered 431 by the protocol
-itself, without waiting for its end.
+itself, without waiting for its end. The protocol also stamps each request when its first byte
+reached the host (`arrival.py`): the sidecar's TTFT counts from there.
 
 Probes are never refused for the global limit: kubelet's `/health` and `/ready` on the tenant port,
 and everything on the metrics port (Prometheus, the operator, a gateway's endpoint picker), are small
@@ -44,6 +45,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from slaq.api.runtime import HEALTH_PATH, READY_PATH
+from slaq.sidecar.arrival import ARRIVED, first_byte_stamp
 from slaq.sidecar.errors import HeadersTooLarge, refusal
 
 PROBE_PATHS = frozenset({HEALTH_PATH.encode(), READY_PATH.encode()})
@@ -144,6 +146,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._socket = transport.get_extra_info("socket")
         self._client_key = client_key(self.client[0]) if self.client else ""
         self._probe_only = False
         if self.clients is not None:
@@ -184,6 +187,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[ARRIVED] = first_byte_stamp(self._socket)  # type: ignore[literal-required]  # arrival.py
         self._in_head, self._head_bytes, self._head_raw, self._head_refusal = True, 0, 0, None
 
     def on_url(self, url: bytes) -> None:

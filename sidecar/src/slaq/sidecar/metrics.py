@@ -21,6 +21,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+HANDOVER_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+# `slaq_handover_seconds`'s `ahead` label: how many released requests had no first byte yet (were
+# in the pipe to the engine, or waiting in it) when the request was released, in groups.
+PIPE_AHEAD_GROUPS = ((0, "0"), (1, "1-3"), (4, "4-7"), (8, "8-15"), (16, "16+"))
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
@@ -58,6 +62,9 @@ class SidecarMetrics:
         self.e2e = Histogram("slaq_e2e_seconds", "End-to-end request latency at the sidecar.", ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("slaq_queue_wait_seconds", "Time spent in the sidecar queue before release to the engine.", ["tier"], buckets=LATENCY_BUCKETS, registry=r)
         self.added = Histogram("slaq_sidecar_added_seconds", "The sidecar's own share of TTFT: its work before the request leaves for the engine (queue wait excluded) plus forwarding the first token.", buckets=ADDED_BUCKETS, registry=r)
+        self.handover = Histogram("slaq_handover_seconds", "Release to the engine to its first response byte (streaming requests), by tier and by the "
+                                  "requests released ahead of it without a first byte yet (ahead: 0, 1-3, 4-7, 8-15, 16+).", ["tier", "ahead"],
+                                  buckets=HANDOVER_BUCKETS, registry=r)
         self.slo = Counter("slaq_slo_outcomes", "Finished requests with objectives, by outcome (met, ttft_missed, tpot_missed).", ["tenant", "tier", "outcome"], registry=r)
         self.rejections = Counter("slaq_rejections", "Refused requests by reason.", ["reason", "tier"], registry=r)
         self.tokens = Counter("slaq_tokens", "Tokens by direction (in: prompt, out: completion).", ["tenant", "tier", "direction"], registry=r)
@@ -69,6 +76,10 @@ class SidecarMetrics:
               registry=r).set_function(lambda: float(tokenizer_loaded()))
         self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
         r.register(_PodGauges(depth, risk, in_flight, targets, pool))
+
+    def observe_handover(self, tier: str, pipe_ahead: int, seconds: float) -> None:
+        group = next(label for least, label in reversed(PIPE_AHEAD_GROUPS) if pipe_ahead >= least)
+        self.handover.labels(tier, group).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

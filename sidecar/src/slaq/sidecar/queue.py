@@ -35,6 +35,7 @@ class QueuedRequest:
     released: bool = False
     release_time: float | None = None
     queued_at: float | None = None  # None: released without queueing
+    pipe_ahead: int | None = None  # released requests without a first byte yet when this one was released (the pipe to the engine)
 
     @property
     def queue_wait_s(self) -> float:
@@ -169,7 +170,7 @@ class Dispatcher:
 
     def _gate_lets(self, tier_rank: int, rank_class: int) -> bool:
         protected = STARVING_CLASS < rank_class < MISSED_CLASS
-        return self.gate.can_release(tier_rank if protected else None)
+        return self.gate.can_release(tier_rank if protected else None) and self.gate.handover_open(tier_rank)
 
     def may_release(self, view: RequestView, now: float, pool: PoolView) -> bool:
         """The gate's answer for a request with `view` (see the class doc)."""
@@ -218,6 +219,7 @@ class Dispatcher:
 
     def _release(self, entry: QueuedRequest, *, from_queue: bool) -> None:
         now = self.clock()
+        entry.pipe_ahead = self.gate.not_started
         self.gate.on_release(entry.view.tier.rank)
         self.pace.released(now, from_queue)
         self.tier_paces[entry.view.tier.rank].released(now, from_queue)

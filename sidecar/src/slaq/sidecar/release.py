@@ -24,6 +24,18 @@ For that count the scrape's W is the engine's waiting requests of those tiers
 (`slaq_engine_queue_depth{tier}`, when the engine exports it): with the total, a few batch requests
 waiting in the engine would hold standard requests here while the standard ones the engine holds
 are running their prefill chunks, and the engine, with nothing better waiting, admits the batch.
+The handover: the engine's scheduler reorders its waiting queue by tier, but the path to it does
+not. vLLM's API server tokenizes and sets up each request, one at a time in arrival order, before
+the scheduler sees it: a critical request released behind many lower-tier ones waits for all of
+them there (issue 39: 17–30 ms with 0–2 ahead, 55–148 ms with 12 or more, on the demo's 2 cores).
+So the lowest tier gets a bound of its own on what it has released and not started (in that pipe,
+or waiting in the engine, estimated as above): a batch request goes only while fewer than
+`handover_target` (4) batch requests are, so a critical or standard request never finds more than
+4 of them ahead of it on the way, and the engine still has 4 to admit when a slot frees. The
+protected tiers keep the engine-queue rule alone: a bound counting standard requests too (8 for
+standard and below) held standard requests behind batch requests waiting in the engine, the very
+thing the per-tier count above undid (`slaq bench sim --pod`, 6,000 requests at load 2.0: standard
+attainment 0.951 → 0.734). `slaq_handover_seconds{tier,ahead}` measures the handover.
 The dispatcher (`queue.Dispatcher`) releases in the discipline's order; past a held choice only a
 head of a strictly higher tier the gate lets go, so a lower or equal tier never overtakes it.
 """
@@ -34,12 +46,18 @@ from collections.abc import Sequence
 
 from slaq.api.common import Tier
 
+HANDOVER_TARGET = 4  # the lowest tier's bound on what it has in the pipe to the engine (module doc)
+LOWEST_TIER_RANK = len(Tier) - 1
+
 
 class ReleaseGate:
-    def __init__(self, *, engine_queue_target: int = 16, max_in_flight: int | None = None) -> None:
+    def __init__(self, *, engine_queue_target: int = 16, max_in_flight: int | None = None, handover_target: int | None = HANDOVER_TARGET) -> None:
         if engine_queue_target < 1:
             raise ValueError(f"engine_queue_target must be >= 1, got {engine_queue_target}")
+        if handover_target is not None and handover_target < 1:
+            raise ValueError(f"handover_target must be >= 1 (or None: no bound), got {handover_target}")
         self.engine_queue_target = engine_queue_target
+        self.handover_target = handover_target
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.not_started_by_rank = [0] * len(Tier)  # released, no first byte yet, by tier rank
@@ -62,14 +80,31 @@ class ReleaseGate:
     def engine_queue_estimate(self, tier_rank: int | None = None) -> int:
         """Requests waiting in the engine; with `tier_rank`, only those of that tier and above
         (what an attainable request of that tier queues behind at the engine)."""
-        counted = self.not_started if tier_rank is None else sum(self.not_started_by_rank[: tier_rank + 1])
+        return self._waiting(slice(None) if tier_rank is None else slice(None, tier_rank + 1))
+
+    def pipe_estimate(self, tier_rank: int) -> int:
+        """Requests of tier `tier_rank` released and not yet started by the engine: in the pipe to its
+        scheduler (the API server's) or waiting in it."""
+        return self._waiting(slice(tier_rank, tier_rank + 1))
+
+    def handover_bound(self, tier_rank: int) -> int | None:
+        """The most requests of tier `tier_rank` that may be in the pipe to the engine (see the module
+        doc): `handover_target` for the lowest tier; None for the others, or with no target."""
+        if self.handover_target is None or tier_rank != LOWEST_TIER_RANK:
+            return None
+        return self.handover_target
+
+    def _waiting(self, ranks: slice) -> int:
+        """Released requests of the tiers `ranks` (by rank) the engine has not started: the smaller of
+        the sidecar's count (no first byte yet) and the engine's gauges (module doc)."""
+        counted = sum(self.not_started_by_rank[ranks])
         if self.engine_waiting is None:
             return counted
         since = self.released_total - self._released_at_scrape
         waiting = self.engine_waiting
-        if tier_rank is not None and self.engine_waiting_by_rank is not None:
-            waiting = sum(self.engine_waiting_by_rank[: tier_rank + 1])
-            since_here = sum(self.released_by_rank[: tier_rank + 1]) - sum(self._released_by_rank_at_scrape[: tier_rank + 1])
+        if ranks != slice(None) and self.engine_waiting_by_rank is not None:
+            waiting = sum(self.engine_waiting_by_rank[ranks])
+            since_here = sum(self.released_by_rank[ranks]) - sum(self._released_by_rank_at_scrape[ranks])
         else:
             since_here = since
         if self.engine_capacity is not None and self.engine_running is not None:
@@ -86,6 +121,11 @@ class ReleaseGate:
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             return False
         return self.engine_queue_estimate(tier_rank) < self.engine_queue_target
+
+    def handover_open(self, tier_rank: int) -> bool:
+        """May one more request of tier `tier_rank` enter the pipe to the engine (its handover bound)?"""
+        bound = self.handover_bound(tier_rank)
+        return bound is None or self.pipe_estimate(tier_rank) < bound
 
     def on_release(self, tier_rank: int) -> None:
         self.in_flight += 1

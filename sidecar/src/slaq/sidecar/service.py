@@ -30,7 +30,7 @@ from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
-from slaq.sidecar.release import ReleaseGate
+from slaq.sidecar.release import HANDOVER_TARGET, ReleaseGate
 from slaq.sidecar.quota_store import QuotaStore
 from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.shared_quotas import SharedQuotaGate
@@ -50,6 +50,7 @@ class CoreConfig:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     trust_gateway_headers: bool = False
     engine_queue_target: int = 16
+    handover_target: int | None = HANDOVER_TARGET  # the lowest tier's bound on the pipe to the engine (release.py); None: none
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
     limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
@@ -68,6 +69,8 @@ class Settlement:
     ttft_s: float | None = None
     tpot_s: float | None = None
     slo_outcome: str | None = None  # met, ttft_missed, tpot_missed, e2e_missed; None without objectives
+    handover_s: float | None = None  # release to the engine → its first response byte
+    pipe_ahead: int | None = None  # released requests without a first byte yet at this one's release
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +134,7 @@ class SidecarCore:
         self.accounting = self.policy.accounting
         self.risk = SlaRisk()
         self.usage = UsageLog()
-        self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
+        self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target, handover_target=config.handover_target)
         self.queue = RequestQueue(self.policy.ranking, self.policy.discipline, self._current_view)
         self.queue.tiers.lead = self.first_token_lead
         self.dispatcher = Dispatcher(self.queue, self.gate, self.pool_view, clock)
@@ -311,9 +314,10 @@ class SidecarCore:
         self.risk.waiting(flight.key, arrival, identity.ttft_ms, flight.entry, tenant.tier)
         return flight
 
-    async def admit(self, identity: Identity, kind: Kind, raw: bytes) -> Flight:
-        """Check, charge and queue one request; returns once it is released to the engine."""
-        arrival = self.clock()
+    async def admit(self, identity: Identity, kind: Kind, raw: bytes, arrival: float | None = None) -> Flight:
+        """Check, charge and queue one request; returns once it is released to the engine. `arrival`:
+        when the request reached the host, if earlier than now (the HTTP layer's stamp, arrival.py)."""
+        arrival = self.clock() if arrival is None else min(arrival, self.clock())
         parsed: InferencePayload | SidecarError | None = None
         if not self.draining:
             parsed = await self._parse_off_loop(identity, kind, raw) if self.parsers.wants(raw) else self._parse(identity, kind, raw)
@@ -427,6 +431,8 @@ class SidecarCore:
         flight.first_token_time = now
         release = flight.entry.release_time
         self.risk.started(flight.key, None if release is None else now - release)
+        if release is not None and flight.payload.stream and flight.entry.pipe_ahead is not None:
+            self.metrics.observe_handover(flight.tier.value, flight.entry.pipe_ahead, max(0.0, now - release))
         self.dispatcher.first_byte(flight.entry)
 
     def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int, refund: bool = False) -> None:
@@ -472,7 +478,9 @@ class SidecarCore:
                 self.metrics.tpot.labels(tenant.name, tier).observe(tpot)
                 self._observe_token_interval(tpot, output_tokens - 1)
         outcome = self._record_outcome(flight, e2e, ttft, tpot, output_tokens, now)
-        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome)
+        release = flight.entry.release_time
+        handover = None if ttft is None or release is None else max(0.0, flight.first_token_time - release)  # type: ignore[operator]
+        flight.settlement = Settlement(status, prompt, output_tokens, queue_wait, e2e, ttft, tpot, outcome, handover, flight.entry.pipe_ahead)
 
     def _record_outcome(self, flight: Flight, e2e: float, ttft: float | None, tpot: float | None, output_tokens: int, now: float) -> str | None:
         identity = flight.identity

@@ -217,6 +217,26 @@ def render_quota_routing(report: Mapping[str, Any]) -> list[str]:
                      "after scale lowest"], rows)]
 
 
+def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
+    summary = report["summary"]
+
+    def cell(key: str, fmt: Callable[[float], str]) -> str:
+        figures = summary.get(key)
+        return "—" if figures is None else " / ".join(fmt(figures[k]) for k in ("min", "median", "max"))
+
+    percent = lambda v: f"{v:.0%}"  # noqa: E731
+    rows = [[label, cell(key, fmt)] for key, label, fmt in (
+        ("slaq_vip_met", "slaq VIP SLO met", percent), ("stock_vip_met", "stock VIP SLO met", percent),
+        ("slaq_standard_met", "slaq standard SLO met", percent), ("stock_standard_met", "stock standard SLO met", percent),
+        ("vip_handover_p90_ms", "slaq VIP handover p90 (ms)", lambda v: f"{v:.0f}"),
+        ("capacity_rps", "stock capacity measured (requests/s)", lambda v: f"{v:.1f}"))]
+    saturated = summary["front_end_saturated"]
+    return [f"`slaq up --demo{' --quick' if report.get('quick') else ''}` run {summary['runs']} times in a row: "
+            f"{summary['exited_0']} exited 0, scenario 4.5 in the report's order (under slaq) in {summary['scenario_in_order']}; "
+            f"the front end was saturated (the demo's verdict) in {saturated['stock']} of stock's loaded runs and "
+            f"{saturated['slaq']} of slaq's.", "", *_table(["figure", "min / median / max"], rows)]
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.sim/v1": render_sim,
     "slaq.bench.sched_overhead/v1": render_sched_overhead,
@@ -224,6 +244,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.operator_scale/v1": render_operator_scale,
     "slaq.bench.quota_skew/v1": render_quota_skew,
     "slaq.bench.quota_routing/v1": render_quota_routing,
+    "slaq.e2e.demo_loop/v1": render_demo_loop,
 }
 
 

@@ -11,22 +11,26 @@ fit the tiny CPU model. Two systems, each started once (both at the same time, t
 - slaq: `slaq engine` (SLAScheduler) and the sidecar in front of it, with the tenants' table.
 
 Steps:
-0. the CPU layout (`cores`): vLLM binds each engine's model worker to a core of its own; the API
-   servers, the sidecar and the load client are moved onto the other cores, for both systems;
+0. the CPU layout (`cores`): vLLM binds each engine's model worker to a core of its own, and each
+   engine's engine core is pinned beside its worker; the API servers, the sidecar and the load
+   client are moved onto the other cores, for both systems;
 1. each system unloaded, the other paused: each tenant's TTFT (requests one at a time; median and
    90th percentile); objectives: scale = 3 × A's unloaded p90 (the larger of the two systems') /
    50 ms; each tenant's objective is its report objective × scale, raised to 3 × its own
    unloaded p90 where that is larger, so both systems meet every objective unloaded with margin;
    the slaq tenant table gets them. Stock's capacity for the tenant mix (the steady rate of a
-   closed loop that keeps the batch full and as many queued) is measured right after its unloaded
-   TTFT, before slaq's;
+   closed loop that keeps the batch full and as many queued; the median of `CAPACITY_RUNS`
+   measurements, printed with their spread) is measured right after its unloaded TTFT, before slaq's;
 2. scenario 4.5 (`scenario45`) under stock FCFS and stock priority; then one Poisson workload at
    `LOAD` × the measured capacity (the mix's free traffic takes the engine past it), long
    enough for `VIP_SAMPLES` VIP requests, replayed by a load generator in its own process
    (`loadgen`) against stock (FCFS);
 3. scenario 4.5 under slaq, then the same workload through slaq. TTFT per tenant as the client
    saw it and as the sidecar measured it; SLO met for both systems against the same objectives
-   (stock never sees them: it has no use for them).
+   (stock never sees them: it has no use for them). Beside them, the front end's wait for a CPU
+   during each loaded run and the client's lateness (`cpu_wait`): over their bounds the run is
+   said to have measured a saturated front end; and slaq's handover (release to the engine's first
+   byte) by tier and by the requests ahead in the pipe, from the sidecar's access log.
 
 While one system runs, the other's processes are paused (SIGSTOP), so they take no CPU from it. SLO met
 = first token within the objective, over all requests sent (a refusal by slaq's admission is a
@@ -54,9 +58,11 @@ from typing import Any, Iterator, Mapping, Sequence
 from slaq.api.common import Tier
 from slaq.api.tenant import TenantSLA
 from slaq.bench.metrics import percentile
-from slaq.local.cores import descendants, pin_beside_workers
+from slaq.local.cores import descendants, pin_beside_workers, pin_engine_cores
+from slaq.local.cpu_wait import WaitMeter, describe_wait, front_end_problems
 from slaq.local.demo_report import (
-    TenantFigures, bucket_delta, buckets_by_label, client_late_ms, demo_json, load_table, order_text, refusal_lines, scenario_block, write_json, write_png,
+    TenantFigures, access_records, bucket_delta, buckets_by_label, client_late_ms, demo_json, handover_figures, handover_lines, load_table,
+    order_text, refusal_lines, scenario_block, write_json, write_png,
 )
 from slaq.local.errors import LocalError, ScenarioError, StartupError
 from slaq.local.loadgen import Outcome, Plan, PlannedRequest, run_in_subprocess, stream_one
@@ -109,6 +115,9 @@ TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
 MAX_NUM_SEQS = 8
 ENGINE_ARGS = ("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "768")
 CAPACITY_IN_FLIGHT = 2 * MAX_NUM_SEQS  # the capacity run's closed loop: a full batch and a full batch queued
+# The capacity is measured this many times and the median taken: one measurement swung 15.6–31.6
+# requests/s (2×) across runs on the same machine, and the load is a multiple of it (issue 39).
+CAPACITY_RUNS = 3
 # Tokens after the first are streamed 8 at a time (vLLM sends the first at once, so TTFT is not
 # delayed): on two cores every streamed chunk costs CPU in the API server and the sidecar, beside
 # the engine. Both systems run with it.
@@ -124,6 +133,7 @@ class DemoOptions:
     vip_samples: int = VIP_SAMPLES
     unloaded_samples: int = 10
     capacity_burst: int = 160
+    capacity_runs: int = CAPACITY_RUNS
     load: float = LOAD  # of stock's measured capacity
     json_path: Path | None = None
     seed: int = 45
@@ -145,7 +155,8 @@ class Unloaded:
 @dataclass(frozen=True)
 class Calibration:
     unloaded: dict[str, Unloaded]  # by system: stock, slaq
-    capacity_rps: float  # stock's, for the mix (the load's base)
+    capacity_rps: float  # stock's, for the mix (the load's base): the median of `capacity_samples_rps`
+    capacity_samples_rps: tuple[float, ...] = ()
 
     def p90_s(self, letter: str) -> float:
         """The larger unloaded p90 of the systems: every system meets the objectives unloaded, with margin."""
@@ -394,19 +405,21 @@ def run_demo(options: DemoOptions) -> int:
           "(sidecar + SLAScheduler) side by side")
     with slaq_stack, stock:
         timings["engines_start_s"] = _start_both(stock, slaq_stack, status)
-        print(describe_cores(pin_beside_workers([c.pid for c in (stock.engine, slaq_stack.engine) if c is not None],
-                                                [c.pid for c in (slaq_stack.sidecar,) if c is not None])), flush=True)
+        engines = [c.pid for c in (stock.engine, slaq_stack.engine) if c is not None]
+        print(describe_cores(pin_beside_workers(engines, [c.pid for c in (slaq_stack.sidecar,) if c is not None]), pin_engine_cores(engines)),
+              flush=True)
         model = stock.served_model_name
         calibration_seed = options.seed * 1_000_000
         with paused(slaq_stack):  # no CPU from slaq while stock is measured
             print("2/5 each system unloaded (the objectives; the other one paused), then stock vLLM saturated (the load's rate)")
             t0 = time.monotonic()
             stock_unloaded = asyncio.run(unloaded(stock.url, model, keys, options.unloaded_samples, calibration_seed))
-            stock_capacity = asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000))
+            capacities = tuple(asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000 + 1000 * i))
+                               for i in range(options.capacity_runs))
         with paused(stock):
             _wait_ready(slaq_stack)
             slaq_unloaded = asyncio.run(unloaded(slaq_stack.url, model, keys, options.unloaded_samples, calibration_seed + 10_000))
-        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, stock_capacity)
+        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, statistics.median(capacities), capacities)
         objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
         write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
         rate = options.load * calibration.capacity_rps
@@ -424,7 +437,9 @@ def run_demo(options: DemoOptions) -> int:
             timings["scenario_stock_s"] = time.monotonic() - t0
             print("4/5 the loaded run on stock vLLM (FCFS); the load generator runs in a process of its own")
             t0 = time.monotonic()
+            meters = {"stock API server": WaitMeter([stock.engine.pid], with_descendants=False).start()}  # type: ignore[union-attr]
             stock_outcomes = _load_run(load_plan(stock.url, model, workload, keys, options.seed * 100_000), workdir, "stock vLLM", status)
+            cpu_wait = {"stock": {name: meter.per_second_ms() for name, meter in meters.items()}}
             timings["load_stock_s"] = time.monotonic() - t0
             stock.stop()
 
@@ -437,17 +452,27 @@ def run_demo(options: DemoOptions) -> int:
         t0 = time.monotonic()
         metrics_url = sidecar_metrics_url(slaq_stack)
         before = sidecar_ttft_buckets(metrics_url)
+        meters = {"slaq's sidecar": WaitMeter([slaq_stack.sidecar.pid]).start(),  # type: ignore[union-attr]
+                  "slaq's API server": WaitMeter([slaq_stack.engine.pid], with_descendants=False).start()}  # type: ignore[union-attr]
+        load_from = time.time()
         slaq_outcomes = _load_run(load_plan(slaq_stack.url, model, workload, keys, options.seed * 200_000), workdir, "slaq", status)
+        cpu_wait["slaq"] = {name: meter.per_second_ms() for name, meter in meters.items()}
         after = sidecar_ttft_buckets(metrics_url)
+        handover = handover_figures(access_records(slaq_stack.sidecar.log_path.read_text(errors="replace").splitlines(), load_from),  # type: ignore[union-attr]
+                                    {p.tier.value: p.label for p in SCENARIO})
         timings["load_slaq_s"] = time.monotonic() - t0
     sidecar = {letter: bucket_delta(after.get(name, []), before.get(name)) for letter, name in names.items()}
     load = {"stock": figures(stock_outcomes, objectives), "slaq": figures(slaq_outcomes, objectives, sidecar)}
     png = write_png(load, {p.letter: p.tier.value for p in SCENARIO}, workdir / "demo-ttft.png",
                     "TTFT per tenant (A = critical, B = standard, C = batch), stock vLLM vs slaq; objectives dashed")
     timings["total_s"] = time.monotonic() - t_start
-    print_results(scenario, load, rate, calibration.capacity_rps, workload, png)
+    front_end = {system: front_end_problems(client_late_ms(load[system]), cpu_wait[system]) for system in ("stock", "slaq")}
+    print_results(scenario, load, rate, calibration.capacity_rps, workload, png, cpu_wait, front_end, handover)
     report = demo_json(scenario, load, {
         "calibration": calibration_json(calibration), "objectives_ms": _ms_map(objectives), "rate_rps": round(rate, 3),
+        "cpu_wait_ms_per_s": {system: {name: None if v is None else round(v, 1) for name, v in waits.items()} for system, waits in cpu_wait.items()},
+        "front_end_saturated": {system: bool(problems) for system, problems in front_end.items()},
+        "front_end_problems": front_end, "handover": handover,
         "requests": len(workload), "png": str(png), "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "workdir": str(workdir)})
     if options.json_path is not None:
@@ -457,7 +482,8 @@ def run_demo(options: DemoOptions) -> int:
 
 
 def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[str, TenantFigures]], rate: float, capacity_rps: float,
-                  workload: Sequence[tuple[float, TenantProfile]], png: Path) -> None:
+                  workload: Sequence[tuple[float, TenantProfile]], png: Path, cpu_wait: Mapping[str, Mapping[str, float | None]],
+                  front_end: Mapping[str, Sequence[str]], handover: Mapping[str, Mapping[str, Any]]) -> None:
     print()
     print("scenario 4.5: B, A and C arrive together (in that order, 5 ms apart) while a standard-tier load holds all but "
           f"{KvPlan().free_blocks(background_done=False)} of {KV_BLOCKS} KV blocks; order = first tokens back")
@@ -470,6 +496,12 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
         print(refusals)
     print("  the client's own CPU wait (requests sent late against the plan, p99 over all tenants): "
           + ", ".join(f"{name} {client_late_ms(load[system]):.0f} ms" for system, name in (("stock", "stock vLLM"), ("slaq", "slaq"))))
+    print("  the front end's wait for a CPU during the loaded run: " + "; ".join(describe_wait(waits) for waits in cpu_wait.values()))
+    for system, name in (("stock", "stock vLLM"), ("slaq", "slaq")):
+        if front_end[system]:
+            print(f"  FRONT END SATURATED in {name}'s run: {'; '.join(front_end[system])}: its figures measure this machine's "
+                  "CPU, not the scheduling (run again on a quieter machine)")
+    print(handover_lines(handover))
     print("\n(TTFT in ms as the client saw it (p50, p99) and as slaq's sidecar measured it (sc p99, from its "
           "slaq_ttft_seconds histogram; stock has no sidecar); a gap between the two is the client waiting for CPU. "
           "SLO met = first token within the objective, over all requests sent; done = streams completed / sent.)")
@@ -479,7 +511,8 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
 def calibration_json(calibration: Calibration) -> dict[str, Any]:
     return {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
             "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
-            "capacity_rps": round(calibration.capacity_rps, 3), "scale": round(calibration.scale, 3),
+            "capacity_rps": round(calibration.capacity_rps, 3), "capacity_samples_rps": [round(c, 3) for c in calibration.capacity_samples_rps],
+            "scale": round(calibration.scale, 3),
             "objective_margin": OBJECTIVE_MARGIN}
 
 
@@ -574,20 +607,6 @@ class EngineHold:
         finally:
             self._resume()
 
-    @contextmanager
-    def unread(self) -> Iterator[None]:
-        """The sidecar stopped inside the block (SIGSTOP to its process group): requests sent meanwhile
-        wait in its listening socket, their arrival not yet stamped; continued after."""
-        sidecar = self.stack.sidecar
-        if sidecar is None:
-            yield
-            return
-        try:
-            sidecar.signal(signal.SIGSTOP)
-            yield
-        finally:
-            sidecar.signal(signal.SIGCONT)
-
     def _stop(self) -> None:
         if self._stopped:
             return
@@ -665,17 +684,21 @@ def _wait_ready(stack: LocalStack, timeout_s: float = 30.0) -> None:
     raise LocalError(f"slaq's sidecar was not ready {timeout_s:.0f}s after it was resumed")
 
 
-def describe_cores(cores: set[int] | None) -> str:
+def describe_cores(cores: set[int] | None, engine_cores: Mapping[int, set[int]] | None = None) -> str:
+    beside = (f"each engine core ({len(engine_cores)}) beside its own model worker on the cores vLLM bound the worker to"
+              if engine_cores else "the engine cores where the kernel puts them (none found beside a worker)")
     if cores is None:
-        return "  CPU layout: as the kernel places it (the engines' model workers leave no core free, or this is not Linux)"
-    return (f"  CPU layout: the engines' model workers alone on the cores vLLM bound them to; their API servers, slaq's sidecar "
+        return f"  CPU layout: as the kernel places it (the engines' model workers leave no core free, or this is not Linux); {beside}"
+    return (f"  CPU layout: the engines' model workers on the cores vLLM bound them to, {beside}; their API servers, slaq's sidecar "
             f"and the load client on the others ({', '.join(map(str, sorted(cores)))}), for both systems")
 
 
 def describe_load(calibration: Calibration, rate: float, workload: Sequence[tuple[float, TenantProfile]]) -> str:
     vips = sum(p is SCENARIO[0] for _, p in workload)
+    samples = calibration.capacity_samples_rps
+    spread = (f", the median of {len(samples)} runs: {min(samples):.2f}–{max(samples):.2f}" if len(samples) > 1 else "")
     return (f"  stock vLLM's capacity for the mix: {calibration.capacity_rps:.2f} requests/s (completions of a closed loop with "
-            f"{CAPACITY_IN_FLIGHT} requests in flight, between its first and last quarter)\n"
+            f"{CAPACITY_IN_FLIGHT} requests in flight, between its first and last quarter{spread})\n"
             f"  load: {rate / calibration.capacity_rps:.0%} of it = {rate:.2f} requests/s, the same for both systems, Poisson, "
             f"{len(workload)} requests over {workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
 

@@ -161,6 +161,56 @@ def refusal_lines(runs: Mapping[str, Mapping[str, TenantFigures]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the handover (the sidecar's access log)
+
+PIPE_GROUPS = ((0, 2), (3, 7), (8, None))  # requests released ahead and not started: few, some, many
+
+
+def access_records(lines: Iterable[str], since_epoch_s: float) -> list[dict[str, Any]]:
+    """The sidecar's access lines (`event` request) for requests that arrived at or after `since_epoch_s`."""
+    from datetime import datetime
+
+    out = []
+    for line in lines:
+        if not line.startswith("{") or '"event":"request"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+            if datetime.fromisoformat(record["time"].replace("Z", "+00:00")).timestamp() >= since_epoch_s:
+                out.append(record)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def handover_figures(records: Iterable[Mapping[str, Any]], tier_labels: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Release → the engine's first byte (`handover_s`) by tier label, p50 / p90 in ms, and the VIP-style
+    breakdown by the pipe ahead at release (`pipe_ahead`) for every tier."""
+    out: dict[str, dict[str, Any]] = {}
+    for tier, label in tier_labels.items():
+        rows = [(r["handover_s"], r.get("pipe_ahead") or 0) for r in records if r.get("tier") == tier and r.get("handover_s") is not None]
+        by_pipe = {}
+        for low, high in PIPE_GROUPS:
+            values = [h for h, ahead in rows if ahead >= low and (high is None or ahead <= high)]
+            by_pipe[f"{low}-{high}" if high is not None else f"{low}+"] = {"n": len(values), "p50_ms": _ms(percentile(values, 50)),
+                                                                              "p90_ms": _ms(percentile(values, 90))}
+        values = [h for h, _ in rows]
+        out[label] = {"n": len(values), "p50_ms": _ms(percentile(values, 50)), "p90_ms": _ms(percentile(values, 90)),
+                      "pipe_ahead_max": max((a for _, a in rows), default=None), "by_pipe_ahead": by_pipe}
+    return out
+
+
+def handover_lines(figures: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = ["  the handover under slaq (release to the engine → its first byte, from the sidecar's access log; "
+             "p50 / p90 ms (n), and by the requests released ahead and not yet started):"]
+    for label, row in figures.items():
+        pipes = "  ".join(f"{group} ahead: {_cell(g['p50_ms'], 0)} / {_cell(g['p90_ms'], 0)} ({g['n']})"
+                          for group, g in row["by_pipe_ahead"].items() if g["n"])
+        lines.append(f"    {label:<13} {_cell(row['p50_ms'], 0)} / {_cell(row['p90_ms'], 0)} ({row['n']}); most ahead "
+                     f"{row['pipe_ahead_max']}; {pipes}")
+    return "\n".join(lines)
+
+
 def scenario_block(runs: Sequence[ScenarioRun]) -> str:
     lines = [f"  {'system':<23} {'started':<11} {'TTFT ms: A':>10} {'B':>6} {'C':>6}   report's answer"]
     for run in runs:
