@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="The engine's batch limit (the pool's engine.maxNumSeqs): the load's slot count until the engine's running gauge shows its own.")
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                         help="The engine's step token limit (the pool's engine.maxNumBatchedTokens): the first-token lead counts prefill steps of it.")
+    parser.add_argument("--batch-handover-target", type=count, default=0, metavar="N",
+                        help="Release a batch request only while fewer than N batch requests are released and not yet started by "
+                             "the engine, so protected tiers find at most N ahead of them in vLLM's API server (decision 0023); "
+                             "0, the default: no bound of its own.")
     parser.add_argument("--tokenizer", default=None,
                         help="The served model's Hugging Face tokenizer (hub id or path; the operator passes the pool's model): prompt tokens "
                              "counted as the engine counts them, chat through its chat template. Loaded in the background; estimated "
@@ -140,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
                                                max_header_bytes=args.max_header_bytes, max_headers=args.max_headers),
             auth_failures=auth_failures,
             engine_health_timeout_s=args.engine_health_timeout,
+            batch_handover_target=args.batch_handover_target or None,
         ))
     except ConfigError as exc:
         print(f"slaq sidecar: {exc}", file=sys.stderr)

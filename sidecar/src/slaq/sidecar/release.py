@@ -28,10 +28,11 @@ The handover: the engine's scheduler reorders its waiting queue by tier, but the
 not. vLLM's API server tokenizes and sets up each request, one at a time in arrival order, before
 the scheduler sees it: a critical request released behind many lower-tier ones waits for all of
 them there (issue 39: 17–30 ms with 0–2 ahead, 55–148 ms with 12 or more, on the demo's 2 cores).
-So the lowest tier gets a bound of its own on what it has released and not started (in that pipe,
-or waiting in the engine, estimated as above): a batch request goes only while fewer than
-`handover_target` (4) batch requests are, so a critical or standard request never finds more than
-4 of them ahead of it on the way, and the engine still has 4 to admit when a slot frees. The
+So the lowest tier may get a bound of its own on what it has released and not started (in that
+pipe, or waiting in the engine, estimated as above): with `handover_target` N (`slaq sidecar
+--batch-handover-target N`; off by default, decision 0023) a batch request goes only while fewer
+than N batch requests are, so a critical or standard request never finds more than N of them ahead
+of it on the way, and the engine still has N to admit when a slot frees. The
 protected tiers keep the engine-queue rule alone: a bound counting standard requests too (8 for
 standard and below) held standard requests behind batch requests waiting in the engine, the very
 thing the per-tier count above undid (`slaq bench sim --pod`, 6,000 requests at load 2.0: standard
@@ -46,12 +47,11 @@ from collections.abc import Sequence
 
 from slaq.api.common import Tier
 
-HANDOVER_TARGET = 4  # the lowest tier's bound on what it has in the pipe to the engine (module doc)
 LOWEST_TIER_RANK = len(Tier) - 1
 
 
 class ReleaseGate:
-    def __init__(self, *, engine_queue_target: int = 16, max_in_flight: int | None = None, handover_target: int | None = HANDOVER_TARGET) -> None:
+    def __init__(self, *, engine_queue_target: int = 16, max_in_flight: int | None = None, handover_target: int | None = None) -> None:
         if engine_queue_target < 1:
             raise ValueError(f"engine_queue_target must be >= 1, got {engine_queue_target}")
         if handover_target is not None and handover_target < 1:

@@ -75,6 +75,7 @@ class SidecarOptions:
     quota_store: StoreSettings | None = None  # `--quota-store*`: tenants' whole quotas in a shared Redis; None: this replica's shares
     auth_failures: AuthFailureLimits = field(default_factory=AuthFailureLimits)
     engine_health_timeout_s: float = HEALTH_TIMEOUT_S
+    batch_handover_target: int | None = None  # release.py's handover bound on the batch tier; None: none (decision 0023)
 
 
 def _parse_spec(flag: str, value: str | None, model: type[Any]) -> Any:
@@ -146,6 +147,7 @@ def build_app(options: SidecarOptions, *, counter: PromptCounter | None = None) 
         max_length_tokens=options.max_model_len or DEFAULT_LENGTH_TOKENS,
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
+        handover_target=options.batch_handover_target,
     )
     store = QuotaStore(options.quota_store, sidecar_id()) if options.quota_store is not None else None
     core = SidecarCore(config, TenantDirectory(options.tenant_table, pod=options.pod_name), counter=counter or build_counter(options.tokenizer, options.tokenizer_revision),

@@ -30,7 +30,7 @@ from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
-from slaq.sidecar.release import HANDOVER_TARGET, ReleaseGate
+from slaq.sidecar.release import ReleaseGate
 from slaq.sidecar.quota_store import QuotaStore
 from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.shared_quotas import SharedQuotaGate
@@ -50,7 +50,7 @@ class CoreConfig:
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     trust_gateway_headers: bool = False
     engine_queue_target: int = 16
-    handover_target: int | None = HANDOVER_TARGET  # the lowest tier's bound on the pipe to the engine (release.py); None: none
+    handover_target: int | None = None  # the batch tier's bound on the pipe to the engine (release.py, decision 0023); None: none
     max_length_tokens: int = 8192  # prompt + output that scores 0 on the length term
     max_num_seqs: int = 256  # the engine's batch limit, the load's slot count until the engine's own is learned
     limits: BodyLimits = field(default_factory=BodyLimits.default)  # the pool's bounds on a request body
