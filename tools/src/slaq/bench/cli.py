@@ -39,6 +39,10 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
     source.add_argument("--synthetic", action="store_true",
                         help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
+    source.add_argument("--workload", choices=("long-context",), default=None,
+                        help="a synthetic workload of our own instead of a trace, Poisson arrivals: long-context (heavy-tailed "
+                             "prompts up to the profile's max_model_len, outputs of a few hundred; slaq.bench.workload.LongContextShape; "
+                             "use it with a long-context profile such as h200-llama3-8b-128k)")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
     parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
                         help="take the trace's densest window of this many seconds (its bursts) instead of its start; "
@@ -163,13 +167,20 @@ def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
     from slaq.bench.errors import WorkloadError
     from slaq.bench.workload import parse_bursts, parse_mix
 
-    if args.synthetic and (args.arrivals == "trace" or args.window is not None):
-        raise WorkloadError("--synthetic has no trace to keep arrivals or cut a window from: drop --arrivals trace / --window")
-    trace = None if args.synthetic else args.trace
-    arrivals = "poisson" if args.synthetic else args.arrivals or "trace"
-    return WorkloadSpec(trace=trace, requests=args.requests, arrivals=arrivals, window_s=args.window, seed=args.seed,
+    generated = getattr(args, "workload", None)
+    no_trace = "--synthetic" if args.synthetic else f"--workload {generated}" if generated else None
+    if no_trace and (args.arrivals == "trace" or args.window is not None):
+        raise WorkloadError(f"{no_trace} has no trace to keep arrivals or cut a window from: drop --arrivals trace / --window")
+    trace = None if no_trace else args.trace
+    arrivals = "poisson" if no_trace else args.arrivals or "trace"
+    spec = WorkloadSpec(trace=trace, requests=args.requests, arrivals=arrivals, window_s=args.window, seed=args.seed,
                         mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective),
-                        bursts=parse_bursts(args.bursts) if args.bursts else None)
+                        bursts=parse_bursts(args.bursts) if args.bursts else None, generator=generated)
+    if generated:
+        from slaq.bench.pool_profile import DEFAULT_PROFILE, load_profile
+
+        spec.max_model_len = load_profile(getattr(args, "profile", None) or DEFAULT_PROFILE).model.max_model_len
+    return spec
 
 
 def _seal_rate(text: str | None) -> float | None:
@@ -181,6 +192,13 @@ def _seal_rate(text: str | None) -> float | None:
         return float(text)
     except ValueError:
         raise ProfileError(f"--kv-seal-gb-s must be a number of GB/s or off, got {text!r}") from None
+
+
+def _source(workload: dict) -> str:
+    """`the conv trace` / `workload long-context` / `synthetic`, for the run's first line."""
+    if workload.get("generator"):
+        return f"workload {workload['generator']['name']}, prompts mean {workload['prompt_tokens_mean']:,.0f} / median {workload['prompt_tokens_p50']:,} / max {workload['prompt_tokens_max']:,} tokens"
+    return workload["trace"] or "synthetic"
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -237,7 +255,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     entries = report.get("sweep") or [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
     capacity = report["capacity"]["requests_per_s"]
     workload_info = report["workload"]
-    print(f"{workload_info['requests']} requests ({workload_info['trace'] or 'synthetic'}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
+    print(f"{workload_info['requests']} requests ({_source(workload_info)}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
           f"profile {profile.name}; capacity {capacity:.2f} req/s ({report['capacity']['method']})")
     print("mode: pod (slaq behind the sidecar core; fcfs/priority stock vLLM without one; oracle the engine alone)" if pod is not None
           else "mode: engine (every policy drives the engine scheduler alone, no sidecar)")
@@ -292,7 +310,7 @@ def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod
     report = run_slo_capacity(workload, profile, policies, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain, pod=pod,
                               kv_swap=args.kv_swap, resolution=args.slo_resolution, on_probe=on_probe)
     info = report["workload"]
-    print(f"{info['requests']} requests ({info['trace'] or 'synthetic'}, arrivals {info['arrivals']}, seed {info['seed']}); "
+    print(f"{info['requests']} requests ({_source(info)}, arrivals {info['arrivals']}, seed {info['seed']}); "
           f"profile {profile.name}; capacity {report['capacity']['requests_per_s']:.2f} req/s ({report['capacity']['method']}); "
           f"mode {report['mode']}")
     print(slo_capacity_table(report["slo_capacity"], report["slo_targets"]))
