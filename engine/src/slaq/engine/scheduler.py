@@ -34,6 +34,7 @@ from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
+from slaq.engine.kv_admission import REFUSED_TPOT_KV, KvTpotAdmission
 from slaq.api.table import EngineTable
 from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, EngineTableWatcher
 from slaq.engine.metrics import engine_metrics
@@ -76,7 +77,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             self.info_of,
             on_allocated=self._charge_fairness,
         )
-        self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
+        self.waiting_queue.admission = self._admission_refusal
         self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
         self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
@@ -87,7 +88,9 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         # request's recompute for the KV connector's swap rule (kv_security/swap.py).
         self.step_model: StepTimeModel = getattr(self.step_budget, "model", None) or StepTimeModel()
         self._feeds_step_model = self.step_model is not getattr(self.step_budget, "model", None)
-        self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
+        self.kv_admission = KvTpotAdmission(self.step_model)
+        # (output, scheduled at, KV tokens held, its prompt chunks' attention pairs) awaiting their model step
+        self._in_flight: deque[tuple[SchedulerOutput, float, int, int]] = deque()
         self._last_step_done: float | None = None
         self._step_s = 0.0  # EWMA of model step durations (urgent preemption's time-to-free estimate)
         self._steps_timed = 0
@@ -175,6 +178,18 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         """The SLA facts attached when the request arrived (`add_request`)."""
         return vc.attached_info(request)  # type: ignore[return-value]
 
+    def _admission_refusal(self, request: Request) -> str | None:
+        """Why the waiting loop should pass over `request` now: the block manager's reasons, then the
+        running KV priced against the tightest running TPOT objective (`KvTpotAdmission`)."""
+        reason = self.block_manager.admission_refusal(request, self)
+        if reason is not None:
+            return reason
+        ledger = self.block_manager.ledger
+        if self.kv_admission.refuses(ledger.tightest_tpot_s(), len(vc.running_requests(self)),
+                                     ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
+            return REFUSED_TPOT_KV
+        return None
+
     def _first_token_lead(self, view: RequestView) -> float:
         """Seconds from a waiting request's admission to its first token (`first_token_lead`, at the
         mean step time; 0 until `step.stepsBeforeStepTime` steps were timed)."""
@@ -221,7 +236,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
                 output = super().schedule(*args, **kwargs)
         finally:
             self.waiting_queue.end_step()
-        self._in_flight.append((output, time.monotonic(), kv_tokens))
+        self._in_flight.append((output, time.monotonic(), kv_tokens, vc.prefill_pairs(self, output)))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
@@ -233,7 +248,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         in_flight = len(self._in_flight)
         urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting_queue) else []  # len: the queue's truth is the waiting loop's (queue.py)
         return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
-                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
+                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0, vc.longest_prefill_context(running))
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
@@ -311,21 +326,21 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         """A step's duration: from the later of its scheduling and the previous step's end, to now."""
         now = time.monotonic()
         scheduled_at = None
-        kv_tokens = 0
+        kv_tokens = pairs = 0
         while self._in_flight:
-            queued, at, kv = self._in_flight.popleft()
+            queued, at, kv, chunk_pairs = self._in_flight.popleft()
             if queued is output:
-                scheduled_at, kv_tokens = at, kv
+                scheduled_at, kv_tokens, pairs = at, kv, chunk_pairs
                 break
         if scheduled_at is not None:
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
             seconds = now - started
-            self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+            self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens, pairs)
             if self._feeds_step_model:
-                self.step_model.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+                self.step_model.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens, pairs)
             if self._steps_timed % STEP_MODEL_EXPORT_EVERY == 0:
                 model = self.step_model
-                self.metrics.observe_step_model(model.fixed_s, model.per_token_s, model.per_kv_token_s)
+                self.metrics.observe_step_model(model.fixed_s, model.per_token_s, model.per_kv_token_s, model.per_pair_s)
             self._step_s = seconds if not self._steps_timed else self._step_s + self.step_spec.step_time_alpha * (seconds - self._step_s)
             self._steps_timed += 1
         self._last_step_done = now
