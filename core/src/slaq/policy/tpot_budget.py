@@ -53,7 +53,7 @@ MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond t
 # Features are scaled so the three coefficients are of similar size (seconds per feature unit).
 TOKEN_UNIT = 1_000.0
 KV_UNIT = 100_000.0
-PAIR_UNIT = 1e9
+PAIR_UNIT = 1e7
 PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
 MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
 
