@@ -61,8 +61,9 @@ def test_the_scheduler_passes_over_a_request_the_kv_rule_refuses() -> None:
     driver.add(make_request(Tier.CRITICAL, prompt_tokens=40, max_tokens=50, tpot_ms=50))
     driver.step()
     waiting = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
+    driver.add(waiting)  # its SLA facts attached; not stepped
     assert scheduler._admission_refusal(waiting) is None
-    scheduler.kv_admission = KvTpotAdmission(StepTimeModel(fixed_s=0.040, per_kv_token_s=1e-6))  # 40 ms + 1 us per KV token
+    scheduler.kv_admission = KvTpotAdmission(StepTimeModel(fixed_s=0.040, per_kv_token_s=1e-4))  # 40 ms + 0.1 ms per KV token
     assert scheduler._admission_refusal(waiting) == "tpot_kv"
 
 
@@ -83,3 +84,49 @@ def test_prefill_pairs_and_the_longest_prefill_context_read_vllms_requests() -> 
 def test_the_pace_runs_just_under_the_objective() -> None:
     assert 0.99 <= PACE_SHARE < 1.0
     assert PaceClock is not None
+
+
+# -- the victim's price (item 3) -----------------------------------------------------------------
+def test_a_victims_price_is_its_recompute_or_its_swap_when_the_host_cache_has_room() -> None:
+    from slaq.engine.kv_security.swap import SwapOrRecompute
+    from slaq.engine.victim_price import VictimPrice, recompute_seconds
+
+    model = StepTimeModel(fixed_s=0.002, per_token_s=28e-6, per_pair_s=1e-9)
+    assert recompute_seconds(model, 100_000) == pytest.approx(2.8 + 5.0)
+    swap = SwapOrRecompute(model, bytes_per_token=131072, seal_seconds_per_byte=1 / 55e9)
+    room = [0]
+    price = VictimPrice(model, swap, lambda: room[0])
+    assert price.restore_seconds(100_000) == pytest.approx(7.8)  # no room: recomputed
+    room[0] = 200_000
+    assert price.restore_seconds(100_000) == pytest.approx(2 * 100_000 * 131072 / 55e9)  # swapped back in: 0.48 s
+    assert price.worth(100_000, 2.0)  # 0.48 s against half of a 2 s objective
+    room[0] = 50_000
+    assert not price.worth(100_000, 2.0)  # the host cache cannot hold it: 7.8 s is not worth 2 s
+    assert price.worth(4_000, 2.0) and not price.worth(4_000, None)
+
+
+def test_urgent_preemption_passes_over_a_long_context_for_a_short_gain() -> None:
+    from slaq.engine.preemption import ResourceView, UrgentPreemption
+    from slaq.engine.victim_price import VictimPrice
+
+    scheduler = build_scheduler(max_num_seqs=2, max_num_batched_tokens=512, num_blocks=1000, max_model_len=512)
+    driver = Driver(scheduler)
+    long = make_request(Tier.BATCH, prompt_tokens=400, max_tokens=100)
+    short = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=100)
+    driver.add(long, short)
+    for _ in range(3):
+        driver.step()
+    assert vc.is_decoding(long) and vc.is_decoding(short)
+    critical = make_request(Tier.CRITICAL, prompt_tokens=40, max_tokens=10, ttft_ms=500)
+    scheduler.add_request(critical)
+    resources = ResourceView(free_slots=0, free_blocks=500, headroom_blocks=0, block_size=16, step_tokens=512)
+    running = [long, short]
+    # Without a price the cheapest victim goes (the short one): both plans agree on it.
+    unpriced = UrgentPreemption(max_per_step=1).plan([critical], running, resources, scheduler.info_of)
+    assert [p.victim for p in unpriced] == [short]
+    # Priced at 1 ms per token, the short one (about 44 tokens: 44 ms) is worth half of a 0.5 s objective;
+    # the long one (about 403 tokens: 0.4 s) is not, so with only the long one running nothing is preempted.
+    price = VictimPrice(StepTimeModel(per_token_s=1e-3))
+    assert [p.victim for p in UrgentPreemption(max_per_step=1, price=price).plan([critical], running, resources, scheduler.info_of)] == [short]
+    assert UrgentPreemption(max_per_step=1, price=price).plan([critical], [long], resources, scheduler.info_of) == []
+    assert [p.victim for p in UrgentPreemption(max_per_step=1).plan([critical], [long], resources, scheduler.info_of)] == [long]

@@ -11,6 +11,9 @@ lower tier are preempted for them:
 - The victim order is the pod policy's (`slaq.policy.victims`, by default lowest tier, then
   cheapest to recompute, then latest arrival); `VictimChooser` only hands it the running requests.
 - `UrgentPreemption.plan` bounds preemptions per step (`max_preemptions_per_step`).
+- A victim has a price (`VictimPrice`, victim_price.py): the time to get its KV back, recomputed or
+  swapped in if the host cache can hold it; one that costs more than half the urgent request's TTFT
+  objective is passed over, so a long context is never preempted for a short gain.
 - A preemption costs the victim everything it computed (recomputed, or swapped out and back), so
   an urgent request that would still meet its TTFT objective by waiting does not preempt: when the
   running requests that finish soonest (at most their remaining `max_tokens` decode steps each, at
@@ -31,6 +34,7 @@ from typing import Callable, Sequence
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import steps_until_room
 from slaq.engine.sla import RequestInfo
+from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request
 from slaq.policy.victims import LowestTierCheapest, VictimOrder, may_preempt_for
 
@@ -110,6 +114,7 @@ class UrgentPreemption:
     max_per_step: int
     guard: ThrashGuard = ThrashGuard()
     chooser: VictimChooser = VictimChooser()
+    price: VictimPrice | None = None  # None: every victim is worth it (as before victims had a price)
 
     def plan(
         self,
@@ -147,6 +152,8 @@ class UrgentPreemption:
                     break
                 if vc.request_id(victim) in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank, missed):
                     continue
+                if self.price is not None and not self.price.worth(vc.computed_tokens(victim), info.ttft_s):
+                    continue  # getting its KV back costs more than the urgent request gains
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1
                 free_blocks += math.ceil(vc.computed_tokens(victim) / resources.block_size)

@@ -44,6 +44,7 @@ from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.tpot_budget import PaceClock
+from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
@@ -99,6 +100,8 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
         self._install_swap_rule()
+        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims),
+                                           self._victim_price())
 
     def watch_engine_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> EngineTableWatcher:
         reloads = self.metrics.table_reloads
@@ -120,6 +123,16 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         connector = vc.kv_connector(self)
         if isinstance(connector, SlaqKVConnector):
             connector.use_step_model(self.step_model)
+
+    def _victim_price(self) -> VictimPrice:
+        """Victims priced by the step-time model, and by the KV connector's swap rule and host room when it swaps."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        ledger = connector.planner.swap if isinstance(connector, SlaqKVConnector) and connector.planner is not None else None
+        if ledger is None or ledger.choice is None:
+            return VictimPrice(self.step_model)
+        return VictimPrice(self.step_model, ledger.choice, lambda: (ledger.capacity_blocks - ledger.used_blocks) * ledger.block_size)
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
