@@ -81,3 +81,13 @@ def test_sim_runs_the_long_context_workload_and_reports_its_shape(tmp_path: Path
         main(["bench", "sim", "--workload", "long-context", "--trace", str(SAMPLE_TRACE), *quick])
     with pytest.raises(WorkloadError, match="max_model_len"):
         WorkloadSpec(generator="long-context", arrivals="poisson").rows()
+
+
+def test_the_host_cache_follows_the_context_unless_set() -> None:
+    long = load_profile("h200-llama3-8b-128k")
+    assert long.engine.kv_host_cache_gib is None and long.host_cache_gib == 16.0  # 131,072 tokens x 128 KiB
+    base = load_profile("h200-llama3-8b")
+    assert base.host_cache_gib == 1.0 == base.model.max_model_len * base.model.kv_bytes_per_token / 2**30
+    from slaq.bench.pool_profile import with_kv_swap
+
+    assert with_kv_swap(long, host_cache_gib=2.0).host_cache_gib == 2.0 and with_kv_swap(long, host_cache_gib=0.0).host_cache_gib == 0.0

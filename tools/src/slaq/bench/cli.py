@@ -89,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="slaq's engine swaps preempted requests' KV to host memory and back when cheaper than recomputing it "
                           "(on, as it ships), recomputes it (off), or both: the slaq policy runs twice, the second as slaq-noswap")
     sim.add_argument("--kv-host-cache-gib", type=float, default=None, metavar="GIB",
-                     help="host memory for swapped KV (default: the profile's engine.kv_host_cache_gib, 1 as slaq engine ships)")
+                     help="host memory for swapped KV (default: the profile's engine.kv_host_cache_gib, or one max_model_len context's KV "
+                          "when it sets none: 1 GiB on the 8k H200 profile, 16 GiB on h200-llama3-8b-128k)")
     sim.add_argument("--kv-seal-gb-s", default=None, metavar="GB_S|off",
                      help="host-side AES-GCM seal/open throughput of the KV connector, added to the host link's time "
                           "(default: the profile's gpu.host_seal_gb_s; off: not counted)")
@@ -260,7 +261,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     print("mode: pod (slaq behind the sidecar core; fcfs/priority stock vLLM without one; oracle the engine alone)" if pod is not None
           else "mode: engine (every policy drives the engine scheduler alone, no sidecar)")
     seal = f"{profile.gpu.host_seal_gb_s:g} GB/s" if profile.gpu.host_seal_gb_s else "not counted"
-    print(f"KV swap {args.kv_swap} (slaq's KV connector, {profile.engine.kv_host_cache_gib:g} GiB of host cache, "
+    print(f"KV swap {args.kv_swap} (slaq's KV connector, {profile.host_cache_gib:g} GiB of host cache, "
           f"{profile.gpu.host_link_gb_s:g} GB/s host link, sealing {seal}; stock vLLM recomputes its victims)")
     for entry in entries:
         print()

@@ -93,9 +93,10 @@ class EngineSettings(_Strict):
     gpu_memory_utilization: Fraction = 0.9
     activation_reserve_gb: Annotated[float, Field(ge=0)] = 4.0
     num_gpu_blocks: PositiveInt | None = Field(default=None, description="Overrides the size computed from GPU memory.")
-    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`, same default);
-    # 0: no swap, every preempted request is recomputed.
-    kv_host_cache_gib: Annotated[float, Field(ge=0)] = 1.0
+    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`); 0: no swap, every
+    # preempted request is recomputed; None (the default): derived from the model, one full context's KV
+    # (`PoolProfile.host_cache_gib`: 1 GiB for an 8B Llama at 8k tokens, 16 GiB at 128k).
+    kv_host_cache_gib: Annotated[float, Field(ge=0)] | None = None
 
 
 class PoolProfile(_Strict):
@@ -103,6 +104,15 @@ class PoolProfile(_Strict):
     model: ModelShape
     gpu: GpuSpec
     engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @property
+    def host_cache_gib(self) -> float:
+        """The host cache for swapped KV: as set, or one request of `max_model_len` tokens' KV, so the
+        longest context a victim can hold fits it once (a smaller cache refuses exactly the long contexts
+        whose recompute costs most)."""
+        if self.engine.kv_host_cache_gib is not None:
+            return self.engine.kv_host_cache_gib
+        return self.model.max_model_len * self.model.kv_bytes_per_token / 2**30
 
     @property
     def num_gpu_blocks(self) -> int:
