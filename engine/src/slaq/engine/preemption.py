@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import steps_until_room
+from slaq.engine.blocks import OutputLeft, max_tokens_left, planned_output_left, steps_until_room
 from slaq.engine.sla import RequestInfo
 from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request
@@ -96,7 +96,7 @@ class ResourceView:
 
 
 def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: int,
-                  free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
+                  free_slots: int, free_blocks: int, resources: ResourceView, output_left: OutputLeft = max_tokens_left) -> bool:
     """Whether running requests finishing on their own free a slot and `need_blocks` blocks for the
     urgent request `info` describes early enough that it still starts two steps before `wait_share`
     of its objective has passed (an upper bound on their remaining steps: a request may stop before
@@ -106,7 +106,8 @@ def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: in
         return False
     start_by = min(info.deadline, info.arrival + resources.wait_share * info.ttft_s)
     budget_steps = (start_by - resources.now) / step_s - 2.0
-    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots) <= budget_steps
+    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots,
+                                                    output_left) <= budget_steps
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ class UrgentPreemption:
             chunk_blocks = math.ceil(min(vc.total_tokens(request), resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
             missed = resources.now >= info.deadline
-            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources):
+            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources,
+                                                                     planned_output_left(info_of)):
                 continue  # it waits for requests finishing on their own: no one loses their work
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks

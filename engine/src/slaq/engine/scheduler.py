@@ -39,6 +39,7 @@ from slaq.api.table import EngineTable
 from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, EngineTableWatcher
 from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
+from slaq.engine.output_plan import OutputBound
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
@@ -59,6 +60,9 @@ STEP_MODEL_EXPORT_EVERY = 64  # timed steps between two exports of the step-time
 class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     # Tests and embedders may set this before construction; vLLM constructs the class itself.
     config_override: EngineSchedulerConfig | None = None
+    # Plan requests without a client max_tokens on the sidecar's predicted output (output_plan.py);
+    # False: on max_tokens, the rest of the context (the benchmark's `slaq-max-tokens`, for comparison).
+    plans_on_prediction: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +94,8 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.step_model: StepTimeModel = getattr(self.step_budget, "model", None) or StepTimeModel()
         self._feeds_step_model = self.step_model is not getattr(self.step_budget, "model", None)
         self.kv_admission = KvTpotAdmission(self.step_model)
+        self.output_bound = OutputBound()
+        self._max_model_len = vc.max_model_len(self)
         # (output, scheduled at, KV tokens held, its prompt chunks' attention pairs) awaiting their model step
         self._in_flight: deque[tuple[SchedulerOutput, float, int, int]] = deque()
         self._last_step_done: float | None = None
@@ -158,6 +164,10 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
                     aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
                 ),
             )
+            if self.plans_on_prediction:
+                info = self.info_of(request)
+                info.planned_output = self.output_bound.planned_output(sla.predicted_output, info.prompt_tokens,
+                                                                       vc.max_tokens(request), self._max_model_len)
             self.metrics.count_arrival(sla.tier)
         super().add_request(request)  # tells the KV connector, which starts its count for the request
         if sla is not None and self.request_log.enabled:
@@ -173,8 +183,11 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         return facts
 
     def request_freed(self, request: Request) -> None:
-        """The request left the scheduler: its audit line, once."""
+        """The request left the scheduler: the output bound learns from it, and its audit line, once."""
         info = vc.attached_info(request)
+        if info is not None and info.sidecar_prediction is not None and vc.finish_reason(request) == "stop":
+            self.output_bound.observe(info.sidecar_prediction, vc.output_tokens(request))  # how far predictions fall short
+            info.sidecar_prediction = None  # once
         facts = info.facts if info is not None else None
         if facts is None:
             return
