@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="search each policy's SLO capacity: the highest load with critical >= 0.99 and standard >= 0.95 "
                             "attainment (bracketing, then bisection over multiples of --slo-resolution)")
     sim.add_argument("--slo-resolution", type=_positive, default=0.1, metavar="LOAD", help="with --slo-capacity: bisect over loads that are multiples of this step (default 0.1)")
-    sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
+    sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,slaq-max-tokens,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
     sim.add_argument("--max-drain", type=float, default=1800.0, metavar="SECONDS",
