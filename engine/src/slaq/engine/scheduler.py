@@ -86,7 +86,6 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
         self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
-        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims))
         self.step_budget: StepBudget = self.pod_policy.step_budget()
         self.pace = PaceClock()
         # The step budget's learned model, or one of the scheduler's own: it also prices a preempted
@@ -105,7 +104,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.request_log = RequestLog.from_environment()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
-        self._install_swap_rule()
+        self._install_swap_rule()  # before the victim price, which reads the swap rule it installs
         self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims),
                                            self._victim_price())
 
