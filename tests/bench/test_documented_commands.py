@@ -109,6 +109,9 @@ def test_documented_command_runs_from_a_clone(arguments: tuple[str, ...], tmp_pa
     out, err = capsys.readouterr()
     assert status == 0, f"{COMMANDS[arguments]}: slaq bench sim {shlex.join(arguments)}\n{err}"
     named = arguments[arguments.index("--trace") + 1] if "--trace" in arguments else "conv"
+    if "--workload" in arguments:  # a synthetic workload of our own: named, with its prompt lengths
+        assert f"requests (workload {arguments[arguments.index('--workload') + 1]}, prompts mean " in out
+        return
     source = "synthetic" if "--synthetic" in arguments else str(BUNDLED_TRACES.get(named, named))
     assert f"requests ({source}, arrivals" in out
 

@@ -18,7 +18,7 @@ from .conftest import SAMPLE_TRACE
 
 
 def test_unknown_and_duplicate_policies_are_refused() -> None:
-    with pytest.raises(PolicyUnavailable, match="known: fcfs, priority, slaq, oracle"):
+    with pytest.raises(PolicyUnavailable, match="known: fcfs, priority, slaq, slaq-max-tokens, oracle"):
         policy("edf")
     with pytest.raises(PolicyUnavailable, match="twice"):
         parse_policies("fcfs,fcfs")

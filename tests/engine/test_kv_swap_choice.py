@@ -17,6 +17,7 @@ BS = 4
 @dataclass
 class Model:
     per_token_s: float
+    per_pair_s: float = 0.0
 
 
 def _rule(seal_s_per_token: float, recompute_per_token: float, always: bool = False) -> SwapOrRecompute:
@@ -34,6 +35,16 @@ def test_the_rule_counts_the_seal_and_the_open_against_the_recompute() -> None:
     assert rule.swaps(1000) and rule.reason == BY_COST
     # the measured H200 case: sealing at 1.26 GB/s against ~28 us of recompute per token
     assert not SwapOrRecompute(Model(28e-6), bytes_per_token=131072, seal_seconds_per_byte=1 / 1.26e9).swaps(1000)
+
+
+def test_a_long_contexts_attention_makes_its_recompute_dearer_than_its_swap() -> None:
+    # Sealing at 55 GB/s (no AES): 2.4 us per token each way. Per token alone recomputing is dearer only
+    # above 4.8 us; with the attention pairs (1 ns each) a 100k context's recompute is 5 s more.
+    linear = SwapOrRecompute(Model(4e-6), bytes_per_token=131072, seal_seconds_per_byte=1 / 55e9)
+    assert not linear.swaps(100_000)
+    with_pairs = SwapOrRecompute(Model(4e-6, 1e-9), bytes_per_token=131072, seal_seconds_per_byte=1 / 55e9)
+    assert with_pairs.recompute_seconds(100_000) == pytest.approx(0.4 + 5.0)
+    assert with_pairs.swaps(100_000) and not with_pairs.swaps(16)  # a short context's pairs change nothing
 
 
 def test_the_rule_reads_the_step_model_as_it_learns() -> None:

@@ -29,6 +29,9 @@ class BatchView:
     pace_slack_s: float | None = None
     steps_in_flight: int = 0  # steps scheduled before this one and not finished: they run first
     urgent_tokens: int = 0  # prompt tokens of the most urgent waiting request (0: none waits)
+    # The longest context (tokens of KV already computed) at which a prompt chunk of the step starts: its
+    # tokens' attention reads that much KV each (0: none known, every token priced alike).
+    prefill_context_tokens: int = 0
 
 
 @runtime_checkable
@@ -39,8 +42,9 @@ class StepBudget(Protocol):
         """Token cap for the next step (<= limit), or None for no cap."""
         ...
 
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
-        """Measured duration of a step that scheduled `tokens` tokens while the batch held `kv_tokens` of KV."""
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0, pairs: int = 0) -> None:
+        """Measured duration of a step that scheduled `tokens` tokens while the batch held `kv_tokens` of KV,
+        its prompt chunks attending over `pairs` (query, key) pairs."""
         ...
 
 
@@ -53,7 +57,7 @@ class StockStepBudget:
     def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
         return None
 
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0, pairs: int = 0) -> None:
         return None
 
 

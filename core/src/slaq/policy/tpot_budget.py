@@ -27,11 +27,16 @@ to the full pace slack to fit that request's prompt (`BatchView.urgent_tokens`).
     keeps its token and admission always progresses (the scheduler also puts decodes ahead of
     prefill chunks whenever a cap applies)
 
-where step time ≈ a + b * tokens + c * kv (kv: tokens of KV cache the running batch holds, which
-its attention kernels read every step) is calibrated online from measured step durations
-(`StepTimeModel`), starting from a prior. The KV term matters: at a burst's peak a batch of long
-contexts spends most of a 50 ms step reading KV, and a model linear in tokens alone is wrong by
-the difference. A step's duration is measured as the time from the later of (its scheduling, the
+where step time ≈ a + b * tokens + c * kv + d * pairs (kv: tokens of KV cache the running batch
+holds, which its attention kernels read every step; pairs: the (query, key) pairs of the step's
+prompt chunks, n x context + n^2 / 2 for a chunk of n tokens at `context`) is calibrated online from
+measured step durations (`StepTimeModel`), starting from a prior. The KV term matters: at a burst's
+peak a batch of long contexts spends most of a 50 ms step reading KV, and a model linear in tokens
+alone is wrong by the difference. The pairs term prices long contexts' prompt chunks: a token of a
+chunk at 100k tokens of context costs its attention over all of them (about 100 us on an H200,
+three times the token's GEMMs), so a budget priced per token lets a long context's chunk outlast
+the step it was planned for. When the step may carry a chunk at `BatchView.prefill_context_tokens`,
+the budget's prompt tokens are priced at b + d x (context + n / 2) each (the decodes at b). A step's duration is measured as the time from the later of (its scheduling, the
 previous step's completion) to its own completion, which is what a pipelined engine spends on it.
 Without a pace (`BatchView.pace_slack_s` None) the target is safety x T, as before slack was spent.
 """
@@ -48,23 +53,25 @@ MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond t
 # Features are scaled so the three coefficients are of similar size (seconds per feature unit).
 TOKEN_UNIT = 1_000.0
 KV_UNIT = 100_000.0
+PAIR_UNIT = 1e7
 PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
 MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
 
 
-def _solve3(m: list[list[float]], v: list[float]) -> list[float]:
-    """Solve the 3x3 system m x = v (m symmetric positive definite) by Gaussian elimination."""
+def _solve(m: list[list[float]], v: list[float]) -> list[float]:
+    """Solve the system m x = v (m symmetric positive definite) by Gaussian elimination."""
+    n = len(v)
     a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
         a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             factor = a[r][col] / a[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 a[r][c] -= factor * a[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (a[r][3] - sum(a[r][c] * x[c] for c in range(r + 1, 3))) / a[r][r]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (a[r][n] - sum(a[r][c] * x[c] for c in range(r + 1, n))) / a[r][r]
     return x
 
 
@@ -82,39 +89,49 @@ class StepTimeModel:
     fixed_s: float = 0.010
     per_token_s: float = 30e-6
     per_kv_token_s: float = 0.0
+    per_pair_s: float = 0.0  # a (query, key) pair of a prompt chunk's attention
     forget: float = 0.98
     observations: int = 0
     _prior: list[float] = field(default_factory=list)
-    _s: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _r: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _s: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _r: list[float] = field(default_factory=lambda: [0.0] * 4)
 
     def __post_init__(self) -> None:
-        self._prior = [self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT]
+        self._prior = [self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT, self.per_pair_s * PAIR_UNIT]
 
-    def predict(self, tokens: int, kv_tokens: int = 0) -> float:
-        return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens
+    def predict(self, tokens: int, kv_tokens: int = 0, pairs: int = 0) -> float:
+        return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens + self.per_pair_s * pairs
 
-    def tokens_within(self, seconds: float, kv_tokens: int = 0) -> float:
-        return (seconds - self.fixed_s - self.per_kv_token_s * kv_tokens) / max(self.per_token_s, 1e-9)
+    def tokens_within(self, seconds: float, kv_tokens: int = 0, *, decodes: int = 0, context: int = 0) -> float:
+        """Tokens a step of `seconds` holds: `decodes` single tokens first (at the per-token cost), the rest
+        a prompt chunk of n tokens at `context` tokens of KV, whose n x (context + n / 2) pairs count too."""
+        per_token = max(self.per_token_s, 1e-9)
+        spare = seconds - self.fixed_s - self.per_kv_token_s * kv_tokens - per_token * decodes
+        pair = self.per_pair_s
+        if spare <= 0.0 or pair <= 0.0:
+            return decodes + spare / per_token
+        linear = per_token + pair * context  # spare = linear n + pair n^2 / 2
+        return decodes + 2.0 * spare / (linear + math.sqrt(linear * linear + 2.0 * pair * spare))
 
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0, pairs: int = 0) -> None:
         if tokens <= 0 or not 0.0 < seconds < math.inf:
             return
-        x = (1.0, tokens / TOKEN_UNIT, kv_tokens / KV_UNIT)
+        x = (1.0, tokens / TOKEN_UNIT, kv_tokens / KV_UNIT, pairs / PAIR_UNIT)
         s, r, f = self._s, self._r, self.forget
-        for i in range(3):
+        for i in range(4):
             r[i] = f * r[i] + x[i] * seconds
             row = s[i]
-            for j in range(3):
+            for j in range(4):
                 row[j] = f * row[j] + x[i] * x[j]
-        lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(3)] for i in range(3)]
-        rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(3)]
-        fixed, per_unit, per_kv_unit = _solve3(lhs, rhs)
-        if not all(math.isfinite(v) for v in (fixed, per_unit, per_kv_unit)):
+        lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(4)] for i in range(4)]
+        rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(4)]
+        fixed, per_unit, per_kv_unit, per_pair_unit = _solve(lhs, rhs)
+        if not all(math.isfinite(v) for v in (fixed, per_unit, per_kv_unit, per_pair_unit)):
             return  # an ill-conditioned solve keeps the last good fit rather than poisoning budgets
         self.fixed_s = max(0.0, fixed)
         self.per_token_s = max(1e-9, per_unit / TOKEN_UNIT)
         self.per_kv_token_s = max(0.0, per_kv_unit / KV_UNIT)
+        self.per_pair_s = max(0.0, per_pair_unit / PAIR_UNIT)
         self.observations += 1
 
 
@@ -154,11 +171,14 @@ class TpotStepBudget:
         return self.last_budget
 
     def _tokens_within(self, seconds: float, batch: BatchView, limit: int) -> int:
-        estimate = self.model.tokens_within(seconds, batch.kv_tokens)
+        if batch.prefill_context_tokens:
+            estimate = self.model.tokens_within(seconds, batch.kv_tokens, decodes=batch.running, context=batch.prefill_context_tokens)
+        else:
+            estimate = self.model.tokens_within(seconds, batch.kv_tokens)
         return limit if math.isnan(estimate) else int(min(max(estimate, 0.0), limit))
 
-    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0) -> None:
-        self.model.observe(tokens, seconds, kv_tokens)
+    def observe(self, tokens: int, seconds: float, kv_tokens: int = 0, pairs: int = 0) -> None:
+        self.model.observe(tokens, seconds, kv_tokens, pairs)
 
 
 STEP_BUDGETS.register("tpot", TpotStepBudget)

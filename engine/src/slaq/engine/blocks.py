@@ -52,14 +52,26 @@ REFUSED_TENANT_CAP, REFUSED_HEADROOM, REFUSED_KV_FULL = "tenant_cap", "headroom"
 EVICT_FIRST_RANK = Tier.BATCH.rank
 
 
+OutputLeft = Callable[[Request], int]  # decode steps a running request is planned to have left
+
+
+def max_tokens_left(request: Request) -> int:
+    return max(1, vc.max_tokens(request) - vc.output_tokens(request))
+
+
+def planned_output_left(info_of: Callable[[Request], RequestInfo]) -> OutputLeft:
+    """Steps left on the scheduler's plan (`RequestInfo.planned_output`, see output_plan.py)."""
+    return lambda request: max(1, info_of(request).planned_output - vc.output_tokens(request))
+
+
 def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: int, free_blocks: int,
-                     free_slots: int = 1) -> float:
+                     free_slots: int = 1, output_left: OutputLeft = max_tokens_left) -> float:
     """Steps until running requests finishing on their own, soonest first, leave a slot and
-    `need_blocks` blocks free (inf: never). Their steps are an upper bound (`max_tokens` left; a
-    request may stop sooner)."""
+    `need_blocks` blocks free (inf: never). Their steps are `output_left` (by default `max_tokens`
+    left, an upper bound; the scheduler's plan, `planned_output_left`)."""
     if free_slots >= 1 and free_blocks >= need_blocks:
         return 0
-    finishing = sorted((max(1, vc.max_tokens(r) - vc.output_tokens(r)), -(-vc.computed_tokens(r) // block_size)) for r in running)
+    finishing = sorted((output_left(r), -(-vc.computed_tokens(r) // block_size)) for r in running)
     for steps, blocks in finishing:
         free_slots, free_blocks = free_slots + 1, free_blocks + blocks
         if free_slots >= 1 and free_blocks >= need_blocks:
@@ -203,8 +215,9 @@ class SLABlockManager(BudgetedKVCacheManager):
         if free - mine >= need:
             return False
         prefill_steps = -(-(vc.total_tokens(request) - vc.computed_tokens(request)) // max(1, vc.step_token_limit(scheduler)))
-        done_in = prefill_steps + max(1, vc.max_tokens(request) - vc.output_tokens(request))
-        return done_in > steps_until_room(vc.running_requests(scheduler), self._slaq_block_size, need, free)
+        output_left = planned_output_left(self._slaq_info_of)
+        done_in = prefill_steps + output_left(request)
+        return done_in > steps_until_room(vc.running_requests(scheduler), self._slaq_block_size, need, free, output_left=output_left)
 
     @property
     def rule(self) -> BlockBudgetRule:

@@ -49,9 +49,9 @@ class EngineMetrics:
     def _tier_children(self) -> tuple:
         return tuple(self.queue_depth.labels(tier=t.value) for t in Tier) + tuple(self.kv_blocks_in_use.labels(tier=t.value) for t in Tier)
 
-    def observe_step_model(self, fixed_s: float, per_token_s: float, per_kv_token_s: float) -> None:
+    def observe_step_model(self, fixed_s: float, per_token_s: float, per_kv_token_s: float, per_pair_s: float = 0.0) -> None:
         """The scheduler's learned step-time model (what the swap rule prices a recompute with)."""
-        for term, value in (("fixed", fixed_s), ("per_token", per_token_s), ("per_kv_token", per_kv_token_s)):
+        for term, value in (("fixed", fixed_s), ("per_token", per_token_s), ("per_kv_token", per_kv_token_s), ("per_pair", per_pair_s)):
             self.step_time_model.labels(term=term).set(value)
 
     def count_arrival(self, tier: Tier) -> None:

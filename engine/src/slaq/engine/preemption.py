@@ -11,6 +11,9 @@ lower tier are preempted for them:
 - The victim order is the pod policy's (`slaq.policy.victims`, by default lowest tier, then
   cheapest to recompute, then latest arrival); `VictimChooser` only hands it the running requests.
 - `UrgentPreemption.plan` bounds preemptions per step (`max_preemptions_per_step`).
+- A victim has a price (`VictimPrice`, victim_price.py): the time to get its KV back, recomputed or
+  swapped in if the host cache can hold it; one that costs more than half the urgent request's TTFT
+  objective is passed over, so a long context is never preempted for a short gain.
 - A preemption costs the victim everything it computed (recomputed, or swapped out and back), so
   an urgent request that would still meet its TTFT objective by waiting does not preempt: when the
   running requests that finish soonest (at most their remaining `max_tokens` decode steps each, at
@@ -29,8 +32,9 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import steps_until_room
+from slaq.engine.blocks import OutputLeft, max_tokens_left, planned_output_left, steps_until_room
 from slaq.engine.sla import RequestInfo
+from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request
 from slaq.policy.victims import LowestTierCheapest, VictimOrder, may_preempt_for
 
@@ -92,7 +96,7 @@ class ResourceView:
 
 
 def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: int,
-                  free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
+                  free_slots: int, free_blocks: int, resources: ResourceView, output_left: OutputLeft = max_tokens_left) -> bool:
     """Whether running requests finishing on their own free a slot and `need_blocks` blocks for the
     urgent request `info` describes early enough that it still starts two steps before `wait_share`
     of its objective has passed (an upper bound on their remaining steps: a request may stop before
@@ -102,7 +106,8 @@ def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: in
         return False
     start_by = min(info.deadline, info.arrival + resources.wait_share * info.ttft_s)
     budget_steps = (start_by - resources.now) / step_s - 2.0
-    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots) <= budget_steps
+    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots,
+                                                    output_left) <= budget_steps
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class UrgentPreemption:
     max_per_step: int
     guard: ThrashGuard = ThrashGuard()
     chooser: VictimChooser = VictimChooser()
+    price: VictimPrice | None = None  # None: every victim is worth it (as before victims had a price)
 
     def plan(
         self,
@@ -138,7 +144,8 @@ class UrgentPreemption:
             chunk_blocks = math.ceil(min(vc.total_tokens(request), resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
             missed = resources.now >= info.deadline
-            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources):
+            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources,
+                                                                     planned_output_left(info_of)):
                 continue  # it waits for requests finishing on their own: no one loses their work
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks
@@ -147,6 +154,8 @@ class UrgentPreemption:
                     break
                 if vc.request_id(victim) in taken or not may_preempt_for(info_of(victim).tier_rank, info.tier_rank, missed):
                     continue
+                if self.price is not None and not self.price.worth(vc.computed_tokens(victim), info.ttft_s):
+                    continue  # getting its KV back costs more than the urgent request gains
                 chosen.append(Preemption(victim, REASON_BATCH_FULL if free_slots < 1 else REASON_KV_FULL))
                 free_slots += 1
                 free_blocks += math.ceil(vc.computed_tokens(victim) / resources.block_size)

@@ -34,15 +34,18 @@ from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
 from slaq.engine.blocks import BlockBudgetRule, SLABlockManager
+from slaq.engine.kv_admission import REFUSED_TPOT_KV, KvTpotAdmission
 from slaq.api.table import EngineTable
 from slaq.engine.config import TABLE_CHECK_INTERVAL_S, EngineSchedulerConfig, EngineTableWatcher
 from slaq.engine.metrics import engine_metrics
 from slaq.engine.ordering import WaitingOrder
+from slaq.engine.output_plan import OutputBound
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
 from slaq.engine.sla import RequestInfo, request_info
 from slaq.engine.tpot_budget import PaceClock
+from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
 from slaq.policy.discipline import first_token_lead
@@ -57,6 +60,9 @@ STEP_MODEL_EXPORT_EVERY = 64  # timed steps between two exports of the step-time
 class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     # Tests and embedders may set this before construction; vLLM constructs the class itself.
     config_override: EngineSchedulerConfig | None = None
+    # Plan requests without a client max_tokens on the sidecar's predicted output (output_plan.py);
+    # False: on max_tokens, the rest of the context (the benchmark's `slaq-max-tokens`, for comparison).
+    plans_on_prediction: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,18 +82,21 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             self.info_of,
             on_allocated=self._charge_fairness,
         )
-        self.waiting_queue.admission = lambda request: self.block_manager.admission_refusal(request, self)
+        self.waiting_queue.admission = self._admission_refusal
         self.waiting_queue.held = lambda request, ahead: self.block_manager.held_for(request, self, ahead)
         self.waiting_queue.lead = self._first_token_lead
         self.guard = ThrashGuard(config.min_progress_tokens)
-        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims))
         self.step_budget: StepBudget = self.pod_policy.step_budget()
         self.pace = PaceClock()
         # The step budget's learned model, or one of the scheduler's own: it also prices a preempted
         # request's recompute for the KV connector's swap rule (kv_security/swap.py).
         self.step_model: StepTimeModel = getattr(self.step_budget, "model", None) or StepTimeModel()
         self._feeds_step_model = self.step_model is not getattr(self.step_budget, "model", None)
-        self._in_flight: deque[tuple[SchedulerOutput, float, int]] = deque()  # (output, scheduled at, KV tokens held) awaiting their model step
+        self.kv_admission = KvTpotAdmission(self.step_model)
+        self.output_bound = OutputBound()
+        self._max_model_len = vc.max_model_len(self)
+        # (output, scheduled at, KV tokens held, its prompt chunks' attention pairs) awaiting their model step
+        self._in_flight: deque[tuple[SchedulerOutput, float, int, int]] = deque()
         self._last_step_done: float | None = None
         self._step_s = 0.0  # EWMA of model step durations (urgent preemption's time-to-free estimate)
         self._steps_timed = 0
@@ -95,7 +104,9 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.request_log = RequestLog.from_environment()
         self.metrics.info.labels(scheduler=type(self).__name__, vllm=vc.VLLM_VERSION).set(1)
         self.table_watcher = self.watch_engine_table(config.engine_table) if config.engine_table is not None else None
-        self._install_swap_rule()
+        self._install_swap_rule()  # before the victim price, which reads the swap rule it installs
+        self.preemption = UrgentPreemption(spec.max_preemptions_per_step, self.guard, VictimChooser(self.pod_policy.victims),
+                                           self._victim_price())
 
     def watch_engine_table(self, path: Path, interval_s: float = TABLE_CHECK_INTERVAL_S) -> EngineTableWatcher:
         reloads = self.metrics.table_reloads
@@ -117,6 +128,16 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         connector = vc.kv_connector(self)
         if isinstance(connector, SlaqKVConnector):
             connector.use_step_model(self.step_model)
+
+    def _victim_price(self) -> VictimPrice:
+        """Victims priced by the step-time model, and by the KV connector's swap rule and host room when it swaps."""
+        from slaq.engine.kv_security.connector import SlaqKVConnector
+
+        connector = vc.kv_connector(self)
+        ledger = connector.planner.swap if isinstance(connector, SlaqKVConnector) and connector.planner is not None else None
+        if ledger is None or ledger.choice is None:
+            return VictimPrice(self.step_model)
+        return VictimPrice(self.step_model, ledger.choice, lambda: (ledger.capacity_blocks - ledger.used_blocks) * ledger.block_size)
 
     def apply_tenant_shares(self, tenant_kv_share: Mapping[str, float]) -> None:
         self.block_manager.set_rule(self._block_rule(tenant_kv_share))
@@ -142,6 +163,10 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
                     aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
                 ),
             )
+            if self.plans_on_prediction:
+                info = self.info_of(request)
+                info.planned_output = self.output_bound.planned_output(sla.predicted_output, info.prompt_tokens,
+                                                                       vc.max_tokens(request), self._max_model_len)
             self.metrics.count_arrival(sla.tier)
         super().add_request(request)  # tells the KV connector, which starts its count for the request
         if sla is not None and self.request_log.enabled:
@@ -157,8 +182,11 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         return facts
 
     def request_freed(self, request: Request) -> None:
-        """The request left the scheduler: its audit line, once."""
+        """The request left the scheduler: the output bound learns from it, and its audit line, once."""
         info = vc.attached_info(request)
+        if info is not None and info.sidecar_prediction is not None and vc.finish_reason(request) == "stop":
+            self.output_bound.observe(info.sidecar_prediction, vc.output_tokens(request))  # how far predictions fall short
+            info.sidecar_prediction = None  # once
         facts = info.facts if info is not None else None
         if facts is None:
             return
@@ -174,6 +202,18 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     def info_of(request: Request) -> RequestInfo:
         """The SLA facts attached when the request arrived (`add_request`)."""
         return vc.attached_info(request)  # type: ignore[return-value]
+
+    def _admission_refusal(self, request: Request) -> str | None:
+        """Why the waiting loop should pass over `request` now: the block manager's reasons, then the
+        running KV priced against the tightest running TPOT objective (`KvTpotAdmission`)."""
+        reason = self.block_manager.admission_refusal(request, self)
+        if reason is not None:
+            return reason
+        ledger = self.block_manager.ledger
+        if self.kv_admission.refuses(ledger.tightest_tpot_s(), len(vc.running_requests(self)),
+                                     ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
+            return REFUSED_TPOT_KV
+        return None
 
     def _first_token_lead(self, view: RequestView) -> float:
         """Seconds from a waiting request's admission to its first token (`first_token_lead`, at the
@@ -221,7 +261,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
                 output = super().schedule(*args, **kwargs)
         finally:
             self.waiting_queue.end_step()
-        self._in_flight.append((output, time.monotonic(), kv_tokens))
+        self._in_flight.append((output, time.monotonic(), kv_tokens, vc.prefill_pairs(self, output)))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
@@ -233,7 +273,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         in_flight = len(self._in_flight)
         urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting_queue) else []  # len: the queue's truth is the waiting loop's (queue.py)
         return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
-                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0)
+                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0, vc.longest_prefill_context(running))
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
@@ -311,21 +351,21 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         """A step's duration: from the later of its scheduling and the previous step's end, to now."""
         now = time.monotonic()
         scheduled_at = None
-        kv_tokens = 0
+        kv_tokens = pairs = 0
         while self._in_flight:
-            queued, at, kv = self._in_flight.popleft()
+            queued, at, kv, chunk_pairs = self._in_flight.popleft()
             if queued is output:
-                scheduled_at, kv_tokens = at, kv
+                scheduled_at, kv_tokens, pairs = at, kv, chunk_pairs
                 break
         if scheduled_at is not None:
             started = scheduled_at if self._last_step_done is None else max(scheduled_at, self._last_step_done)
             seconds = now - started
-            self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+            self.step_budget.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens, pairs)
             if self._feeds_step_model:
-                self.step_model.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens)
+                self.step_model.observe(vc.total_scheduled_tokens(output), seconds, kv_tokens, pairs)
             if self._steps_timed % STEP_MODEL_EXPORT_EVERY == 0:
                 model = self.step_model
-                self.metrics.observe_step_model(model.fixed_s, model.per_token_s, model.per_kv_token_s)
+                self.metrics.observe_step_model(model.fixed_s, model.per_token_s, model.per_kv_token_s, model.per_pair_s)
             self._step_s = seconds if not self._steps_timed else self._step_s + self.step_spec.step_time_alpha * (seconds - self._step_s)
             self._steps_timed += 1
         self._last_step_done = now

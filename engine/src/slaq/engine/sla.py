@@ -22,6 +22,10 @@ class RequestInfo:
     deadline: float  # arrival + TTFT objective, or arrival + aging bound when there is none
     prompt_tokens: int
     predicted_output: int
+    # Output tokens the scheduler plans for (`output_plan.OutputBound`): max_tokens, or the sidecar's
+    # prediction raised to its error bound when the client set no max_tokens.
+    planned_output: int = 0
+    sidecar_prediction: int | None = None  # the sidecar's `slaq_predicted_output`, as sent
     # Output length at which the request counts as having made progress since it was last
     # preempted; before that it may not be preempted again (no thrashing).
     protected_until_output: int = 0
@@ -44,4 +48,6 @@ def request_info(sla: RequestSLA, *, arrival: float, prompt_tokens: int, max_tok
         deadline=arrival + (ttft_s if ttft_s is not None else aging_bound_s),
         prompt_tokens=prompt_tokens,
         predicted_output=sla.predicted_output if sla.predicted_output is not None else max_tokens,
+        planned_output=max_tokens,
+        sidecar_prediction=sla.predicted_output,
     )

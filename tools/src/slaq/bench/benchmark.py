@@ -17,10 +17,12 @@ from slaq.bench.pool_profile import PoolProfile
 from slaq.bench.report import SCHEMA
 from slaq.bench.runner import run_policy
 from slaq.bench.simulator import ProgressCallback, RunResult
-from slaq.bench.traces import TRACE_ATTRIBUTION, TraceRow, densest_window, read_trace
+from slaq.bench.traces import TraceRow, densest_window, read_trace, trace_attribution
 from slaq.bench.workload import (
     DEFAULT_MIX,
     DEFAULT_OBJECTIVES,
+    SYNTHETIC_SHAPES,
+    SYNTHETIC_WORKLOADS,
     BenchRequest,
     BurstSpec,
     TierObjectives,
@@ -42,12 +44,18 @@ class WorkloadSpec:
     tenants_per_tier: int = 3
     objectives: dict[Tier, TierObjectives] = field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
     bursts: BurstSpec | None = None  # applied after scaling to the target rate (periods in real seconds)
+    # A synthetic workload of our own by name (`SYNTHETIC_WORKLOADS`, `--workload`), in place of a trace;
+    # its prompts are bounded by the profile's context, `max_model_len`.
+    generator: str | None = None
+    max_model_len: int | None = None
     # Mean rate of the whole trace when the workload is a window of it (see scale_to_rate).
     reference_rate: float | None = field(default=None, init=False)
 
     def rows(self) -> list[TraceRow]:
         if self.requests < 2:
             raise WorkloadError(f"--requests must be >= 2, got {self.requests}")
+        if self.generator is not None:
+            return self._generated()
         if self.trace is None:
             if self.arrivals != "poisson":
                 raise WorkloadError("without --trace the arrivals are synthetic: use --arrivals poisson")
@@ -66,6 +74,16 @@ class WorkloadSpec:
             raise WorkloadError(f"--arrivals must be trace or poisson, got {self.arrivals!r}")
         return rows
 
+    def _generated(self) -> list[TraceRow]:
+        generate = SYNTHETIC_WORKLOADS.get(self.generator or "")
+        if generate is None:
+            raise WorkloadError(f"unknown workload {self.generator!r} (one of: {', '.join(SYNTHETIC_WORKLOADS)})")
+        if self.trace is not None or self.window_s is not None or self.arrivals != "poisson":
+            raise WorkloadError(f"--workload {self.generator} has its own lengths and Poisson arrivals: drop --trace, --window, --arrivals trace")
+        if self.max_model_len is None:
+            raise WorkloadError(f"--workload {self.generator} needs the profile's max_model_len (--profile)")
+        return generate(self.requests, seed=self.seed, max_model_len=self.max_model_len)
+
     def build(self) -> list[BenchRequest]:
         return assign_tenants(self.rows(), seed=self.seed, mix=self.mix, tenants_per_tier=self.tenants_per_tier)
 
@@ -76,7 +94,10 @@ class WorkloadSpec:
     def describe(self, requests: Sequence[BenchRequest]) -> dict[str, Any]:
         return {
             "trace": str(self.trace) if self.trace else None,
-            "trace_attribution": TRACE_ATTRIBUTION if self.trace else None,
+            "trace_attribution": trace_attribution(self.trace) if self.trace else None,
+            # A synthetic workload of our own (`--workload`): its name and the parameters of its lengths.
+            "generator": None if self.generator is None else {"name": self.generator, "max_model_len": self.max_model_len,
+                                                              **SYNTHETIC_SHAPES[self.generator].describe()},
             "arrivals": self.arrivals,
             "window_s": self.window_s,
             "bursts": None if self.bursts is None else {"factor": self.bursts.factor, "period_s": self.bursts.period_s,
@@ -91,7 +112,14 @@ class WorkloadSpec:
             "objectives": {t.value: {"ttft_s": o.ttft_s, "tpot_s": o.tpot_s} for t, o in self.objectives.items()},
             "prompt_tokens_mean": round(sum(r.prompt_tokens for r in requests) / len(requests), 3),
             "output_tokens_mean": round(sum(r.output_tokens for r in requests) / len(requests), 3),
+            **_prompt_quantiles(requests),
         }
+
+
+def _prompt_quantiles(requests: Sequence[BenchRequest]) -> dict[str, int]:
+    prompts = sorted(r.prompt_tokens for r in requests)
+    return {"prompt_tokens_p50": prompts[len(prompts) // 2], "prompt_tokens_p99": prompts[min(len(prompts) - 1, (99 * len(prompts)) // 100)],
+            "prompt_tokens_max": prompts[-1]}
 
 
 KV_SWAP_MODES = ("on", "off", "both")

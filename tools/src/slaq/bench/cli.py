@@ -20,6 +20,10 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
     source.add_argument("--synthetic", action="store_true",
                         help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
+    source.add_argument("--workload", choices=("long-context",), default=None,
+                        help="a synthetic workload of our own instead of a trace, Poisson arrivals: long-context (heavy-tailed "
+                             "prompts up to the profile's max_model_len, outputs of a few hundred; slaq.bench.workload.LongContextShape; "
+                             "use it with a long-context profile such as h200-llama3-8b-128k)")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
     parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
                         help="take the trace's densest window of this many seconds (its bursts) instead of its start; "
@@ -52,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="search each policy's SLO capacity: the highest load with critical >= 0.99 and standard >= 0.95 "
                             "attainment (bracketing, then bisection over multiples of --slo-resolution)")
     sim.add_argument("--slo-resolution", type=positive_number, default=0.1, metavar="LOAD", help="with --slo-capacity: bisect over loads that are multiples of this step (default 0.1)")
-    sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,oracle (default {DEFAULT_POLICIES})")
+    sim.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated, from fcfs,priority,slaq,slaq-max-tokens,oracle (default {DEFAULT_POLICIES})")
     sim.add_argument("--profile", default="h200-llama3-8b", help="step-time model: a bundled name or a YAML path (default h200-llama3-8b)")
     sim.add_argument("--capacity-rps", type=float, default=None, help="skip measuring capacity and use this many requests/s")
     sim.add_argument("--max-drain", type=float, default=1800.0, metavar="SECONDS",
@@ -66,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="slaq's engine swaps preempted requests' KV to host memory and back when cheaper than recomputing it "
                           "(on, as it ships), recomputes it (off), or both: the slaq policy runs twice, the second as slaq-noswap")
     sim.add_argument("--kv-host-cache-gib", type=float, default=None, metavar="GIB",
-                     help="host memory for swapped KV (default: the profile's engine.kv_host_cache_gib, 1 as slaq engine ships)")
+                     help="host memory for swapped KV (default: the profile's engine.kv_host_cache_gib, or one max_model_len context's KV "
+                          "when it sets none: 1 GiB on the 8k H200 profile, 16 GiB on h200-llama3-8b-128k)")
     sim.add_argument("--kv-seal-gb-s", default=None, metavar="GB_S|off",
                      help="host-side AES-GCM seal/open throughput of the KV connector, added to the host link's time "
                           "(default: the profile's gpu.host_seal_gb_s; off: not counted)")
@@ -144,13 +149,20 @@ def workload_from_args(args: argparse.Namespace):  # -> WorkloadSpec
     from slaq.bench.errors import WorkloadError
     from slaq.bench.workload import parse_bursts, parse_mix
 
-    if args.synthetic and (args.arrivals == "trace" or args.window is not None):
-        raise WorkloadError("--synthetic has no trace to keep arrivals or cut a window from: drop --arrivals trace / --window")
-    trace = None if args.synthetic else args.trace
-    arrivals = "poisson" if args.synthetic else args.arrivals or "trace"
-    return WorkloadSpec(trace=trace, requests=args.requests, arrivals=arrivals, window_s=args.window, seed=args.seed,
+    generated = getattr(args, "workload", None)
+    no_trace = "--synthetic" if args.synthetic else f"--workload {generated}" if generated else None
+    if no_trace and (args.arrivals == "trace" or args.window is not None):
+        raise WorkloadError(f"{no_trace} has no trace to keep arrivals or cut a window from: drop --arrivals trace / --window")
+    trace = None if no_trace else args.trace
+    arrivals = "poisson" if no_trace else args.arrivals or "trace"
+    spec = WorkloadSpec(trace=trace, requests=args.requests, arrivals=arrivals, window_s=args.window, seed=args.seed,
                         mix=parse_mix(args.mix), tenants_per_tier=args.tenants_per_tier, objectives=_objectives(args.objective),
-                        bursts=parse_bursts(args.bursts) if args.bursts else None)
+                        bursts=parse_bursts(args.bursts) if args.bursts else None, generator=generated)
+    if generated:
+        from slaq.bench.pool_profile import DEFAULT_PROFILE, load_profile
+
+        spec.max_model_len = load_profile(getattr(args, "profile", None) or DEFAULT_PROFILE).model.max_model_len
+    return spec
 
 
 def _seal_rate(text: str | None) -> float | None:
@@ -162,6 +174,13 @@ def _seal_rate(text: str | None) -> float | None:
         return float(text)
     except ValueError:
         raise ProfileError(f"--kv-seal-gb-s must be a number of GB/s or off, got {text!r}") from None
+
+
+def _source(workload: dict) -> str:
+    """`the conv trace` / `workload long-context` / `synthetic`, for the run's first line."""
+    if workload.get("generator"):
+        return f"workload {workload['generator']['name']}, prompts mean {workload['prompt_tokens_mean']:,.0f} / median {workload['prompt_tokens_p50']:,} / max {workload['prompt_tokens_max']:,} tokens"
+    return workload["trace"] or "synthetic"
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -218,12 +237,12 @@ def _run_sim(args: argparse.Namespace) -> int:
     entries = report.get("sweep") or [{"load": report["load"], "rate_rps": report["rate_rps"], "policies": report["policies"]}]
     capacity = report["capacity"]["requests_per_s"]
     workload_info = report["workload"]
-    print(f"{workload_info['requests']} requests ({workload_info['trace'] or 'synthetic'}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
+    print(f"{workload_info['requests']} requests ({_source(workload_info)}, arrivals {workload_info['arrivals']}, seed {workload_info['seed']}); "
           f"profile {profile.name}; capacity {capacity:.2f} req/s ({report['capacity']['method']})")
     print("mode: pod (slaq behind the sidecar core; fcfs/priority stock vLLM without one; oracle the engine alone)" if pod is not None
           else "mode: engine (every policy drives the engine scheduler alone, no sidecar)")
     seal = f"{profile.gpu.host_seal_gb_s:g} GB/s" if profile.gpu.host_seal_gb_s else "not counted"
-    print(f"KV swap {args.kv_swap} (slaq's KV connector, {profile.engine.kv_host_cache_gib:g} GiB of host cache, "
+    print(f"KV swap {args.kv_swap} (slaq's KV connector, {profile.host_cache_gib:g} GiB of host cache, "
           f"{profile.gpu.host_link_gb_s:g} GB/s host link, sealing {seal}; stock vLLM recomputes its victims)")
     for entry in entries:
         print()
@@ -273,7 +292,7 @@ def _run_slo_capacity(args: argparse.Namespace, workload, profile, policies, pod
     report = run_slo_capacity(workload, profile, policies, capacity_rps=args.capacity_rps, max_drain_s=args.max_drain, pod=pod,
                               kv_swap=args.kv_swap, resolution=args.slo_resolution, on_probe=on_probe)
     info = report["workload"]
-    print(f"{info['requests']} requests ({info['trace'] or 'synthetic'}, arrivals {info['arrivals']}, seed {info['seed']}); "
+    print(f"{info['requests']} requests ({_source(info)}, arrivals {info['arrivals']}, seed {info['seed']}); "
           f"profile {profile.name}; capacity {report['capacity']['requests_per_s']:.2f} req/s ({report['capacity']['method']}); "
           f"mode {report['mode']}")
     print(slo_capacity_table(report["slo_capacity"], report["slo_targets"]))

@@ -3,7 +3,7 @@
 - Which engines: those whose pod ships slaq's KV connector (`PolicySpec.ships_kv_connector`:
   `slaq`; `slaq engine` loads it for the slaq scheduler only). Stock vLLM recomputes its victims.
 - The connector: the real `SlaqKVConnector`, which vLLM builds on the scheduler side from the same
-  `--kv-transfer-config` the launcher writes, with `profile.engine.kv_host_cache_gib` of host
+  `--kv-transfer-config` the launcher writes, with `profile.host_cache_gib` of host
   memory. Its planner sees every preemption and readmission through vLLM's connector calls and
   decides which victims are sealed into host memory and which readmitted requests load their KV
   back instead of computing it (vLLM then counts those tokens as computed). Erase is off here: it
@@ -50,7 +50,7 @@ def host_gb_s(profile: PoolProfile) -> float:
 
 def transfer_config(profile: PoolProfile) -> str | None:
     """The `--kv-transfer-config` of an engine with the profile's host cache (None: 0 GiB, no swap)."""
-    host_bytes = int(profile.engine.kv_host_cache_gib * GIB)
+    host_bytes = int(profile.host_cache_gib * GIB)
     if host_bytes <= 0:
         return None
     return transfer_config_json(KVSecuritySettings(erase=False, host_cache_bytes=host_bytes, seal_gb_s=host_gb_s(profile)))
@@ -111,7 +111,7 @@ class SwapAccount:
 
     def summary(self, profile: PoolProfile) -> dict[str, Any]:
         return {
-            "host_cache_gib": profile.engine.kv_host_cache_gib,
+            "host_cache_gib": round(profile.host_cache_gib, 6),
             "host_link_gb_s": profile.gpu.host_link_gb_s,
             "host_seal_gb_s": profile.gpu.host_seal_gb_s,
             "rule": None if self.ledger.choice is None else {

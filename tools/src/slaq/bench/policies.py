@@ -5,6 +5,9 @@
 - `slaq`: `slaq.engine.scheduler.SLAScheduler` (vLLM policy `priority`), loaded by name so the
   benchmark never imports a scheduler that is not there: when it is absent the policy fails
   with a message saying so, it is never replaced by something else;
+- `slaq-max-tokens`: the same scheduler planning a request without a client `max_tokens` on the rest of
+  the context, as before it planned on the sidecar's predicted output (`slaq.engine.output_plan`): the
+  same run with and without the prediction;
 - `oracle`: `slaq.bench.oracle.OracleScheduler`, which knows every request's true output
   length and the exact step-time model: a bound, not a deployable policy.
 
@@ -54,6 +57,9 @@ POLICIES: dict[str, PolicySpec] = {
         PolicySpec("priority", "priority", "stock vLLM AsyncScheduler, request priority = tier rank", "slaq.engine.vllm_compat", "AsyncScheduler"),
         PolicySpec("slaq", "priority", "slaq SLAScheduler (engine/src/slaq/engine/)", "slaq.engine.scheduler", "SLAScheduler", behind_sidecar=True,
                    ships_kv_connector=True),
+        PolicySpec("slaq-max-tokens", "priority", "slaq SLAScheduler planning on max_tokens, not the sidecar's predicted output "
+                   "(for comparison, slaq.bench.engine_variants)", "slaq.bench.engine_variants", "MaxTokensSLAScheduler",
+                   behind_sidecar=True, ships_kv_connector=True),
         PolicySpec("oracle", "priority", "bound: knows true output lengths and the step-time model", "slaq.bench.oracle", "OracleScheduler", knows_true_lengths=True),
     )
 }

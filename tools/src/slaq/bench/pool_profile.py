@@ -93,9 +93,10 @@ class EngineSettings(_Strict):
     gpu_memory_utilization: Fraction = 0.9
     activation_reserve_gb: Annotated[float, Field(ge=0)] = 4.0
     num_gpu_blocks: PositiveInt | None = Field(default=None, description="Overrides the size computed from GPU memory.")
-    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`, same default);
-    # 0: no swap, every preempted request is recomputed.
-    kv_host_cache_gib: Annotated[float, Field(ge=0)] = 1.0
+    # Host memory holding preempted requests' KV (slaq engine's `--kv-host-cache-gib`); 0: no swap, every
+    # preempted request is recomputed; None (the default): derived from the model, one full context's KV
+    # (`PoolProfile.host_cache_gib`: 1 GiB for an 8B Llama at 8k tokens, 16 GiB at 128k).
+    kv_host_cache_gib: Annotated[float, Field(ge=0)] | None = None
 
 
 class PoolProfile(_Strict):
@@ -103,6 +104,15 @@ class PoolProfile(_Strict):
     model: ModelShape
     gpu: GpuSpec
     engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @property
+    def host_cache_gib(self) -> float:
+        """The host cache for swapped KV: as set, or one request of `max_model_len` tokens' KV, so the
+        longest context a victim can hold fits it once (a smaller cache refuses exactly the long contexts
+        whose recompute costs most)."""
+        if self.engine.kv_host_cache_gib is not None:
+            return self.engine.kv_host_cache_gib
+        return self.model.max_model_len * self.model.kv_bytes_per_token / 2**30
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -131,19 +141,48 @@ def with_kv_swap(profile: PoolProfile, *, host_cache_gib: float | None = None, s
     return profile.model_copy(update={"engine": engine, "gpu": gpu})
 
 
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:
-    """A profile by file path, or by name from the bundled `tools/src/slaq/bench/models/` folder."""
+def _profile_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if not path.suffix:
         path = MODELS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         bundled = ", ".join(sorted(p.stem for p in MODELS_DIR.glob("*.yaml")))
         raise ProfileError(f"profile not found: {name_or_path} (a YAML path, or one of: {bundled})")
+    return path
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """`base` with `override`'s keys in place, sections merged key by key."""
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def _profile_data(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A profile file's settings; `extends: NAME` (a bundled name or a path beside it) starts from that
+    profile's and changes only what the file sets (e.g. a longer `model.max_model_len`)."""
+    if path.resolve() in seen:
+        raise ProfileError(f"{path}: `extends` loops back to {path.name}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return PoolProfile.model_validate(data)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a profile is a mapping of name, model, gpu and engine")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    base_path = _profile_path(base if Path(str(base)).suffix == "" else path.parent / str(base))
+    return _merged(_profile_data(base_path, (*seen, path.resolve())), data)
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> PoolProfile:
+    """A profile by file path, or by name from the bundled `tools/src/slaq/bench/models/` folder."""
+    path = _profile_path(name_or_path)
+    data = _profile_data(path)
+    try:
+        return PoolProfile.model_validate(data)
     except ValidationError as exc:
         fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProfileError(f"{path}: {fields}") from exc

@@ -100,10 +100,15 @@ def _sim_loads(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def _sim_workload(report: Mapping[str, Any]) -> str:
     workload, capacity = report["workload"], report["capacity"]
-    trace = Path(workload["trace"]).name if workload.get("trace") else "synthetic"
+    generator = workload.get("generator")
+    if generator:
+        source = (f"`{generator['name']}` (synthetic, profile `{report['profile']['name']}`; prompts mean {workload['prompt_tokens_mean']:,.0f}, "
+                  f"median {workload['prompt_tokens_p50']:,}, max {workload['prompt_tokens_max']:,} tokens; outputs mean {workload['output_tokens_mean']:,.0f})")
+    else:
+        source = f"`{Path(workload['trace']).name if workload.get('trace') else 'synthetic'}`"
     mode = "the pod (slaq behind the sidecar core; stock policies without one)" if report.get("mode") == "pod" \
         else "the engine alone (no sidecar)"
-    return (f"{workload['requests']:,} requests of `{trace}`, seed {workload['seed']}, arrivals {workload['arrivals']}; "
+    return (f"{workload['requests']:,} requests of {source}, seed {workload['seed']}, arrivals {workload['arrivals']}; "
             f"{mode}; capacity {capacity['requests_per_s']:.2f} requests/s ({capacity['method']}).")
 
 
@@ -129,7 +134,25 @@ def render_sim(report: Mapping[str, Any]) -> list[str]:
             rows.append([f"{entry['load']:g}", f"`{name}`", attained, _seconds(tiers.get("critical", {}).get("ttft_p99_s")),
                          f"{figures['throughput_tok_s']:,.0f} tok/s", ratio, f"{figures.get('refused') or 0:,}"]
                         + ([_held(figures)] if pod else []))
-    return lines + _table(header, rows)
+    lines += _table(header, rows)
+    if report["workload"].get("generator"):
+        lines += ["", *_long_context_lines(report)]
+    return lines
+
+
+def _long_context_lines(report: Mapping[str, Any]) -> list[str]:
+    """What long contexts cost: each protected tier's TTFT and TPOT attainment apart, preemptions, recompute tax."""
+    lines = []
+    for entry in _sim_loads(report):
+        for name, figures in entry["policies"].items():
+            if "error" in figures:
+                continue
+            tiers = figures["tiers"]
+            parts = [f"{t} TTFT {_pct(tiers[t].get('ttft_attainment'))} / TPOT {_pct(tiers[t].get('tpot_attainment'))}"
+                     for t in ("critical", "standard") if t in tiers]
+            lines.append(f"- load {entry['load']:g}, `{name}`: {', '.join(parts)}; {figures['preemptions']:,} preemptions, "
+                         f"recompute tax {_pct(figures.get('recompute_tax'))}")
+    return lines
 
 
 def _held(figures: Mapping[str, Any]) -> str:

@@ -27,6 +27,16 @@ TRACE_ATTRIBUTION = (
 )
 
 
+def trace_attribution(path: str | Path) -> str:
+    """What a report says of the trace that ran: a bundled trace's source and licence, or the path
+    of one given with `--trace PATH` (whose source and licence slaq does not know)."""
+    resolved = Path(path).resolve()
+    for name, bundled in BUNDLED_TRACES.items():
+        if resolved == bundled:
+            return f"{bundled.name} (`--trace {name}`): {TRACE_ATTRIBUTION}"
+    return f"{path}: a trace given by path; its source and licence are its owner's"
+
+
 def trace_path(text: str) -> Path:
     """`--trace`: a bundled trace by name (`conv`, `code`), or the path of a CSV."""
     return BUNDLED_TRACES.get(text) or Path(text)

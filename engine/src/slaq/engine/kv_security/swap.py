@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from slaq.engine.kv_security.ownership import HeldBlocks
+from slaq.engine.victim_price import recompute_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +51,15 @@ class RecomputeModel(Protocol):
     """What the rule reads of the scheduler's step-time model (`tpot_budget.StepTimeModel`)."""
 
     per_token_s: float
+    per_pair_s: float
 
 
 @dataclass(frozen=True)
 class SwapOrRecompute:
     """Swap a victim's KV when sealing it to host memory and opening it again costs less than
-    recomputing it: 2 x tokens x `bytes_per_token` x `seal_seconds_per_byte` against tokens x the
-    step-time model's marginal cost of a token (read at each decision: the model keeps learning)."""
+    recomputing it: 2 x tokens x `bytes_per_token` x `seal_seconds_per_byte` against recomputing them
+    at the step-time model's per-token and attention-pair costs (`victim_price.recompute_seconds`, read
+    at each decision: the model keeps learning)."""
 
     step_model: RecomputeModel
     bytes_per_token: float
@@ -67,7 +70,7 @@ class SwapOrRecompute:
         return tokens * self.bytes_per_token * self.seal_seconds_per_byte
 
     def recompute_seconds(self, tokens: int) -> float:
-        return tokens * self.step_model.per_token_s
+        return recompute_seconds(self.step_model, tokens)
 
     def swaps(self, tokens: int) -> bool:
         return self.always or 2 * self.transfer_seconds(tokens) < self.recompute_seconds(tokens)

@@ -176,6 +176,28 @@ def any_prefill_chunk(requests: Sequence[Request]) -> bool:
     return any(map(_IS_PREFILL_CHUNK, requests))
 
 
+def longest_prefill_context(requests: Sequence[Request]) -> int:
+    """The most tokens of KV computed by any of `requests` with a prompt chunk left: the context its
+    next chunk's attention reads (0: none has a chunk left)."""
+    if not any_prefill_chunk(requests):
+        return 0
+    return max(r.num_computed_tokens for r in requests if r.is_prefill_chunk)
+
+
+def prefill_pairs(scheduler: AsyncScheduler, output: SchedulerOutput) -> int:
+    """(query, key) pairs the prompt chunks of `output` attend over: n x context + n^2 / 2 for a chunk of
+    n tokens at `context`. Read right after `schedule()`, whose `_update_after_schedule` has already
+    counted the step's tokens in `num_computed_tokens`; single-token steps (decodes) are left to the KV term."""
+    requests = scheduler.requests
+    pairs = 0
+    for request_id, new in output.num_scheduled_tokens.items():
+        if new > 1:
+            request = requests.get(request_id)
+            if request is not None:
+                pairs += new * (request.num_computed_tokens - new) + new * new // 2
+    return pairs
+
+
 def is_prefilling(request: Request) -> bool:
     """Running with prompt tokens still to compute (its next chunk is a prefill chunk).
     The plain flag is read first: most running requests decode, and the enum comparison costs more."""
