@@ -75,7 +75,8 @@ def milli_quantity(value: float) -> str:
 
 
 def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
-    """The HPA on the per-pod `slaq_sla_risk` metric, targeting the pool's scale subresource."""
+    """The HPA on the per-pod `slaq_protected_load` metric, targeting the pool's scale subresource
+    (docs/decisions/0023-scale-on-protected-load.md)."""
     autoscaling = pool.spec.autoscaling
     if not autoscaling.enabled:
         return None
@@ -89,8 +90,8 @@ def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
             "maxReplicas": pool.spec.replicas.max,
             "metrics": [{
                 "type": "Pods",
-                "pods": {"metric": {"name": "slaq_sla_risk"},
-                         "target": {"type": "AverageValue", "averageValue": milli_quantity(autoscaling.target_sla_risk)}},
+                "pods": {"metric": {"name": "slaq_protected_load"},
+                         "target": {"type": "AverageValue", "averageValue": milli_quantity(autoscaling.target_protected_load)}},
             }],
             "behavior": {
                 "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds,

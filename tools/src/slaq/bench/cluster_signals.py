@@ -41,7 +41,7 @@ SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
 
 
-def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_sla_risk: float = 0.8,
+def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = 0.7,
                scale_down_stabilization_s: int = 300, drain_timeout: str = "120s") -> InferencePool:
     """The InferencePool the cluster benchmark's HPA is rendered from: Qwen3-32B, TP=2."""
     return InferencePool.model_validate({
@@ -51,7 +51,7 @@ def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_sla_risk: flo
             "engine": {"image": "ghcr.io/slaq-dev/slaq:0.1.0", "device": "gpu"},
             "resources": {"gpus": 2},
             "replicas": {"min": min_replicas, "max": max_replicas, "desired": min_replicas},
-            "autoscaling": {"enabled": True, "targetSlaRisk": target_sla_risk,
+            "autoscaling": {"enabled": True, "targetProtectedLoad": target_protected_load,
                             "scaleDownStabilizationSeconds": scale_down_stabilization_s},
             "drainTimeout": drain_timeout,
         },
@@ -103,6 +103,7 @@ class PodView:
 
 READERS: dict[str, Callable[[PodMetrics], float | None]] = {
     "slaq_sla_risk": lambda m: m.sla_risk,
+    "slaq_protected_load": lambda m: m.protected_load,
     "pod_requests_waiting": lambda m: None if m.waiting is None else float(m.waiting),
     "vllm:kv_cache_usage_perc": lambda m: m.kv_usage,
 }
