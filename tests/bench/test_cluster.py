@@ -56,6 +56,16 @@ class Scripted:
         return wanted
 
 
+class _StartAt:
+    """A signal started at `initial` ready pods instead of minReplicas."""
+
+    def __init__(self, signal, initial: int) -> None:
+        self.signal, self.initial_replicas, self.name = signal, initial, signal.name
+
+    def sync(self, now, current, pods, prometheus) -> int:
+        return self.signal.sync(now, current, pods, prometheus)
+
+
 def _run(requests, signal, options, router: str = "service"):
     return ClusterSimulator(requests, DEFAULT_OBJECTIVES, signal, make_router(router), options).run()
 
@@ -171,3 +181,17 @@ def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> N
     assert all(len(sim.routes[r.request_id]) == 1 + r.client_retries for r in retried)
     assert any(len(set(sim.routes[r.request_id])) > 1 for r in retried)  # a retry reached the other pod
     assert all(r.finished or r.refused_status is not None for r in result.records)
+
+
+def test_slaq_scales_down_to_the_pods_the_protected_load_needs_and_no_further(profile) -> None:
+    # A steady standard load on a pool started at its maximum: the HPA removes the pods the load
+    # does not need, and stops where the rest still hold it (a max-type figure such as the SLA
+    # risk of a pod meeting its objectives sits near 0 and would take the pool to minReplicas).
+    requests = _poisson(3.0, 300.0, Tier.STANDARD, prompt=1000, output=200, seed=6)
+    pool = bench_pool(4, min_replicas=1, scale_down_stabilization_s=30)
+    result = _run(requests, _StartAt(make_signal("slaq", pool), 4), _options(profile))
+    downs = [e for e in result.scale_events if e["to"] < e["from"]]
+    final = result.scale_events[-1]["to"] if result.scale_events else 4
+    assert downs and 1 < final < 4
+    late = [r for r in result.records if r.arrival_s > 200.0]
+    assert sum(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in late) >= 0.95 * len(late)

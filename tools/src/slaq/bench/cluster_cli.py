@@ -112,7 +112,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "simulated": True,
         "signals": signals,
     }
-    report = with_envelope({"schema": "cluster", **report}, run)
+    report = with_envelope({"schema": "slaq.bench.cluster/v1", **report}, run)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
