@@ -167,6 +167,18 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     assert set(static["tiers"]) == {"critical", "standard", "batch"}
     assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
     assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
+    # The report carries its envelope and schema, and docs/results.md renders it.
+    from slaq.bench.results import check_report, render_section
+
+    check_report("report.json", report)
+    assert report["schema"] == "slaq.bench.cluster/v1" and report["run"]["date"]
+    section = "\n".join(render_section("cluster-tiny", report))
+    assert "| `static` | " in section and "critical / standard / batch attained" in section
+    from slaq.bench.plots import main as plot
+
+    png = tmp_path / "timeline.png"
+    assert plot(["cluster-timeline", str(out), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> None:
@@ -185,13 +197,11 @@ def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> N
 
 def test_slaq_scales_down_to_the_pods_the_protected_load_needs_and_no_further(profile) -> None:
     # A steady standard load on a pool started at its maximum: the HPA removes the pods the load
-    # does not need, and stops where the rest still hold it (a max-type figure such as the SLA
-    # risk of a pod meeting its objectives sits near 0 and would take the pool to minReplicas).
-    requests = _poisson(3.0, 300.0, Tier.STANDARD, prompt=1000, output=200, seed=6)
+    # does not need and stops where the rest still hold it, the protected tier within objective.
+    requests = _poisson(1.2, 300.0, Tier.STANDARD, prompt=1000, output=200, seed=6)
     pool = bench_pool(4, min_replicas=1, scale_down_stabilization_s=30)
     result = _run(requests, _StartAt(make_signal("slaq", pool), 4), _options(profile))
-    downs = [e for e in result.scale_events if e["to"] < e["from"]]
-    final = result.scale_events[-1]["to"] if result.scale_events else 4
-    assert downs and 1 < final < 4
+    assert any(e["to"] < e["from"] for e in result.scale_events)
+    assert min(e["to"] for e in result.scale_events) == 2  # not to minReplicas: two pods' worth of protected load
     late = [r for r in result.records if r.arrival_s > 200.0]
-    assert sum(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in late) >= 0.95 * len(late)
+    assert late and all(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in late)
