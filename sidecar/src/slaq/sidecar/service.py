@@ -131,7 +131,7 @@ class SidecarCore:
         self.policy = PodPolicy.from_spec(config.scheduler)
         self.accounting = self.policy.accounting
         self.risk = SlaRisk()
-        self.protected = ProtectedLoad(config.max_num_seqs)
+        self.protected = ProtectedLoad(config.max_num_seqs, now=clock())
         self.usage = UsageLog()
         self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target)
         self.queue = RequestQueue(self.policy.ranking, self.policy.discipline, self._current_view)
@@ -192,7 +192,7 @@ class SidecarCore:
     def protected_load(self) -> float:
         """The `slaq_protected_load` gauge (the scaling signal), see protected_load.py."""
         slots = self.gate.engine_capacity or self.config.max_num_seqs
-        return self.protected.value(slots, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
+        return self.protected.value(self.clock(), slots, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
 
     def current_risk(self) -> float:
         """The projected part only: risk from requests waiting right now. Shedding acts on this,
@@ -311,7 +311,7 @@ class SidecarCore:
     def _checked_in(self, identity: Identity, order: Order, ticket: Ticket, arrival: float, now: float) -> Flight:
         tenant = identity.tenant
         self.usage.admitted(tenant.name, now)
-        self.protected.admitted(tenant.tier)
+        self.protected.admitted(tenant.tier, now)
         flight = Flight(
             key=next(self._keys), identity=identity, payload=order.payload, ticket=ticket, entry=QueuedRequest(view=order.view),
             prompt_tokens=order.prompt_tokens, predicted_output=order.predicted_output, arrival=arrival,
@@ -449,7 +449,7 @@ class SidecarCore:
         tier = tenant.tier.value
         started = flight.first_token_time is not None
         self.risk.gone(flight.key)
-        self.protected.settled(tenant.tier)
+        self.protected.settled(tenant.tier, now)
         self.dispatcher.finished(flight.entry, started)
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         prompt_charge = prompt * flight.payload.prompt_charge_factor  # prompt logprobs: a second pass over the prompt
