@@ -1,8 +1,9 @@
 """What a simulated pool scales on: each signal is an HPA (`cluster_hpa`) fed one metric as
 Prometheus and its adapter would serve it, or a fixed size.
 
-- `slaq`: the HPA the operator renders (`render_hpa`: Pods metric `slaq_sla_risk`, AverageValue
-  0.8, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the latest sample).
+- `slaq`: the HPA the operator renders (`render_hpa`: Pods metric `slaq_protected_load`,
+  AverageValue 0.7, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the
+  latest sample). The pods compute the gauge as the sidecar does (`SidecarCore.protected_load`).
 - `queue-depth`: the same HPA on the requests each pod has waiting, AverageValue 5 (the
   saturation threshold below; the common HPA on `vllm:num_requests_waiting`). On a slaq pod the
   sidecar holds what the engine has not taken, so a pod's figure is the engine's
