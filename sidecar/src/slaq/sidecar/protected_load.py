@@ -9,7 +9,8 @@
   otherwise scale a pool out for the whole scale-down window;
 - requests the pod holds at load 1.0: how many requests of the current mix fill the engine, the
   engine's running requests over its KV cache usage (`vllm:num_requests_running` /
-  `vllm:kv_cache_usage_perc`, as the sidecar last scraped them), at most its batch slots; without
+  `vllm:kv_cache_usage_perc`, as the sidecar last scraped them), at most its batch limit
+  (`maxNumSeqs`); without
   those gauges, the requests released and unfinished over the pod's load (`SidecarCore.load`); the
   last estimate while the engine is idle, and the batch slot limit before the first. Requests
   waiting in the engine's own queue hold no KV and are not counted as capacity.

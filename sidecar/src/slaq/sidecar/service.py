@@ -191,8 +191,10 @@ class SidecarCore:
 
     def protected_load(self) -> float:
         """The `slaq_protected_load` gauge (the scaling signal), see protected_load.py."""
-        slots = self.gate.engine_capacity or self.config.max_num_seqs
-        return self.protected.value(self.clock(), slots, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
+        # The configured batch limit, not the gate's learned `engine_capacity`: that is the most
+        # requests seen running while the engine had a queue, which a prefill backlog at low load
+        # sets far below what the pod holds, and the gauge read 1.0 on a quarter-loaded pod.
+        return self.protected.value(self.clock(), self.config.max_num_seqs, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
 
     def current_risk(self) -> float:
         """The projected part only: risk from requests waiting right now. Shedding acts on this,
