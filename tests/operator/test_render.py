@@ -216,7 +216,7 @@ def test_hpa_targets_the_pool_on_protected_load(gpu_pool: InferencePool) -> None
     assert spec["scaleTargetRef"] == {"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama3-8b"}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 4)
     assert spec["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "slaq_protected_load"},
-                                                        "target": {"type": "AverageValue", "averageValue": "700m"}}}]
+                                                        "target": {"type": "AverageValue", "averageValue": "500m"}}}]
     assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     assert render_hpa(example("pool-cpu.yaml")) is None
     assert milli_quantity(1.25) == "1250m"

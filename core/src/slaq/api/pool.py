@@ -268,7 +268,7 @@ class AutoscalingSpec(ApiModel):
 
     enabled: bool = False
     target_protected_load: Annotated[float, Field(gt=0.0, le=2.0, description="The pool's mean protected load per pod the HPA keeps; "
-                                                  "1 minus it is the headroom a cold start uses.")] = 0.7
+                                                  "1 minus it is the headroom a cold start uses.")] = 0.5
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
 
 

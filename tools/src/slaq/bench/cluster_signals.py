@@ -2,7 +2,7 @@
 Prometheus and its adapter would serve it, or a fixed size.
 
 - `slaq`: the HPA the operator renders (`render_hpa`: Pods metric `slaq_protected_load`,
-  AverageValue 0.7, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the
+  AverageValue 0.5, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the
   latest sample). The pods compute the gauge as the sidecar does (`SidecarCore.protected_load`).
 - `queue-depth`: the same HPA on the requests each pod has waiting, AverageValue 5 (the
   saturation threshold below; the common HPA on `vllm:num_requests_waiting`). On a slaq pod the
@@ -42,7 +42,7 @@ SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
 
 
-def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = 0.7,
+def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = 0.5,
                scale_down_stabilization_s: int = 300, drain_timeout: str = "120s") -> InferencePool:
     """The InferencePool the cluster benchmark's HPA is rendered from: Qwen3-32B, TP=2."""
     return InferencePool.model_validate({
