@@ -249,11 +249,13 @@ def test_prometheus_adapter_rules_expose_protected_load_as_a_pods_metric() -> No
     assert "ConfigMap" not in kinds(render())
     (config_map,) = of_kind(render({"autoscaling": {"prometheusAdapter": {"enabled": True, "namespace": "monitoring"}}}), "ConfigMap")
     assert config_map["metadata"]["namespace"] == "monitoring"
-    (rule,) = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
-    assert rule["name"]["as"] == "slaq_protected_load"
-    assert rule["seriesQuery"].startswith("slaq_protected_load{")
-    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+    rules = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+    # slaq_sla_risk too, for pools that still set the deprecated targetSlaRisk (a second HPA metric).
+    assert [rule["name"]["as"] for rule in rules] == ["slaq_protected_load", "slaq_sla_risk"]
+    for rule in rules:
+        assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
 
 
 def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
@@ -274,6 +276,10 @@ def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["threshold"] == "0.8"
     assert trigger["metadata"]["query"] == 'sum(slaq_protected_load{namespace="team-a",pool="llama"})'
+    # A pool that still names the deprecated targetSlaRisk gets a second trigger on the risk.
+    (old,) = of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": [{**pools[0], "targetSlaRisk": 0.8}]}}}), "ScaledObject")
+    assert [(t["metadata"]["query"], t["metadata"]["threshold"]) for t in old["spec"]["triggers"]] == [
+        ('sum(slaq_protected_load{namespace="team-a",pool="llama"})', "0.8"), ('sum(slaq_sla_risk{namespace="team-a",pool="llama"})', "0.8")]
 
 
 def test_keda_refuses_min_above_max() -> None:

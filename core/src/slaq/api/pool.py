@@ -269,6 +269,9 @@ class AutoscalingSpec(ApiModel):
     enabled: bool = False
     target_protected_load: Annotated[float, Field(gt=0.0, le=2.0, description="The pool's mean protected load per pod the HPA keeps; "
                                                   "1 minus it is the headroom a cold start uses.")] = 0.5
+    target_sla_risk: Annotated[float | None, Field(gt=0.0, le=2.0, description="Deprecated (the HPA's only metric before "
+                                                   "targetProtectedLoad): when set, the HPA also scales on the pods' mean "
+                                                   "slaq_sla_risk at this target, and the larger proposal wins.")] = None
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
 
 

@@ -22,7 +22,7 @@ the headroom that absorbs a rise while new replicas start. When protected reques
 is short of capacity) their time in the pod grows and the figure rises above 1.0 with the
 backlog, and it does not fall while they wait: scale-down waits for them. `slaq_sla_risk`, a
 max-type figure, is not proportional to load: averaged by an HPA it scaled a pool down too far
-(docs/decisions/0023-scale-on-protected-load.md).
+(docs/decisions/0025-scale-on-protected-load.md).
 """
 
 from __future__ import annotations
