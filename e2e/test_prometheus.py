@@ -1,7 +1,8 @@
 """A real Prometheus scrapes a real sidecar in front of the real engine and evaluates, through its HTTP
 API, the exact queries the chart renders: the prometheus-adapter rule the operator's HPA reads, the
 KEDA trigger, the SLO recording rules and every alert rule. The scaling signal is the pod's
-`slaq_sla_risk`; it is 0 while the pod idles and rises with the load.
+`slaq_protected_load`; it is 0 while the pod idles and rises with the load of its critical and
+standard requests.
 
 The pod is scraped as a cluster would, by two Prometheus servers in turn: first as the
 `prometheus.io/*` annotations have it (target labels `namespace` and `pod` only: the KEDA query's
@@ -41,7 +42,7 @@ TENANTS = TenantTable(pool=f"{NAMESPACE}/{POOL}", revision="r1", tenants=[
 CHART_VALUES = {
     "alerts": {"enabled": True},
     "autoscaling": {"prometheusAdapter": {"enabled": True},
-                    "keda": {"enabled": True, "pools": [{"name": POOL, "namespace": NAMESPACE, "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]}},
+                    "keda": {"enabled": True, "pools": [{"name": POOL, "namespace": NAMESPACE, "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}]}},
 }
 QUERY_TIMEOUT_S = 60.0
 
@@ -49,7 +50,7 @@ QUERY_TIMEOUT_S = 60.0
 def adapter_query(rule: dict, namespace: str, pods: list[str]) -> str:
     """The rule's metricsQuery as prometheus-adapter fills it in for a Pods metric of `pods`."""
     matchers = f'namespace="{namespace}",pod=~"{"|".join(pods)}"'
-    return rule["metricsQuery"].replace("<<.Series>>", "slaq_sla_risk").replace("<<.LabelMatchers>>", matchers).replace("<<.GroupBy>>", "pod")
+    return rule["metricsQuery"].replace("<<.Series>>", "slaq_protected_load").replace("<<.LabelMatchers>>", matchers).replace("<<.GroupBy>>", "pod")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def _drive(url: str, requests: int, concurrency: int) -> list[Outcome]:
     return asyncio.run(run())
 
 
-def test_the_charts_scaling_queries_and_rules_read_the_pods_risk(chart: dict, sidecar: tuple[str, int],
+def test_the_charts_scaling_queries_and_rules_read_the_pods_protected_load(chart: dict, sidecar: tuple[str, int],
                                                                   prometheus: Callable[[ScrapeJob], PrometheusServer]) -> None:
     url, metrics_port = sidecar
     target = f"127.0.0.1:{metrics_port}"
@@ -117,7 +118,7 @@ def test_the_charts_scaling_queries_and_rules_read_the_pods_risk(chart: dict, si
     by_annotation.close()
     # Scraped as the chart's PodMonitor does, with a pool target label: the same queries still find the pod.
     by_monitor = prometheus(ScrapeJob("pods-by-podmonitor", [target], {"namespace": NAMESPACE, "pod": POD, "pool": POOL}))
-    (series,) = wait_for(lambda: by_monitor.query("slaq_sla_risk"), QUERY_TIMEOUT_S, "the PodMonitor-style job's series", poll_s=0.5)
+    (series,) = wait_for(lambda: by_monitor.query("slaq_protected_load"), QUERY_TIMEOUT_S, "the PodMonitor-style job's series", poll_s=0.5)
     assert (series["metric"]["pool"], series["metric"]["exported_pool"]) == (POOL, POOL)  # the sidecar's own label, renamed beside the target's
     (keda,) = by_monitor.query(chart["keda"], at=float(series["value"][0]))
     (per_pod,) = by_monitor.query(adapter_query(chart["adapter"], NAMESPACE, [POD]), at=float(series["value"][0]))
@@ -136,11 +137,11 @@ def _scaling_signal_follows_the_load(chart: dict, url: str, prometheus: Promethe
     hpa = adapter_query(chart["adapter"], NAMESPACE, [POD])
     assert [(s["metric"], value(s)) for s in prometheus.query(hpa)] == [({"pod": POD}, 0.0)]
     assert [value(s) for s in prometheus.query(chart["keda"])] == [0.0]
-    # Load: vip's requests miss their (impossible) objectives; both queries rise above 1 together.
+    # Load: vip's (critical) and std's (standard) requests held by the pod; both queries rise together.
     outcomes: list[Outcome] = []
     load = threading.Thread(target=lambda: outcomes.extend(_drive(url, requests=16, concurrency=8)), daemon=True)
     load.start()
-    risen = wait_for(lambda: [s for s in prometheus.query(chart["keda"]) if value(s) > 1.0], QUERY_TIMEOUT_S, "the KEDA query to rise with the load", poll_s=0.5)
+    risen = wait_for(lambda: [s for s in prometheus.query(chart["keda"]) if value(s) > 0.0], QUERY_TIMEOUT_S, "the KEDA query to rise with the load", poll_s=0.5)
     at = float(risen[0]["value"][0])
     (per_pod,) = prometheus.query(hpa, at=at)
     assert per_pod["metric"] == {"pod": POD} and value(per_pod) == value(risen[0])

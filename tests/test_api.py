@@ -81,7 +81,7 @@ BAD = [
     (GPU_POOL, "spec.model.tensorParallelSize", 2, "spec", "resources.gpus"),
     (GPU_POOL, "spec.sidecar", {"port": 80}, "spec.sidecar.port", "greater than or equal"),
     (GPU_POOL, "spec.resources.memory", "lots", "spec.resources.memory", "pattern"),
-    (GPU_POOL, "spec.autoscaling.targetSlaRisk", 0, "spec.autoscaling.targetSlaRisk", "greater than"),
+    (GPU_POOL, "spec.autoscaling.targetProtectedLoad", 0, "spec.autoscaling.targetProtectedLoad", "greater than"),
     (GPU_POOL, "spec.engine.device", "tpu", "spec.engine.device", "gpu"),
     (GPU_POOL, "spec.engine.maxNumSeqs", 2.5, "spec.engine.maxNumSeqs", "integer"),
     (GPU_POOL, "spec.gpuType", "h200", "spec.gpuType", "Extra inputs"),

@@ -56,6 +56,16 @@ class Scripted:
         return wanted
 
 
+class _StartAt:
+    """A signal started at `initial` ready pods instead of minReplicas."""
+
+    def __init__(self, signal, initial: int) -> None:
+        self.signal, self.initial_replicas, self.name = signal, initial, signal.name
+
+    def sync(self, now, current, pods, prometheus) -> int:
+        return self.signal.sync(now, current, pods, prometheus)
+
+
 def _run(requests, signal, options, router: str = "service"):
     return ClusterSimulator(requests, DEFAULT_OBJECTIVES, signal, make_router(router), options).run()
 
@@ -65,14 +75,15 @@ def _peak(result, initial: int) -> int:
 
 
 def test_slaq_scales_out_while_a_protected_tier_is_at_risk_and_stops_at_max_replicas(profile) -> None:
-    # Standard requests at several times one pod's capacity for two minutes.
+    # Standard requests at about twice one pod's capacity for two minutes: the protected load asks
+    # for more pods than the pool's maximum of 2, and the pool stops there.
     requests = _poisson(6.0, 120.0, Tier.STANDARD, prompt=2000, output=60)
-    result = _run(requests, make_signal("slaq", bench_pool(3)), _options(profile))
+    result = _run(requests, make_signal("slaq", bench_pool(2)), _options(profile))
     ups = [e for e in result.scale_events if e["to"] > e["from"]]
     assert ups and ups[0]["at_s"] <= 60.0  # within the first syncs of the overload
-    assert _peak(result, 1) == 3  # maxReplicas
-    assert all(e["to"] <= 3 for e in result.scale_events)
-    assert sum(1 for p in result.pods) == 3  # never more pods than the maximum
+    assert _peak(result, 1) == 2  # maxReplicas
+    assert all(e["to"] <= 2 for e in result.scale_events)
+    assert sum(1 for p in result.pods) == 2  # never more pods than the maximum
     assert not result.lost
 
 
@@ -157,6 +168,18 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     assert set(static["tiers"]) == {"critical", "standard", "batch"}
     assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
     assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
+    # The report carries its envelope and schema, and docs/results.md renders it.
+    from slaq.bench.results import check_report, render_section
+
+    check_report("report.json", report)
+    assert report["schema"] == "slaq.bench.cluster/v1" and report["run"]["date"]
+    section = "\n".join(render_section("cluster-tiny", report))
+    assert "| `static` | " in section and "critical / standard / batch attained" in section
+    from slaq.bench.plots import main as plot
+
+    png = tmp_path / "timeline.png"
+    assert plot(["cluster-timeline", str(out), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> None:
@@ -171,3 +194,15 @@ def test_a_refusal_the_client_retries_goes_back_through_the_router(profile) -> N
     assert all(len(sim.routes[r.request_id]) == 1 + r.client_retries for r in retried)
     assert any(len(set(sim.routes[r.request_id])) > 1 for r in retried)  # a retry reached the other pod
     assert all(r.finished or r.refused_status is not None for r in result.records)
+
+
+def test_slaq_scales_down_to_the_pods_the_protected_load_needs_and_no_further(profile) -> None:
+    # A steady standard load on a pool started at its maximum: the HPA removes the pods the load
+    # does not need and stops where the rest still hold it, the protected tier within objective.
+    requests = _poisson(3.0, 300.0, Tier.STANDARD, prompt=1000, output=200, seed=6)
+    pool = bench_pool(4, min_replicas=1, scale_down_stabilization_s=30)
+    result = _run(requests, _StartAt(make_signal("slaq", pool), 4), _options(profile))
+    assert any(e["to"] < e["from"] for e in result.scale_events)
+    assert min(e["to"] for e in result.scale_events) == 2  # not to minReplicas: 0.3-0.4 per pod of 2 asks for 2 at 0.5
+    late = [r for r in result.records if r.arrival_s > 200.0]
+    assert late and all(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in late)

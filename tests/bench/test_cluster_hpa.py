@@ -146,8 +146,8 @@ def test_reads_the_hpa_the_operator_renders() -> None:
                  "replicas": {"min": 1, "max": 8}, "autoscaling": {"enabled": True}},
     })
     config = HpaConfig.from_manifest(render_hpa(pool))
-    assert config.metric == "slaq_sla_risk" and config.source is MetricSource.PODS
-    assert config.target_average == pytest.approx(0.8)
+    assert config.metric == "slaq_protected_load" and config.source is MetricSource.PODS
+    assert config.target_average == pytest.approx(0.5)
     assert (config.min_replicas, config.max_replicas) == (1, 8)
     assert config.scale_down.stabilization_window_s == 300
     assert config.scale_up.policies == (ScalingPolicy(PolicyType.PODS, 2, 60),)

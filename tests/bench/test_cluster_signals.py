@@ -8,10 +8,11 @@ from slaq.bench.cluster_signals import PodView, Prometheus, bench_pool, make_sig
 
 
 def _prometheus(samples: dict[str, list[tuple[float, float | None, int | None, float | None]]]) -> Prometheus:
+    """Per pod (at, protected load, waiting, KV use) rows; the risk rises with the load (it is never read)."""
     prometheus = Prometheus()
     for pod, rows in samples.items():
-        for at, risk, waiting, kv in rows:
-            prometheus.record(pod, PodMetrics(at, risk, waiting, kv, 0), at)
+        for at, load, waiting, kv in rows:
+            prometheus.record(pod, PodMetrics(at, None if load is None else 3 * load, waiting, kv, 0, load), at)
     return prometheus
 
 
@@ -43,12 +44,12 @@ def test_saturation_uses_the_peak_of_the_last_minute_and_removes_a_pod_only_when
 
 def test_hpa_signals_read_the_latest_sample_and_skip_pods_that_do_not_run() -> None:
     signal = make_signal("slaq", bench_pool(8))
-    prometheus = _prometheus({"a": [(0.0, 0.1, 0, 0.1), (15.0, 2.4, 0, 0.1)], "b": [(15.0, 0.0, 0, 0.1)]})
-    # Latest risks 2.4 and 0.0: mean 1.2 against 0.8 over 2 pods -> 3 (scale-up 2 pods / 60 s allows it).
+    prometheus = _prometheus({"a": [(0.0, 0.1, 0, 0.1), (15.0, 1.5, 0, 0.1)], "b": [(15.0, 0.0, 0, 0.1)]})
+    # Latest protected loads 1.5 and 0.0: mean 0.75 against 0.5 over 2 pods -> 3 (scale-up 2 pods / 60 s allows it).
     assert signal.sync(22.5, 2, _ready("a", "b"), prometheus) == 3
     draining = make_signal("slaq", bench_pool(8))
     pods = _ready("a") + [PodView("b", PodPhase.DELETING, False)]
-    assert draining.sync(22.5, 1, pods, prometheus) == 3  # b is being deleted: only a's 2.4 counts -> ceil(3.0)
+    assert draining.sync(22.5, 1, pods, prometheus) == 3  # b is being deleted: only a's 1.5 counts -> ceil(3.0)
 
 
 def test_static_holds_max_replicas() -> None:

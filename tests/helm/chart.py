@@ -30,7 +30,7 @@ EVERYTHING_ON = {
     "alerts": {"enabled": True},
     "autoscaling": {
         "prometheusAdapter": {"enabled": True},
-        "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}]},
+        "keda": {"enabled": True, "pools": [{"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}]},
     },
     "rbac": {"secretNamespaces": ["team-a", "team-b"]},
     "operator": {"extraEnv": [{"name": "KOPF_X", "value": "1"}],

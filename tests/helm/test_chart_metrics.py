@@ -72,7 +72,7 @@ def _queries() -> list[tuple[str, str]]:
     values = {
         "autoscaling": {
             "prometheusAdapter": {"enabled": True},
-            "keda": {"enabled": True, "pools": [{"name": "p", "namespace": "n", "minReplicas": 1, "maxReplicas": 2, "targetSlaRisk": 0.8}]},
+            "keda": {"enabled": True, "pools": [{"name": "p", "namespace": "n", "minReplicas": 1, "maxReplicas": 2, "targetProtectedLoad": 0.8}]},
         }
     }
     objects = render(values)

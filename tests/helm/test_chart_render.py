@@ -245,22 +245,24 @@ def test_grafana_dashboard_absent_by_default_and_complete_when_enabled() -> None
     assert any("by (tier" in t["expr"] for p in dashboard["panels"] if "TTFT" in p["title"] for t in p["targets"])
 
 
-def test_prometheus_adapter_rules_expose_sla_risk_as_a_pods_metric() -> None:
+def test_prometheus_adapter_rules_expose_protected_load_as_a_pods_metric() -> None:
     assert "ConfigMap" not in kinds(render())
     (config_map,) = of_kind(render({"autoscaling": {"prometheusAdapter": {"enabled": True, "namespace": "monitoring"}}}), "ConfigMap")
     assert config_map["metadata"]["namespace"] == "monitoring"
-    (rule,) = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
-    assert rule["name"]["as"] == "slaq_sla_risk"
-    assert rule["seriesQuery"].startswith("slaq_sla_risk{")
-    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
-    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+    rules = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+    # slaq_sla_risk too, for pools that still set the deprecated targetSlaRisk (a second HPA metric).
+    assert [rule["name"]["as"] for rule in rules] == ["slaq_protected_load", "slaq_sla_risk"]
+    for rule in rules:
+        assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
 
 
 def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
     assert "ScaledObject" not in kinds(render())
     pools = [
-        {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8},
-        {"name": "mistral", "namespace": "team-b", "minReplicas": 2, "maxReplicas": 8, "targetSlaRisk": 0.5},
+        {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8},
+        {"name": "mistral", "namespace": "team-b", "minReplicas": 2, "maxReplicas": 8, "targetProtectedLoad": 0.5},
     ]
     assert "ScaledObject" not in kinds(render({"autoscaling": {"keda": {"enabled": False, "pools": pools}}}))
     scaled = of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": pools}}}), "ScaledObject")
@@ -273,13 +275,17 @@ def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
     (trigger,) = first["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["threshold"] == "0.8"
-    assert trigger["metadata"]["query"] == 'sum(slaq_sla_risk{namespace="team-a",pool="llama"})'
+    assert trigger["metadata"]["query"] == 'sum(slaq_protected_load{namespace="team-a",pool="llama"})'
+    # A pool that still names the deprecated targetSlaRisk gets a second trigger on the risk.
+    (old,) = of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": [{**pools[0], "targetSlaRisk": 0.8}]}}}), "ScaledObject")
+    assert [(t["metadata"]["query"], t["metadata"]["threshold"]) for t in old["spec"]["triggers"]] == [
+        ('sum(slaq_protected_load{namespace="team-a",pool="llama"})', "0.8"), ('sum(slaq_sla_risk{namespace="team-a",pool="llama"})', "0.8")]
 
 
 def test_keda_refuses_min_above_max() -> None:
     from tests.helm.chart import render_failure
 
-    pool = {"name": "llama", "namespace": "team-a", "minReplicas": 5, "maxReplicas": 4, "targetSlaRisk": 0.8}
+    pool = {"name": "llama", "namespace": "team-a", "minReplicas": 5, "maxReplicas": 4, "targetProtectedLoad": 0.8}
     assert "minReplicas (5) above maxReplicas (4)" in render_failure({"autoscaling": {"keda": {"enabled": True, "pools": [pool]}}})
 
 
@@ -325,8 +331,8 @@ def test_chart_refuses_clusters_without_cel_validation() -> None:
 def test_keda_refuses_a_pool_listed_twice() -> None:
     from tests.helm.chart import render_failure
 
-    pool = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}
-    error = render_failure({"autoscaling": {"keda": {"enabled": True, "pools": [pool, {**pool, "targetSlaRisk": 0.5}]}}})
+    pool = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}
+    error = render_failure({"autoscaling": {"keda": {"enabled": True, "pools": [pool, {**pool, "targetProtectedLoad": 0.5}]}}})
     assert "team-a/llama is listed twice" in error
     other = {**pool, "namespace": "team-b"}  # the same name in another namespace is another pool
     assert len(of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": [pool, other]}}}), "ScaledObject")) == 2

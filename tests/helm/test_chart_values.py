@@ -99,7 +99,7 @@ def test_defaults_satisfy_the_schema() -> None:
     jsonschema.Draft7Validator(SCHEMA).validate(VALUES)
 
 
-KEDA_POOL = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetSlaRisk": 0.8}
+KEDA_POOL = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ KEDA_POOL = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxRepli
         ({"networkPolicy": {"from": [{"podSelector": {}}]}}, "'from' not allowed"),  # peers are the pool's (spec.network)
         ({"monitoring": {"podMonitor": {"interval": "often"}}}, "/monitoring/podMonitor/interval"),
         ({"pools": {"podLabels": None}}, "missing property 'podLabels'"),
-        ({"autoscaling": {"keda": {"enabled": True, "pools": [{**KEDA_POOL, "targetSlaRisk": 0}]}}}, "/autoscaling/keda/pools/0/targetSlaRisk"),
+        ({"autoscaling": {"keda": {"enabled": True, "pools": [{**KEDA_POOL, "targetProtectedLoad": 0}]}}}, "/autoscaling/keda/pools/0/targetProtectedLoad"),
         ({"autoscaling": {"keda": {"enabled": True, "pools": [{k: v for k, v in KEDA_POOL.items() if k != "namespace"}]}}}, "missing property 'namespace'"),
         ({"autoscaling": {"keda": {"pools": [{**KEDA_POOL, "min": 1}]}}}, "'min' not allowed"),
         ({"autoscaling": {"keda": {"scaleDownStabilizationSeconds": 7200}}}, "/autoscaling/keda/scaleDownStabilizationSeconds"),

@@ -209,16 +209,21 @@ def test_replicas_are_clamped_into_bounds(gpu_pool: InferencePool) -> None:
     assert render_deployment(pool)["spec"]["replicas"] == 1
 
 
-def test_hpa_targets_the_pool_on_sla_risk(gpu_pool: InferencePool) -> None:
+def test_hpa_targets_the_pool_on_protected_load(gpu_pool: InferencePool) -> None:
     hpa = render_hpa(gpu_pool)
     assert hpa is not None and hpa["apiVersion"] == "autoscaling/v2"
     spec = hpa["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "name": "llama3-8b"}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 4)
-    assert spec["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "slaq_sla_risk"},
-                                                        "target": {"type": "AverageValue", "averageValue": "800m"}}}]
+    assert spec["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "slaq_protected_load"},
+                                                        "target": {"type": "AverageValue", "averageValue": "500m"}}}]
     assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     assert render_hpa(example("pool-cpu.yaml")) is None
+    # A pool that still sets the deprecated targetSlaRisk keeps it as a second metric (the HPA takes the larger proposal).
+    old = gpu_pool.model_copy(deep=True)
+    old.spec.autoscaling = type(old.spec.autoscaling).model_validate({"enabled": True, "targetSlaRisk": 0.8})
+    assert [m["pods"]["metric"]["name"] for m in render_hpa(old)["spec"]["metrics"]] == ["slaq_protected_load", "slaq_sla_risk"]
+    assert render_hpa(old)["spec"]["metrics"][1]["pods"]["target"] == {"type": "AverageValue", "averageValue": "800m"}
     assert milli_quantity(1.25) == "1250m"
 
 

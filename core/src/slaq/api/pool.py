@@ -264,10 +264,14 @@ class SchedulerSpec(ApiModel):
 
 
 class AutoscalingSpec(ApiModel):
-    """HPA on the per-pod slaq_sla_risk metric (1.0 = at the SLO boundary)."""
+    """HPA on the per-pod slaq_protected_load metric (1.0 = the critical and standard requests fill the pod)."""
 
     enabled: bool = False
-    target_sla_risk: Annotated[float, Field(gt=0.0, le=2.0)] = 0.8
+    target_protected_load: Annotated[float, Field(gt=0.0, le=2.0, description="The pool's mean protected load per pod the HPA keeps; "
+                                                  "1 minus it is the headroom a cold start uses.")] = 0.5
+    target_sla_risk: Annotated[float | None, Field(gt=0.0, le=2.0, description="Deprecated (the HPA's only metric before "
+                                                   "targetProtectedLoad): when set, the HPA also scales on the pods' mean "
+                                                   "slaq_sla_risk at this target, and the larger proposal wins.")] = None
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
 
 

@@ -74,8 +74,13 @@ def milli_quantity(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
+def _pods_metric(name: str, average_value: float) -> dict[str, Any]:
+    return {"type": "Pods", "pods": {"metric": {"name": name}, "target": {"type": "AverageValue", "averageValue": milli_quantity(average_value)}}}
+
+
 def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
-    """The HPA on the per-pod `slaq_sla_risk` metric, targeting the pool's scale subresource."""
+    """The HPA on the per-pod `slaq_protected_load` metric, targeting the pool's scale subresource
+    (docs/decisions/0025-scale-on-protected-load.md)."""
     autoscaling = pool.spec.autoscaling
     if not autoscaling.enabled:
         return None
@@ -87,11 +92,10 @@ def render_hpa(pool: InferencePool) -> dict[str, Any] | None:
             "scaleTargetRef": {"apiVersion": pool.api_version, "kind": "InferencePool", "name": pool.metadata.name},
             "minReplicas": pool.spec.replicas.min,
             "maxReplicas": pool.spec.replicas.max,
-            "metrics": [{
-                "type": "Pods",
-                "pods": {"metric": {"name": "slaq_sla_risk"},
-                         "target": {"type": "AverageValue", "averageValue": milli_quantity(autoscaling.target_sla_risk)}},
-            }],
+            "metrics": [_pods_metric(name, target) for name, target in (
+                ("slaq_protected_load", autoscaling.target_protected_load),
+                ("slaq_sla_risk", autoscaling.target_sla_risk),  # deprecated; the HPA takes the larger proposal
+            ) if target is not None],
             "behavior": {
                 "scaleDown": {"stabilizationWindowSeconds": autoscaling.scale_down_stabilization_seconds,
                               "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},

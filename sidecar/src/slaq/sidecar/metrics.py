@@ -2,7 +2,7 @@
 
 Histograms are per tenant and tier (tenants are bounded by the tenant table); gauges that
 describe the pod right now (queue depth per tier, SLA risk, in-flight) are read at scrape time.
-`slaq_sla_risk` names its pool itself (`pool`, from the tenant table), so the pool's scaling query
+`slaq_sla_risk` and `slaq_protected_load` name their pool themselves (`pool`, from the tenant table), so the pool's scaling query
 finds it whether Prometheus scrapes by PodMonitor (which adds a `pool` target label of the same
 value) or by the pod's `prometheus.io/*` annotations (which add none).
 """
@@ -33,9 +33,10 @@ Targets = Callable[[], Iterable[tuple[str, str, float]]]
 
 
 class _PodGauges(Collector):
-    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets,
-                 pool: Callable[[], str]) -> None:
-        self._depth, self._risk, self._in_flight, self._targets, self._pool = depth, risk, in_flight, targets, pool
+    def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], protected_load: Callable[[], float],
+                 in_flight: Callable[[], int], targets: Targets, pool: Callable[[], str]) -> None:
+        self._depth, self._risk, self._protected_load = depth, risk, protected_load
+        self._in_flight, self._targets, self._pool = in_flight, targets, pool
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         depth = GaugeMetricFamily("slaq_queue_depth", "Requests waiting in the sidecar queue, per tier.", labels=["tier"])
@@ -45,6 +46,10 @@ class _PodGauges(Collector):
         risk = GaugeMetricFamily("slaq_sla_risk", "Per-pod SLA risk: 1.0 at the SLO boundary (see sidecar/README.md).", labels=["pool"])
         risk.add_metric([self._pool()], self._risk())
         yield risk
+        load = GaugeMetricFamily("slaq_protected_load", "Share of the pod's capacity its critical and standard requests need: "
+                                 "1.0 at capacity, the pool's scaling signal (see sidecar/README.md).", labels=["pool"])
+        load.add_metric([self._pool()], self._protected_load())
+        yield load
         yield GaugeMetricFamily("slaq_in_flight_requests", "Requests released to the engine and not finished.", value=self._in_flight())
         targets = GaugeMetricFamily("slaq_attainment_target", "Each tenant's TenantSLA attainmentTarget: the SLO alerts' error budget is 1 minus it.", labels=["tenant", "tier"])
         for tenant, tier, target in self._targets():
@@ -54,6 +59,7 @@ class _PodGauges(Collector):
 
 class SidecarMetrics:
     def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: (),
+                 protected_load: Callable[[], float] = lambda: 0.0,
                  pool: Callable[[], str] = lambda: "", tokenizer_loaded: Callable[[], bool] = lambda: False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -75,7 +81,7 @@ class SidecarMetrics:
         Gauge("slaq_tokenizer_loaded", "1 when the model's tokenizer counts prompt tokens (--tokenizer, loaded), 0 when they are estimated.",
               registry=r).set_function(lambda: float(tokenizer_loaded()))
         self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
-        r.register(_PodGauges(depth, risk, in_flight, targets, pool))
+        r.register(_PodGauges(depth, risk, protected_load, in_flight, targets, pool))
 
     def observe_handover(self, tier: str, pipe_ahead: int, seconds: float) -> None:
         group = next(label for least, label in reversed(PIPE_AHEAD_GROUPS) if pipe_ahead >= least)

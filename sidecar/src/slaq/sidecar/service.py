@@ -29,6 +29,7 @@ from slaq.sidecar.errors import BadRequest, ConcurrencyExceeded, Draining, Inval
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
+from slaq.sidecar.protected_load import ProtectedLoad
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
 from slaq.sidecar.quota_store import QuotaStore
@@ -133,6 +134,7 @@ class SidecarCore:
         self.policy = PodPolicy.from_spec(config.scheduler)
         self.accounting = self.policy.accounting
         self.risk = SlaRisk()
+        self.protected = ProtectedLoad(config.max_num_seqs, now=clock())
         self.usage = UsageLog()
         self.gate = ReleaseGate(engine_queue_target=config.engine_queue_target, handover_target=config.handover_target)
         self.queue = RequestQueue(self.policy.ranking, self.policy.discipline, self._current_view)
@@ -148,7 +150,7 @@ class SidecarCore:
         self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
-        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, in_flight=lambda: self.gate.in_flight,
+        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, protected_load=self.protected_load, in_flight=lambda: self.gate.in_flight,
                                       targets=self.attainment_targets, pool=self.pool_name, tokenizer_loaded=lambda: self.counter.loaded)
         # With a store, tenants' whole quotas are counted there and `quotas` (the local shares) is its fallback.
         self.shared_quotas = SharedQuotaGate(self.quotas, quota_store, registry=self.metrics.registry) if quota_store is not None else None
@@ -189,6 +191,13 @@ class SidecarCore:
     def sla_risk(self) -> float:
         """The `slaq_sla_risk` gauge: max(observed, projected), see risk.py."""
         return self.risk.value(self.clock())
+
+    def protected_load(self) -> float:
+        """The `slaq_protected_load` gauge (the scaling signal), see protected_load.py."""
+        # The configured batch limit, not the gate's learned `engine_capacity`: that is the most
+        # requests seen running while the engine had a queue, which a prefill backlog at low load
+        # sets far below what the pod holds, and the gauge read 1.0 on a quarter-loaded pod.
+        return self.protected.value(self.clock(), self.config.max_num_seqs, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
 
     def current_risk(self) -> float:
         """The projected part only: risk from requests waiting right now. Shedding acts on this,
@@ -307,6 +316,7 @@ class SidecarCore:
     def _checked_in(self, identity: Identity, order: Order, ticket: Ticket, arrival: float, now: float) -> Flight:
         tenant = identity.tenant
         self.usage.admitted(tenant.name, now)
+        self.protected.admitted(tenant.tier, now)
         flight = Flight(
             key=next(self._keys), identity=identity, payload=order.payload, ticket=ticket, entry=QueuedRequest(view=order.view),
             prompt_tokens=order.prompt_tokens, predicted_output=order.predicted_output, arrival=arrival,
@@ -447,6 +457,7 @@ class SidecarCore:
         tier = tenant.tier.value
         started = flight.first_token_time is not None
         self.risk.gone(flight.key)
+        self.protected.settled(tenant.tier, now)
         self.dispatcher.finished(flight.entry, started)
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         prompt_charge = prompt * flight.payload.prompt_charge_factor  # prompt logprobs: a second pass over the prompt

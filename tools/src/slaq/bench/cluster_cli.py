@@ -66,9 +66,11 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_signals import parse_signals
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
+    from slaq.bench.envelope import envelope, with_envelope
     from slaq.bench.errors import WorkloadError
     from slaq.bench.pool_profile import load_profile
 
+    run = envelope()  # the command line, the start time and the commit, for the report
     names = parse_signals(args.signals)
     if not 1 <= args.min_replicas <= args.max_replicas:
         raise WorkloadError(f"--min-replicas {args.min_replicas} and --max-replicas {args.max_replicas}: need 1 <= min <= max")
@@ -110,6 +112,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "simulated": True,
         "signals": signals,
     }
+    report = with_envelope({"schema": "slaq.bench.cluster/v1", **report}, run)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

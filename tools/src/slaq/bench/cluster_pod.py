@@ -75,6 +75,7 @@ class PodMetrics:
     waiting: int | None  # requests waiting: vllm:num_requests_waiting, plus the sidecar's queue on slaq pods
     kv_usage: float | None  # vllm:kv_cache_usage_perc
     running: int | None
+    protected_load: float | None = None  # slaq_protected_load (the sidecar; stock pods have none)
 
 
 class ClusterPod:
@@ -277,15 +278,16 @@ class ClusterPod:
         if self.state in (PodState.PENDING, PodState.GONE, PodState.FAILED):
             return None
         if self.state is PodState.LOADING:
-            risk = None if self.front is None else self.front.core.sla_risk()
-            self.metrics = PodMetrics(now, risk, None, None, None)
+            core = None if self.front is None else self.front.core
+            self.metrics = PodMetrics(now, None if core is None else core.sla_risk(), None, None, None,
+                                      None if core is None else core.protected_load())
             return self.metrics
         waiting, running, kv_usage, _ = harness.engine_gauges(self.scheduler)
-        risk = None
+        risk = protected = None
         if self.front is not None:
             waiting += self.front.holding()
-            risk = self.front.core.sla_risk()
-        self.metrics = PodMetrics(now, risk, waiting, kv_usage, running)
+            risk, protected = self.front.core.sla_risk(), self.front.core.protected_load()
+        self.metrics = PodMetrics(now, risk, waiting, kv_usage, running, protected)
         return self.metrics
 
     def finalize(self) -> None:

@@ -1,8 +1,9 @@
 """What a simulated pool scales on: each signal is an HPA (`cluster_hpa`) fed one metric as
 Prometheus and its adapter would serve it, or a fixed size.
 
-- `slaq`: the HPA the operator renders (`render_hpa`: Pods metric `slaq_sla_risk`, AverageValue
-  0.8, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the latest sample).
+- `slaq`: the HPA the operator renders (`render_hpa`: Pods metric `slaq_protected_load`,
+  AverageValue 0.5, its `behavior`), read through the chart's adapter rule (`max by (pod)` of the
+  latest sample). The pods compute the gauge as the sidecar does (`SidecarCore.protected_load`).
 - `queue-depth`: the same HPA on the requests each pod has waiting, AverageValue 5 (the
   saturation threshold below; the common HPA on `vllm:num_requests_waiting`). On a slaq pod the
   sidecar holds what the engine has not taken, so a pod's figure is the engine's
@@ -41,7 +42,7 @@ SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
 
 
-def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_sla_risk: float = 0.8,
+def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = 0.5,
                scale_down_stabilization_s: int = 300, drain_timeout: str = "120s") -> InferencePool:
     """The InferencePool the cluster benchmark's HPA is rendered from: Qwen3-32B, TP=2."""
     return InferencePool.model_validate({
@@ -51,7 +52,7 @@ def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_sla_risk: flo
             "engine": {"image": "ghcr.io/slaq-dev/slaq:0.1.0", "device": "gpu"},
             "resources": {"gpus": 2},
             "replicas": {"min": min_replicas, "max": max_replicas, "desired": min_replicas},
-            "autoscaling": {"enabled": True, "targetSlaRisk": target_sla_risk,
+            "autoscaling": {"enabled": True, "targetProtectedLoad": target_protected_load,
                             "scaleDownStabilizationSeconds": scale_down_stabilization_s},
             "drainTimeout": drain_timeout,
         },
@@ -103,6 +104,7 @@ class PodView:
 
 READERS: dict[str, Callable[[PodMetrics], float | None]] = {
     "slaq_sla_risk": lambda m: m.sla_risk,
+    "slaq_protected_load": lambda m: m.protected_load,
     "pod_requests_waiting": lambda m: None if m.waiting is None else float(m.waiting),
     "vllm:kv_cache_usage_perc": lambda m: m.kv_usage,
 }

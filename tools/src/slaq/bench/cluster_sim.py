@@ -281,11 +281,13 @@ class ClusterSimulator:
     def _sample(self, now: float) -> None:
         members = self._members()
         risks = [p.metrics.sla_risk for p in members if p.metrics is not None and p.metrics.sla_risk is not None]
+        loads = [p.metrics.protected_load for p in members if p.metrics is not None and p.metrics.protected_load is not None]
         self.timeline.append({
             "t_s": round(now, 3),
             "replicas": len(members),
             "ready": sum(1 for p in members if p.state is PodState.READY),
             "draining": sum(1 for p in self.pods if p.state is PodState.DRAINING),
             "mean_sla_risk": round(sum(risks) / len(risks), 4) if risks else None,
+            "mean_protected_load": round(sum(loads) / len(loads), 4) if loads else None,
         })
 

@@ -4,7 +4,7 @@
     python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
 
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
-sidecar_latency.py, operator_scale.py, quota_skew.py), the run's envelope first (`slaq.bench.envelope`: command
+sidecar_latency.py, operator_scale.py, quota_skew.py, `slaq bench cluster`), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
 headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
 `#pod-6000-load15` for `pod-6000-load1.5.json`, as GitHub drops the dot),
@@ -260,7 +260,34 @@ def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
             f"{saturated['slaq']} of slaq's.", "", *_table(["figure", "min / median / max"], rows)]
 
 
+def render_cluster(report: Mapping[str, Any]) -> list[str]:
+    """Per signal: attainment (all, per tier), replicas (mean, peak), GPU-hours, scale events, lost requests, a failure's cost."""
+    workload, cold = report["workload"], report["cold_start_s"]
+    stages = ", ".join(f"{s['rate_rps']:g}" for s in workload["stages"])
+    lines = [f"`slaq bench cluster`, simulated (not hardware): {workload['requests']:,} requests of `{workload['name']}` (seed "
+             f"{workload['seed']}, time scale {workload['time_scale']:g}; stages of {stages} requests/s) on `{report['profile']}`; "
+             f"{report['pods']} pods behind the `{report['router']}` router, replicas {report['replicas']['min']}..{report['replicas']['max']}, "
+             f"cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.", ""]
+    tiers = [t for t in TIERS if any(t in f.get("tiers", {}) for f in report["signals"].values())]
+    rows = []
+    for name, f in report["signals"].items():
+        rows.append([f"`{name}`", _pct(f["attainment"]), " / ".join(_pct(f["tiers"][t]["attainment"]) if t in f["tiers"] else "—" for t in tiers),
+                     f"{f['replicas']['mean']:.2f}", str(f["replicas"]["peak"]), f"{f['gpu_hours']:.2f}", str(len(f["scale_events"])),
+                     f"{f['lost']['total']:,}"])
+    lines += _table(["signal", "attainment", " / ".join(tiers) + " attained", "replicas mean", "peak", "GPU-hours", "scale events",
+                     "lost"], rows)
+    for name, f in report["signals"].items():
+        failure = f.get("failure")
+        if failure:
+            lost = ", ".join(f"{tier} {n}" for tier, n in (failure.get("lost_by_tier") or {}).items() if n)
+            recovery = ", ".join(f"{tier} {'not recovered' if s is None else f'{s:g} s'}" for tier, s in failure["recovery_s"].items())
+            lines += ["", f"`{name}`: pod {failure['pod']} failed at {failure['at_s']:g} s, {failure['lost']:,} requests lost"
+                          f"{f' ({lost})' if lost else ''}; back to the attainment before the failure after: {recovery or '—'}."]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
+    "slaq.bench.cluster/v1": render_cluster,
     "slaq.bench.sim/v1": render_sim,
     "slaq.bench.sched_overhead/v1": render_sched_overhead,
     "slaq.bench.sidecar_latency/v1": render_sidecar_latency,
