@@ -39,11 +39,13 @@ async def test_a_concurrency_quota_below_the_replicas_is_placed_on_demand_and_re
         tenant_cond = await eventually(lambda: (c := quota_condition(kube.read(TENANTS, None, "vip"))) and expected in c["message"] and c,
                                        what="the tenant's QuotaSplit condition with the numbers")
         assert tenant_cond["status"] == "False" and tenant_cond["reason"] == "QuotaBelowReplicas"
+        # Waited for with its numbers: before the first usage tick the pool's condition already names
+        # vip, with no replica holding a share yet ("none has demand yet").
+        pool_expected = "tenant vip: maxConcurrency 4 over 8 replica(s): 4 of this pool's 8 hold a share (4 of the 6 with demand)"
         pool_cond = await eventually(
-            lambda: (c := quota_condition(kube.read(POOLS, "inference", "llama3-8b"))) and "tenant vip:" in c["message"] and c,
-            what="the pool's QuotaSplit condition")
+            lambda: (c := quota_condition(kube.read(POOLS, "inference", "llama3-8b"))) and pool_expected in c["message"] and c,
+            what="the pool's QuotaSplit condition with the numbers")
         assert pool_cond["status"] == "False" and pool_cond["reason"] == "QuotaBelowReplicas"
-        assert "tenant vip: maxConcurrency 4 over 8 replica(s): 4 of this pool's 8 hold a share (4 of the 6 with demand)" in pool_cond["message"]
         assert "tenant free" not in pool_cond["message"]  # maxConcurrency 8 over 8: one each
 
         # The table: the four pods with most demand hold one concurrent request each; the rest none.
