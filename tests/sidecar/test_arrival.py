@@ -14,20 +14,11 @@ import pytest
 
 from slaq.sidecar.arrival import ARRIVED, door_wait_s, first_byte_stamp, since_last_data_s
 from tests.sidecar.tables import KEYS
+from tests.support.access_log import access_lines, capture
 from tests.support.polling import wait_for
 
 WAIT_S = 0.6  # the door wait the tests make; the fake engine answers in milliseconds
 STREAM = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "stream": True}
-
-
-def _capture(sidecar) -> io.StringIO:
-    buffer = io.StringIO()
-    sidecar.app.access.attach(buffer)
-    return buffer
-
-
-def _lines(buffer: io.StringIO) -> list[dict]:
-    return [json.loads(line) for line in buffer.getvalue().splitlines()]
 
 
 def _head(body: bytes) -> bytes:
@@ -62,12 +53,12 @@ def _send(sidecar, *, body_after_s: float = 0.0) -> bytes:
 
 
 def _one_line(sidecar, buffer: io.StringIO, before: int) -> dict:
-    wait_for(lambda: len(_lines(buffer)) == before + 1, what="the request's access line")
-    return _lines(buffer)[-1]
+    wait_for(lambda: len(access_lines(buffer)) == before + 1, what="the request's access line")
+    return access_lines(buffer)[-1]
 
 
 def test_a_body_sent_late_counts_in_ttft_histogram_access_log_and_slo(sidecar) -> None:
-    buffer = _capture(sidecar)
+    buffer = capture(sidecar)
     prompt = _send(sidecar)  # the control: head and body at once
     assert b" 200 " in prompt.split(b"\r\n", 1)[0] and b"[DONE]" in prompt
     line = _one_line(sidecar, buffer, 0)
@@ -88,7 +79,7 @@ def test_a_request_held_in_the_kernel_while_the_loop_is_busy_counts_from_its_rec
     counts from when the host received it (TCP_INFO), not from when the loop read it."""
     if not hasattr(socket, "TCP_INFO"):
         pytest.skip("no TCP_INFO on this platform: the stamp is the read")
-    buffer = _capture(sidecar)
+    buffer = capture(sidecar)
     _send(sidecar)  # warm: the first request of the server pays for imports
     _one_line(sidecar, buffer, 0)
     loop = sidecar.app._tasks[0].get_loop()

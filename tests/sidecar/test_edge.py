@@ -4,7 +4,6 @@ lines sampled, and a hung engine answered for (sidecar/README.md, Security model
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from slaq.local.processes import free_port
 from slaq.sidecar.auth_failures import AuthFailureLimits, AuthFailures, FailureLines
 from slaq.sidecar.connections import ConnectionLimits
 from tests.sidecar.tables import KEYS, bearer
+from tests.support.access_log import access_lines, capture
 from tests.support.polling import wait_for
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
@@ -190,16 +190,6 @@ def test_failure_lines_write_the_first_then_one_summary_per_window() -> None:
     assert lines.admit("a", 100.0, "unauthorized")  # a new window
 
 
-def _capture(sidecar) -> io.StringIO:
-    buffer = io.StringIO()
-    sidecar.app.access.attach(buffer)
-    return buffer
-
-
-def _lines(buffer: io.StringIO) -> list[dict]:
-    return [json.loads(line) for line in buffer.getvalue().splitlines()]
-
-
 def test_an_address_with_too_many_failed_keys_is_throttled_and_others_are_not(start_sidecar, fake_upstream) -> None:
     # The sidecar trusts 127.0.0.1 as a proxy, so X-Forwarded-For names two client addresses.
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", trusted_proxies="127.0.0.1",
@@ -227,12 +217,12 @@ def test_the_throttle_lifts_when_the_window_passes(start_sidecar, fake_upstream)
 
 def test_a_flood_of_wrong_keys_writes_a_few_lines_and_a_summary(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", auth_failures=AuthFailureLimits(limit=5, window_s=1.0, log_lines=3))
-    buffer = _capture(sidecar)
+    buffer = capture(sidecar)
     statuses = [sidecar.client.post("/v1/chat/completions", json=CHAT, headers=WRONG).status_code for _ in range(40)]
     assert statuses[:5] == [401] * 5 and set(statuses[5:]) <= {401, 429} and 429 in statuses
     assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers={**bearer("vip")}).status_code in (200, 429)
-    summaries = wait_for(lambda: [line for line in _lines(buffer) if line["event"] == "access_suppressed"], what="a summary line")
-    requests = [line for line in _lines(buffer) if line["event"] == "request" and line["reason"] in ("unauthorized", "auth_throttled")]
+    summaries = wait_for(lambda: [line for line in access_lines(buffer) if line["event"] == "access_suppressed"], what="a summary line")
+    requests = [line for line in access_lines(buffer) if line["event"] == "request" and line["reason"] in ("unauthorized", "auth_throttled")]
     assert len(requests) <= 3 * 2  # at most two windows started within the flood on a slow machine
     assert sum(s["suppressed"] for s in summaries) + len(requests) >= 40 - 3  # every failure written or counted
     summary = summaries[0]
@@ -244,11 +234,11 @@ def test_without_sampling_every_failed_key_is_a_line(start_sidecar, fake_upstrea
     # The negative control: the same flood with sampling off writes a line each.
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model",
                             auth_failures=AuthFailureLimits(limit=0, window_s=60.0, log_lines=1000))
-    buffer = _capture(sidecar)
+    buffer = capture(sidecar)
     for _ in range(20):
         sidecar.client.post("/v1/chat/completions", json=CHAT, headers=WRONG)
-    wait_for(lambda: len(_lines(buffer)) == 20, what="twenty access lines")
-    assert {line["reason"] for line in _lines(buffer)} == {"unauthorized"}
+    wait_for(lambda: len(access_lines(buffer)) == 20, what="twenty access lines")
+    assert {line["reason"] for line in access_lines(buffer)} == {"unauthorized"}
 
 
 # a hung engine --------------------------------------------------------------------------------
