@@ -297,27 +297,23 @@ class HorizontalController:
     def _rate_limited(self, now: float, current: int, desired: int) -> int:
         config = self.config
         if desired > current:
-            rules = config.scale_up
-            if rules.select is SelectPolicy.DISABLED:
-                limit = current
-            else:
-                proposals = []
-                for policy in rules.policies:
-                    start = self._period_start(now, current, policy.period_s)
-                    proposals.append(start + policy.value if policy.type is PolicyType.PODS
-                                     else math.ceil(start * (1 + policy.value / 100)))
-                limit = max(proposals) if rules.select is SelectPolicy.MAX else min(proposals)
-            return min(desired, config.max_replicas, max(limit, current))
+            return min(desired, config.max_replicas, max(self._policy_limit(config.scale_up, now, current, up=True), current))
         if desired < current:
-            rules = config.scale_down
-            if rules.select is SelectPolicy.DISABLED:
-                limit = current
-            else:
-                proposals = []
-                for policy in rules.policies:
-                    start = self._period_start(now, current, policy.period_s)
-                    proposals.append(start - policy.value if policy.type is PolicyType.PODS
-                                     else int(start * (1 - policy.value / 100)))
-                limit = min(proposals) if rules.select is SelectPolicy.MAX else max(proposals)
-            return max(desired, config.min_replicas, min(limit, current))
+            return max(desired, config.min_replicas, min(self._policy_limit(config.scale_down, now, current, up=False), current))
         return desired
+
+    def _policy_limit(self, rules: ScalingRules, now: float, current: int, *, up: bool) -> int:
+        """The farthest the direction's policies let the count go from `current` (each policy from the
+        count at the start of its period); `selectPolicy` Max takes the largest change, Min the smallest."""
+        if rules.select is SelectPolicy.DISABLED:
+            return current
+        proposals = []
+        for policy in rules.policies:
+            start = self._period_start(now, current, policy.period_s)
+            if policy.type is PolicyType.PODS:
+                proposals.append(start + policy.value if up else start - policy.value)
+            else:
+                proposals.append(math.ceil(start * (1 + policy.value / 100)) if up else int(start * (1 - policy.value / 100)))
+        largest_change = max if up else min
+        smallest_change = min if up else max
+        return largest_change(proposals) if rules.select is SelectPolicy.MAX else smallest_change(proposals)
