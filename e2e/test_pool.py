@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.engine
 KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standard-0123456789abcdef", "free": "sk-demo-free-0123456789abcdef"}
 HANG_LIMIT_S = 60.0  # a client still waiting after this long counts as hung
 KILL_STREAMS = 16  # the CPU pool's maxNumSeqs
+KILL_AT_TOKENS = 200  # of KILL_STREAMS x 1500: every running stream is at most 200 tokens in
 
 
 def tenant_docs(name: str, tier: str, key: str, *, ttft_ms: float | None, quotas: dict | None = None) -> list[dict]:
@@ -275,16 +278,25 @@ async def test_sidecar_sigterm_lets_in_flight_requests_finish(pod: PodSpecRun) -
 async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recovers(pod: PodSpecRun) -> None:
     engine = pod.children["engine"]
     async with client() as http:
-        started = asyncio.Event()
-        # A full batch (the pool's maxNumSeqs) of long outputs (the pool allows 2048 tokens): the
-        # engine needs seconds for them, so they are still running at the kill even when the
-        # client, on a loaded machine, reads their events late. vip and standard keys only: the
-        # free tenant's maxConcurrency is 8.
+        # A full batch (the pool's maxNumSeqs) of long outputs (the pool allows 2048 tokens). vip and
+        # standard keys only: the free tenant's maxConcurrency is 8. The kill is timed at the engine
+        # (e2e/killer.py, a process of its own), after KILL_AT_TOKENS tokens of the 16 x 1500,
+        # whatever the lag of this client, which shares its process with the emulated API server and
+        # the operator (timed by the client's first token, CI once killed after 5 streams were whole).
         keys = [KEYS["vip"], KEYS["standard"]]
-        tasks = [asyncio.create_task(stream_completion(http, pod.url, keys[i % 2], max_tokens=1500, seed=i, first_token=started))
-                 for i in range(KILL_STREAMS)]
-        await asyncio.wait_for(started.wait(), 60)
-        engine.signal(signal.SIGKILL)
+        killer = subprocess.Popen([sys.executable, "-m", "e2e.killer", pod.engine_url, str(engine.pid), str(KILL_AT_TOKENS)],
+                                  stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+        try:
+            baseline = await asyncio.to_thread(killer.stdout.readline)
+            assert baseline.startswith("baseline"), baseline
+            tasks = [asyncio.create_task(stream_completion(http, pod.url, keys[i % 2], max_tokens=1500, seed=i))
+                     for i in range(KILL_STREAMS)]
+            killed = await asyncio.to_thread(killer.stdout.readline)
+            assert killer.wait(10) == 0 and killed.startswith("killed"), killed
+        finally:
+            if killer.poll() is None:
+                killer.kill()
+                killer.wait()
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
         # Each stream is refused, cut with the sidecar's error event (never silently, never with
         # [DONE]), or whole: every token and [DONE], which only the engine can have produced before
@@ -295,7 +307,7 @@ async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recove
             whole = o.status == 200 and o.done and o.tokens == 1500
             assert o.status == 503 or cut or whole, (o.status, o.done, o.tokens, o.error)
             kinds.append("refused" if o.status == 503 else "cut" if cut else "whole")
-        print(f"engine kill: {len(outcomes)} streams, " + ", ".join(f"{kinds.count(k)} {k}" for k in ("whole", "cut", "refused")))
+        print(f"engine kill ({killed.strip()} tokens): {len(outcomes)} streams, " + ", ".join(f"{kinds.count(k)} {k}" for k in ("whole", "cut", "refused")))
         assert any(o.status == 200 and o.terminated and o.tokens > 0 for o in outcomes), "no stream was cut mid-way by the kill"
         await asyncio.to_thread(engine.process.wait, 30)
         await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
