@@ -57,8 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "and the prompt + output that scores 0 on the length term, as in the engine (default: bodies up to the largest "
                              "any pool may set, the length term over 8192 tokens).")
     parser.add_argument("--header-timeout", type=seconds, default=defaults.header_s, help=f"Seconds a connection may take to send a request head (default {defaults.header_s:g}).")
-    parser.add_argument("--keep-alive-timeout", type=seconds, default=defaults.idle_s,
-                        help=f"Seconds an answered connection may idle before its next request; keep it above the idle timeout of a proxy in front (default {defaults.idle_s:g}).")
     parser.add_argument("--body-timeout", type=seconds, default=defaults.body_s, help=f"Seconds a request body may take to arrive; then 408 (default {defaults.body_s:g}).")
     parser.add_argument("--write-timeout", type=seconds, default=defaults.write_idle_s,
                         help=f"Seconds one write to a client that does not read may wait; then the connection is closed (default {defaults.write_idle_s:g}).")
@@ -140,7 +138,7 @@ def _run(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            connection_limits=ConnectionLimits(header_s=args.header_timeout, idle_s=args.keep_alive_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
+            connection_limits=ConnectionLimits(header_s=args.header_timeout, body_s=args.body_timeout, write_idle_s=args.write_timeout,
                                                engine_idle_s=args.engine_idle_timeout, max_connections=args.max_connections,
                                                max_connections_per_client=args.max_connections_per_client,
                                                max_header_bytes=args.max_header_bytes, max_headers=args.max_headers),

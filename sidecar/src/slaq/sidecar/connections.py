@@ -6,21 +6,13 @@ bound, a default and a `slaq sidecar` flag:
 
     phase                                 bound                       flag                 on expiry
     request head (connection open → head)  `header_s`   10 s          --header-timeout     connection closed
-    idle between requests (keep-alive)     `idle_s`     75 s          --keep-alive-timeout connection closed
-    request body                           `body_s`     30 s          --body-timeout       408 body_timeout, connection closed
+    request body                           `body_s`     30 s          --body-timeout       408 body_timeout
     a write the client does not read       `write_idle_s` 30 s        --write-timeout      connection closed (access log: client_write_timeout)
     the engine silent mid-request          `engine_idle_s` 300 s      --engine-idle-timeout 503 before headers, stream ended with engine_stream_broken after
     open connections (both ports)          `max_connections` 2048     --max-connections    503 from uvicorn
     open connections of one client address `max_connections_per_client` 256  --max-connections-per-client  503 and closed
     request head bytes (request line + headers) `max_header_bytes` 16 KiB  --max-header-bytes  431 headers_too_large, closed
     request headers                        `max_headers` 100          --max-headers        431 headers_too_large, closed
-
-A connection that has been answered may idle `idle_s` before its next request's first byte, longer
-than the idle timeout of the proxies that pool connections to a backend (nginx's upstream keepalive
-and AWS ALB: 60 s): the proxy closes an idle connection first. A backend that closes first races
-the proxy's reuse of the connection, and the request the proxy sent on it is lost (HAProxy closes
-its client's connection without a response, so the client sees "server disconnected"; clients do
-not resend a POST). Once that first byte arrives, the head has `header_s` to complete.
 
 The head timeout, the head caps and both connection limits live in the HTTP protocol
 (`HeadTimeoutProtocol`): the ASGI app only sees a request once its head is complete. httptools
@@ -65,7 +57,6 @@ HEADER_OVERHEAD = 4  # ": " and CRLF around each header, as on the wire
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     header_s: float = 10.0
-    idle_s: float = 75.0  # keep-alive: answered, waiting for the next request's first byte
     body_s: float = 30.0
     write_idle_s: float = 30.0
     engine_idle_s: float = 300.0
@@ -128,12 +119,10 @@ class ClientConnections:
 
 class HeadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, closing a connection whose request head is not complete
-    `head_timeout_s` after the connection opened or the next request's first byte, or that idles
-    `idle_timeout_s` after a response (uvicorn's own keep-alive timer, set to the same bound, stops
-    at the first byte, so a partial head would hold the socket forever)."""
+    `head_timeout_s` after the connection opened or the previous response ended (uvicorn's own
+    keep-alive timer stops at the first byte, so a partial head would hold the socket forever)."""
 
     head_timeout_s: float = ConnectionLimits.header_s
-    idle_timeout_s: float = ConnectionLimits.idle_s
     clients: ClientConnections | None = None
     max_connections: int | None = None
     exempt_ports: frozenset[int] = frozenset()  # the metrics port: never refused for the global limit
@@ -141,8 +130,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     @classmethod
     def with_limits(cls, limits: ConnectionLimits, exempt_ports: frozenset[int] = frozenset()) -> type["HeadTimeoutProtocol"]:
         """A protocol class for one server: its own per-client table, shared by its connections."""
-        return type(cls.__name__, (cls,), {"head_timeout_s": limits.header_s, "idle_timeout_s": limits.idle_s,
-                                            "max_connections": limits.max_connections,
+        return type(cls.__name__, (cls,), {"head_timeout_s": limits.header_s, "max_connections": limits.max_connections,
                                             "clients": ClientConnections(limits.max_connections_per_client), "exempt_ports": exempt_ports,
                                             "max_header_bytes": limits.max_header_bytes, "max_headers": limits.max_headers})
 
@@ -154,7 +142,6 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     _head_refusal: str | None = None
 
     _head_timer: asyncio.TimerHandle | None = None
-    _idle = False  # answered, the next request's first byte not yet here: the timer is the keep-alive one
     _counted = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -174,13 +161,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def awaiting_head(self) -> bool:
         return self._awaiting_head and (self.cycle is None or self.cycle.response_complete)
 
-    def _arm_head_timer(self, idle: bool = False) -> None:
-        """Wait for a head: `idle_timeout_s` for an answered connection's next request to begin,
-        else `head_timeout_s`."""
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._awaiting_head, self._idle = True, idle
-        self._head_timer = self.loop.call_later(self.idle_timeout_s if idle else self.head_timeout_s, self._head_timed_out)
+    def _arm_head_timer(self) -> None:
+        self._awaiting_head = True
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         # A request being answered (a pipelined head already parsed) is never cut.
@@ -204,8 +187,6 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._idle:  # the next request began: its head has `head_timeout_s` from here
-            self._arm_head_timer()
         self.scope[ARRIVED] = first_byte_stamp(self._socket)  # type: ignore[literal-required]  # arrival.py
         self._in_head, self._head_bytes, self._head_raw, self._head_refusal = True, 0, 0, None
 
@@ -249,7 +230,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm_head_timer(idle=True)
+            self._arm_head_timer()
 
     def connection_lost(self, exc: Any) -> None:
         if self._head_timer is not None:

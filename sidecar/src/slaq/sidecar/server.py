@@ -215,12 +215,11 @@ class DrainingServer(uvicorn.Server):
 def connection_settings(limits: ConnectionLimits, metrics_port: int | None = None) -> dict[str, Any]:
     """uvicorn.Config arguments for the sidecar's connections: the protocol holding the head timeout
     and the connection limits (global, per client; the metrics port and probes are exempt from the
-    global one), uvicorn's keep-alive timer at the idle bound (connections.py), and no proxy headers: the client's address is the peer unless --trusted-proxies
+    global one), and no proxy headers: the client's address is the peer unless --trusted-proxies
     says otherwise (addresses.py), where uvicorn's default would believe X-Forwarded-For from
     127.0.0.1 or $FORWARDED_ALLOW_IPS and rewrite the peer itself."""
     exempt = frozenset() if metrics_port is None else frozenset({metrics_port})
-    return {"http": HeadTimeoutProtocol.with_limits(limits, exempt), "limit_concurrency": limits.max_connections, "proxy_headers": False,
-            "timeout_keep_alive": limits.idle_s}
+    return {"http": HeadTimeoutProtocol.with_limits(limits, exempt), "limit_concurrency": limits.max_connections, "proxy_headers": False}
 
 
 def serve(options: SidecarOptions) -> None:
