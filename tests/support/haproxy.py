@@ -50,12 +50,20 @@ class Frontend:
 
 def render_config(frontends: list[Frontend], *, timeout_s: int = 300) -> str:
     """An HAProxy config: HTTP mode, 127.0.0.1 only, no health checks (a test stops and starts the
-    servers behind it on purpose), each response naming the server that answered (`x-served-by`)."""
+    servers behind it on purpose), each response naming the server that answered (`x-served-by`).
+
+    `http-server-close`: a connection to a server per request. A pooled idle connection races the
+    sidecar's keep-alive close (uvicorn's 5 s): HAProxy sends a request on it as it closes and,
+    the request not being the first of its client connection, closes the client's connection
+    without an answer (the client sees "server disconnected"; once in five runs of
+    e2e/test_quota_skew.py). What a router's pooling does to the sidecar is not what these tests
+    measure."""
     lines = [
         "global",
         "    maxconn 4096",
         "defaults",
         "    mode http",
+        "    option http-server-close",
         "    timeout connect 5s",
         f"    timeout client {timeout_s}s",
         f"    timeout server {timeout_s}s",
