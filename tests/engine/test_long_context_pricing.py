@@ -55,6 +55,14 @@ def test_kv_admission_refuses_what_would_break_the_tightest_tpot() -> None:
     assert not KvTpotAdmission(StepTimeModel()).refuses(0.05, 10, 5_000_000, 100_000)  # KV cost not learned yet
 
 
+def test_kv_admission_does_not_hold_requests_on_an_engine_too_slow_for_the_objective_without_kv() -> None:
+    """A decode step of 45 ms with no KV is over 0.85 x 50 ms whatever is admitted: holding KV back
+    cannot restore the objective, it would only run the batch a few requests at a time."""
+    slow = KvTpotAdmission(StepTimeModel(fixed_s=0.045, per_token_s=28e-6, per_kv_token_s=34e-9))
+    assert not slow.refuses(0.05, 10, 500_000, 100_000)
+    assert slow.refuses(0.1, 10, 500_000, 2_000_000)  # at a 100 ms objective its KV is what crosses the line
+
+
 def test_the_scheduler_passes_over_a_request_the_kv_rule_refuses() -> None:
     scheduler = build_scheduler(max_num_seqs=4, max_num_batched_tokens=64)
     driver = Driver(scheduler)

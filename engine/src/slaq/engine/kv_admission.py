@@ -5,7 +5,9 @@ TPOT objective, and once it does no token budget saves the step (`slaq.policy.tp
 shrink what a step adds to it). So a waiting request is admitted only if the decode steps after it
 still fit: the calibrated step-time model (`StepTimeModel`, its KV term learned from the engine's own
 steps) predicts a decode-only step of the batch with the request's tokens of KV added, and it must
-stay within `safety` x the tightest running TPOT objective. A request it refuses waits like one that
+stay within `safety` x the tightest running TPOT objective. The rule prices KV only: when the step
+outlasts that line with no KV at all (an engine too slow for the objective, e.g. a loaded CPU), no
+admission restores it, and refusing would only run the batch a few requests at a time. A request it refuses waits like one that
 does not fit in the free KV cache (`queue.py`: passed over while in the first `queue.backfillSlack`
 of its horizon, smaller requests going first; after that it goes in), so it is delayed, never
 starved. A pod router can read the same figures (the predicted decode step, the objective) from the
@@ -32,8 +34,11 @@ class KvTpotAdmission:
 
     def refuses(self, tightest_tpot_s: float | None, running: int, kv_tokens: int, request_tokens: int) -> bool:
         """Whether admitting a request that brings `request_tokens` of KV would make the decode steps that
-        follow outlast `safety` x the tightest running objective (False with no objective running, or
-        before the model has learned what KV costs)."""
+        follow outlast `safety` x the tightest running objective (False with no objective running,
+        before the model has learned what KV costs, or when the step outlasts the line without KV)."""
         if tightest_tpot_s is None or self.model.per_kv_token_s <= 0.0:
             return False
-        return self.decode_step_s(running + 1, kv_tokens + request_tokens) > self.safety * tightest_tpot_s
+        line = self.safety * tightest_tpot_s
+        if self.decode_step_s(running + 1, 0) > line:
+            return False
+        return self.decode_step_s(running + 1, kv_tokens + request_tokens) > line
