@@ -115,11 +115,15 @@ def test_the_page_shows_what_each_policy_swapped_or_recomputed() -> None:
                        "refusals": {"recompute": 0, "refused": 2}, "transfer_s": 0.29}
     entry["policies"]["slaq-noswap"] = {**slaq, "kv_swap": None, "preemptions": 58}
     page = render({"kv": report})
-    assert (f"- load {entry['load']:g}, `slaq`: 62 preemptions, recompute tax 0.000; KV swap: 60 of 62 victims swapped, 2 recomputed "
+    assert ("; 62 preemptions, recompute tax 0.000; KV swap: 60 of 62 victims swapped, 2 recomputed "
             "(no room or nothing to save: 2), 0.290 s of host transfers (1 GiB host cache, 55 GB/s link, sealing 12.6 GB/s; "
             "per token 25.0 µs out and back against 30.0 µs to recompute)\n") in page
-    assert f"- load {entry['load']:g}, `slaq-noswap`: 58 preemptions, recompute tax 0.000; no KV swap (victims recomputed)\n" in page
+    assert "; 58 preemptions, recompute tax 0.000; no KV swap (victims recomputed)\n" in page
+    slaq_line = next(line for line in page.splitlines() if line.startswith(f"- load {entry['load']:g}, `slaq`: "))
+    critical = slaq["tiers"]["critical"]
+    assert slaq_line.startswith(f"- load {entry['load']:g}, `slaq`: critical TTFT {critical['ttft_attainment']:.3f} / "
+                                f"TPOT {critical['tpot_attainment']:.3f}, standard TTFT ")
     slaq["kv_swap"].update(host_seal_gb_s=None)
     assert "55 GB/s link, sealing not counted; per token" in render({"kv": report})
     slaq["kv_swap"].update(victims=0, swapped_victims=0, recomputed_victims=0)
-    assert f"`slaq`: 62 preemptions, recompute tax 0.000; KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})
+    assert "; 62 preemptions, recompute tax 0.000; KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})

@@ -139,10 +139,8 @@ def render_sim(report: Mapping[str, Any]) -> list[str]:
 
 
 def _preemption_lines(report: Mapping[str, Any]) -> list[str]:
-    """What preemption cost each policy: preemptions, recompute tax, and what its KV connector swapped instead.
-
-    A long-context workload adds each protected tier's TTFT and TPOT attainment apart (TPOT is what long contexts cost)."""
-    long_context = bool(report["workload"].get("generator"))
+    """Per policy: each protected tier's TTFT and TPOT attainment apart (which objective a miss missed), preemptions,
+    recompute tax, and what its KV connector swapped instead of recomputing."""
     lines = []
     for entry in _sim_loads(report):
         for name, figures in entry["policies"].items():
@@ -150,10 +148,9 @@ def _preemption_lines(report: Mapping[str, Any]) -> list[str]:
                 continue
             tiers = figures["tiers"]
             parts = [f"{t} TTFT {_pct(tiers[t].get('ttft_attainment'))} / TPOT {_pct(tiers[t].get('tpot_attainment'))}"
-                     for t in ("critical", "standard") if t in tiers] if long_context else []
-            cost = f"{figures['preemptions']:,} preemptions, recompute tax {_pct(figures.get('recompute_tax'))}"
-            lines.append(f"- load {entry['load']:g}, `{name}`: {'; '.join([', '.join(parts), cost] if parts else [cost])}"
-                         f"{_kv_swap(figures.get('kv_swap'))}")
+                     for t in ("critical", "standard") if t in tiers]
+            lines.append(f"- load {entry['load']:g}, `{name}`: {', '.join(parts)}; {figures['preemptions']:,} preemptions, "
+                         f"recompute tax {_pct(figures.get('recompute_tax'))}{_kv_swap(figures.get('kv_swap'))}")
     return lines
 
 
