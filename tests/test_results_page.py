@@ -108,17 +108,17 @@ def test_the_page_shows_what_each_policy_swapped_or_recomputed() -> None:
     report = copy.deepcopy(_a_report("engine-1500"))
     entry = report["sweep"][-1]
     slaq = entry["policies"]["slaq"]
-    slaq.update(preemptions=62, recompute_tax=0.0003)
+    slaq.update(preemptions=62, recompute_tax=0.000285, recomputed_tokens=457)
     slaq["kv_swap"] = {"host_cache_gib": 1.0, "host_link_gb_s": 55.0, "host_seal_gb_s": 12.6,
                        "rule": {"seal_and_open_s_per_token": 2.5e-05, "recompute_s_per_token": 3.0e-05},
                        "victims": 62, "swapped_victims": 60, "recomputed_victims": 2,
                        "refusals": {"recompute": 0, "refused": 2}, "transfer_s": 0.29}
-    entry["policies"]["slaq-noswap"] = {**slaq, "kv_swap": None, "preemptions": 58}
+    entry["policies"]["slaq-noswap"] = {**slaq, "kv_swap": None, "preemptions": 58, "recompute_tax": 0.00675, "recomputed_tokens": 10807}
     page = render({"kv": report})
-    assert ("; 62 preemptions, recompute tax 0.000; KV swap: 60 of 62 victims swapped, 2 recomputed "
+    assert ("; 62 preemptions, recompute tax 0.03 % (457 tokens); KV swap: 60 of 62 victims swapped, 2 recomputed "
             "(no room or nothing to save: 2), 0.290 s of host transfers (1 GiB host cache, 55 GB/s link, sealing 12.6 GB/s; "
             "per token 25.0 µs out and back against 30.0 µs to recompute)\n") in page
-    assert "; 58 preemptions, recompute tax 0.000; no KV swap (victims recomputed)\n" in page
+    assert "; 58 preemptions, recompute tax 0.68 % (10,807 tokens); no KV swap (victims recomputed)\n" in page
     slaq_line = next(line for line in page.splitlines() if line.startswith(f"- load {entry['load']:g}, `slaq`: "))
     critical = slaq["tiers"]["critical"]
     assert slaq_line.startswith(f"- load {entry['load']:g}, `slaq`: critical TTFT {critical['ttft_attainment']:.3f} / "
@@ -126,4 +126,4 @@ def test_the_page_shows_what_each_policy_swapped_or_recomputed() -> None:
     slaq["kv_swap"].update(host_seal_gb_s=None)
     assert "55 GB/s link, sealing not counted; per token" in render({"kv": report})
     slaq["kv_swap"].update(victims=0, swapped_victims=0, recomputed_victims=0)
-    assert "; 62 preemptions, recompute tax 0.000; KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})
+    assert "; 62 preemptions, recompute tax 0.03 % (457 tokens); KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})

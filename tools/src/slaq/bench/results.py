@@ -150,8 +150,14 @@ def _preemption_lines(report: Mapping[str, Any]) -> list[str]:
             parts = [f"{t} TTFT {_pct(tiers[t].get('ttft_attainment'))} / TPOT {_pct(tiers[t].get('tpot_attainment'))}"
                      for t in ("critical", "standard") if t in tiers]
             lines.append(f"- load {entry['load']:g}, `{name}`: {', '.join(parts)}; {figures['preemptions']:,} preemptions, "
-                         f"recompute tax {_pct(figures.get('recompute_tax'))}{_kv_swap(figures.get('kv_swap'))}")
+                         f"recompute tax {_tax(figures)}{_kv_swap(figures.get('kv_swap'))}")
     return lines
+
+
+def _tax(figures: Mapping[str, Any]) -> str:
+    """The recompute tax in percent (hundredths of a percent tell swapping from recomputing) and the tokens behind it."""
+    tax, tokens = figures.get("recompute_tax"), figures.get("recomputed_tokens")
+    return "—" if tax is None else f"{tax * 100:.2f} %" + ("" if tokens is None else f" ({tokens:,} tokens)")
 
 
 SWAP_REFUSALS = {"recompute": "recompute cheaper", "refused": "no room or nothing to save"}
