@@ -127,3 +127,11 @@ def test_the_page_shows_what_each_policy_swapped_or_recomputed() -> None:
     assert "55 GB/s link, sealing not counted; per token" in render({"kv": report})
     slaq["kv_swap"].update(victims=0, swapped_victims=0, recomputed_victims=0)
     assert "; 62 preemptions, recompute tax 0.03 % (457 tokens); KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})
+
+
+def test_the_page_names_a_window_or_bursts_the_arrivals_were_shaped_by() -> None:
+    report = copy.deepcopy(_a_report("engine-1500"))
+    assert "densest" not in "\n".join(results.render_sim(report)) and "bursts at" not in "\n".join(results.render_sim(report))
+    report["workload"].update(window_s=600.0, window_density=1.3668, bursts={"factor": 4.0, "period_s": 10.0, "burst_s": 1.25})
+    assert (", arrivals trace, its densest 600 s (1.37× the trace's mean density), bursts at 4× the mean rate for 1.25 s of every "
+            "10 s; the engine alone") in results.render_sim(report)[0]

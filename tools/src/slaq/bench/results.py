@@ -108,7 +108,13 @@ def _sim_workload(report: Mapping[str, Any]) -> str:
         source = f"`{Path(workload['trace']).name if workload.get('trace') else 'synthetic'}`"
     mode = "the pod (slaq behind the sidecar core; stock policies without one)" if report.get("mode") == "pod" \
         else "the engine alone (no sidecar)"
-    return (f"{workload['requests']:,} requests of {source}, seed {workload['seed']}, arrivals {workload['arrivals']}; "
+    shape = ""
+    if workload.get("window_s"):
+        shape += f", its densest {workload['window_s']:g} s ({workload['window_density']:.2f}× the trace's mean density)"
+    if workload.get("bursts"):
+        bursts = workload["bursts"]
+        shape += f", bursts at {bursts['factor']:g}× the mean rate for {bursts['burst_s']:g} s of every {bursts['period_s']:g} s"
+    return (f"{workload['requests']:,} requests of {source}, seed {workload['seed']}, arrivals {workload['arrivals']}{shape}; "
             f"{mode}; capacity {capacity['requests_per_s']:.2f} requests/s ({capacity['method']}).")
 
 
