@@ -101,3 +101,37 @@ def test_the_readmes_link_to_the_page_for_their_benchmark_figures(readme: str) -
     text = (ROOT / readme).read_text(encoding="utf-8")
     target = Path("docs/results.md") if readme == "README.md" else Path(*[".."] * (len(Path(readme).parts) - 1), "docs", "results.md")
     assert f"]({target.as_posix()}" in text and (ROOT / readme).parent.joinpath(target).resolve() == PAGE
+
+
+def test_the_page_shows_what_each_policy_swapped_or_recomputed() -> None:
+    """`--kv-swap` figures per policy: victims swapped and recomputed (with why), host transfer time, the rule's prices."""
+    report = copy.deepcopy(_a_report("engine-1500"))
+    entry = report["sweep"][-1]
+    slaq = entry["policies"]["slaq"]
+    slaq.update(preemptions=62, recompute_tax=0.000285, recomputed_tokens=457)
+    slaq["kv_swap"] = {"host_cache_gib": 1.0, "host_link_gb_s": 55.0, "host_seal_gb_s": 12.6,
+                       "rule": {"seal_and_open_s_per_token": 2.5e-05, "recompute_s_per_token": 3.0e-05},
+                       "victims": 62, "swapped_victims": 60, "recomputed_victims": 2,
+                       "refusals": {"recompute": 0, "refused": 2}, "transfer_s": 0.29}
+    entry["policies"]["slaq-noswap"] = {**slaq, "kv_swap": None, "preemptions": 58, "recompute_tax": 0.00675, "recomputed_tokens": 10807}
+    page = render({"kv": report})
+    assert ("; 62 preemptions, recompute tax 0.03 % (457 tokens); KV swap: 60 of 62 victims swapped, 2 recomputed "
+            "(no room or nothing to save: 2), 0.290 s of host transfers (1 GiB host cache, 55 GB/s link, sealing 12.6 GB/s; "
+            "per token 25.0 µs out and back against 30.0 µs to recompute)\n") in page
+    assert "; 58 preemptions, recompute tax 0.68 % (10,807 tokens); no KV swap (victims recomputed)\n" in page
+    slaq_line = next(line for line in page.splitlines() if line.startswith(f"- load {entry['load']:g}, `slaq`: "))
+    critical = slaq["tiers"]["critical"]
+    assert slaq_line.startswith(f"- load {entry['load']:g}, `slaq`: critical TTFT {critical['ttft_attainment']:.3f} / "
+                                f"TPOT {critical['tpot_attainment']:.3f}, standard TTFT ")
+    slaq["kv_swap"].update(host_seal_gb_s=None)
+    assert "55 GB/s link, sealing not counted; per token" in render({"kv": report})
+    slaq["kv_swap"].update(victims=0, swapped_victims=0, recomputed_victims=0)
+    assert "; 62 preemptions, recompute tax 0.03 % (457 tokens); KV swap on, no victims (1 GiB host cache)\n" in render({"kv": report})
+
+
+def test_the_page_names_a_window_or_bursts_the_arrivals_were_shaped_by() -> None:
+    report = copy.deepcopy(_a_report("engine-1500"))
+    assert "densest" not in "\n".join(results.render_sim(report)) and "bursts at" not in "\n".join(results.render_sim(report))
+    report["workload"].update(window_s=600.0, window_density=1.3668, bursts={"factor": 4.0, "period_s": 10.0, "burst_s": 1.25})
+    assert (", arrivals trace, its densest 600 s (1.37× the trace's mean density), bursts at 4× the mean rate for 1.25 s of every "
+            "10 s; the engine alone") in results.render_sim(report)[0]

@@ -108,7 +108,13 @@ def _sim_workload(report: Mapping[str, Any]) -> str:
         source = f"`{Path(workload['trace']).name if workload.get('trace') else 'synthetic'}`"
     mode = "the pod (slaq behind the sidecar core; stock policies without one)" if report.get("mode") == "pod" \
         else "the engine alone (no sidecar)"
-    return (f"{workload['requests']:,} requests of {source}, seed {workload['seed']}, arrivals {workload['arrivals']}; "
+    shape = ""
+    if workload.get("window_s"):
+        shape += f", its densest {workload['window_s']:g} s ({workload['window_density']:.2f}× the trace's mean density)"
+    if workload.get("bursts"):
+        bursts = workload["bursts"]
+        shape += f", bursts at {bursts['factor']:g}× the mean rate for {bursts['burst_s']:g} s of every {bursts['period_s']:g} s"
+    return (f"{workload['requests']:,} requests of {source}, seed {workload['seed']}, arrivals {workload['arrivals']}{shape}; "
             f"{mode}; capacity {capacity['requests_per_s']:.2f} requests/s ({capacity['method']}).")
 
 
@@ -135,13 +141,12 @@ def render_sim(report: Mapping[str, Any]) -> list[str]:
                          f"{figures['throughput_tok_s']:,.0f} tok/s", ratio, f"{figures.get('refused') or 0:,}"]
                         + ([_held(figures)] if pod else []))
     lines += _table(header, rows)
-    if report["workload"].get("generator"):
-        lines += ["", *_long_context_lines(report)]
-    return lines
+    return lines + ["", *_preemption_lines(report)]
 
 
-def _long_context_lines(report: Mapping[str, Any]) -> list[str]:
-    """What long contexts cost: each protected tier's TTFT and TPOT attainment apart, preemptions, recompute tax."""
+def _preemption_lines(report: Mapping[str, Any]) -> list[str]:
+    """Per policy: each protected tier's TTFT and TPOT attainment apart (which objective a miss missed), preemptions,
+    recompute tax, and what its KV connector swapped instead of recomputing."""
     lines = []
     for entry in _sim_loads(report):
         for name, figures in entry["policies"].items():
@@ -151,8 +156,34 @@ def _long_context_lines(report: Mapping[str, Any]) -> list[str]:
             parts = [f"{t} TTFT {_pct(tiers[t].get('ttft_attainment'))} / TPOT {_pct(tiers[t].get('tpot_attainment'))}"
                      for t in ("critical", "standard") if t in tiers]
             lines.append(f"- load {entry['load']:g}, `{name}`: {', '.join(parts)}; {figures['preemptions']:,} preemptions, "
-                         f"recompute tax {_pct(figures.get('recompute_tax'))}")
+                         f"recompute tax {_tax(figures)}{_kv_swap(figures.get('kv_swap'))}")
     return lines
+
+
+def _tax(figures: Mapping[str, Any]) -> str:
+    """The recompute tax in percent (hundredths of a percent tell swapping from recomputing) and the tokens behind it."""
+    tax, tokens = figures.get("recompute_tax"), figures.get("recomputed_tokens")
+    return "—" if tax is None else f"{tax * 100:.2f} %" + ("" if tokens is None else f" ({tokens:,} tokens)")
+
+
+SWAP_REFUSALS = {"recompute": "recompute cheaper", "refused": "no room or nothing to save"}
+
+
+def _kv_swap(swap: Mapping[str, Any] | None) -> str:
+    """The KV connector's account: victims swapped and recomputed (and why), host transfer time, the rule's prices."""
+    if not swap:
+        return "; no KV swap (victims recomputed)"
+    if not swap["victims"]:
+        return f"; KV swap on, no victims ({swap['host_cache_gib']:g} GiB host cache)"
+    reasons = ", ".join(f"{SWAP_REFUSALS.get(reason, reason)}: {n:,}" for reason, n in sorted((swap.get("refusals") or {}).items()) if n)
+    seal = f"{swap['host_seal_gb_s']:g} GB/s" if swap.get("host_seal_gb_s") else "not counted"
+    rule = swap.get("rule") or {}
+    prices = (f"; per token {rule['seal_and_open_s_per_token'] * 1e6:,.1f} µs out and back against "
+              f"{rule['recompute_s_per_token'] * 1e6:,.1f} µs to recompute"
+              if rule.get("seal_and_open_s_per_token") is not None and rule.get("recompute_s_per_token") is not None else "")
+    return (f"; KV swap: {swap['swapped_victims']:,} of {swap['victims']:,} victims swapped, {swap['recomputed_victims']:,} "
+            f"recomputed{f' ({reasons})' if reasons else ''}, {swap['transfer_s']:.3f} s of host transfers "
+            f"({swap['host_cache_gib']:g} GiB host cache, {swap['host_link_gb_s']:g} GB/s link, sealing {seal}{prices})")
 
 
 def _held(figures: Mapping[str, Any]) -> str:
