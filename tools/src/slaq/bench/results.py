@@ -232,6 +232,18 @@ def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
                      "sidecar's own work p50 / p99 ms (`slaq_sidecar_added_seconds`)"], rows)]
 
 
+def render_kv_security_cost(report: Mapping[str, Any]) -> list[str]:
+    """Sealing and opening a swapped block, erasing a freed one, on the machine the report names."""
+    seal, erase, g = report["seal"], report["erase"], report["geometry"]
+    rows = [[report["device"], report["dtype"], f"{seal['seal_gb_s']:g} / {seal['open_gb_s']:g}",
+             f"{seal['seal_s_per_block'] * 1e3:.2f} / {seal['open_s_per_block'] * 1e3:.2f}", f"{seal['out_and_back_us_per_token']:g}",
+             f"{erase['seconds_per_block_all_layers'] * 1e3:.3f} ({'Triton' if erase['triton'] else 'torch reference'})"]]
+    return [f"A Llama-3-8B block ({g['layers']} layers x {g['block_size']} tokens x {g['kv_heads']} KV heads of {g['head_dim']}, "
+            f"{seal['block_bytes'] / 2**20:g} MiB); medians of {report['repeats']} rounds; wall clock on the machine below.", ""] + \
+        _table(["device", "dtype", "seal / open GB/s", "seal / open ms per block", "µs per token out and back",
+                "erase ms per block (all layers)"], rows)
+
+
 def render_operator_scale(report: Mapping[str, Any]) -> list[str]:
     row = [f"{report['tenants']:,}", f"{report['pools']:,}", f"{report['models']:,}", f"{report['table_secrets']:,}",
            f"{report['converge_s']:g} s", f"{report['change_s']:g} s", f"{report['affected_pools']:,}",
@@ -323,6 +335,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.sched_overhead/v1": render_sched_overhead,
     "slaq.bench.sidecar_latency/v1": render_sidecar_latency,
     "slaq.bench.operator_scale/v1": render_operator_scale,
+    "slaq.bench.kv_security_cost/v1": render_kv_security_cost,
     "slaq.bench.quota_skew/v1": render_quota_skew,
     "slaq.bench.quota_routing/v1": render_quota_routing,
     "slaq.e2e.demo_loop/v1": render_demo_loop,

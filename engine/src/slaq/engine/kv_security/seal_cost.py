@@ -45,6 +45,11 @@ def host_seal_seconds_per_byte(block_bytes: int, *, blocks: int = 4, repeats: in
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def default_device() -> str:
+    """cuda when a CUDA device is here, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def measure(*, device: str, layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
             blocks: int, repeats: int) -> dict[str, float]:
     """Median seconds per block to seal and to open, over `repeats` rounds of `blocks` blocks."""
@@ -81,7 +86,7 @@ def measure(*, device: str, layers: int, block_size: int, kv_heads: int, head_di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slaq.engine.kv_security.seal_cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=default_device())
     parser.add_argument("--layers", type=int, default=32, help="default: Llama-3-8B's 32")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=8)
