@@ -138,6 +138,7 @@ class SLABlockManager(BudgetedKVCacheManager):
     _slaq_rule: BlockBudgetRule
     _slaq_ledger: BlockLedger
     _slaq_holdings: dict[str, _Holding]  # the ledger's holdings, one attribute lookup nearer (hot path)
+    slaq_decode_room: dict[str, int]  # request id -> tokens its blocks hold: its decodes within them skip the hook
     _slaq_info_of: Callable[[Request], RequestInfo]
     _slaq_on_allocated: Callable[[int, str, int], None]
     _slaq_block_size: int
@@ -160,6 +161,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         manager._slaq_rule = rule
         manager._slaq_ledger = BlockLedger()
         manager._slaq_holdings = manager._slaq_ledger.holdings
+        manager.slaq_decode_room = {}
         manager._slaq_info_of = info_of
         manager._slaq_on_allocated = on_allocated
         manager._slaq_block_size = vc.block_size(scheduler)
@@ -237,24 +239,21 @@ class SLABlockManager(BudgetedKVCacheManager):
 
     def slaq_allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
                             num_lookahead_tokens: int, passed: VllmArgs):
-        # Hot path: called for every scheduled request every step; running requests take the first
-        # branch, and a decode that stays within the blocks it holds (all but one step in
-        # block_size) has nothing to check or record, so it goes straight to vLLM's allocation.
+        # A decode that stays within the blocks its request holds (all but one step in block_size)
+        # has nothing to check or record: the seam gives it to vLLM without calling here
+        # (`slaq_decode_room`, kept in `_hold` and `_release`). Running requests take the first branch.
         holding = self._slaq_holdings.get(vc.request_id(request))
         size = self._slaq_block_size
         if holding is not None and not num_new_computed_tokens:
             wanted = -(-(vc.computed_tokens(request) + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
-            if growth <= 0 and num_new_tokens <= 1:
-                return self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             ledger = self._slaq_ledger
             if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth, ledger.blocks_by_tier[0]):
                 return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
             result = self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             if result is not None:
                 if growth > 0:
-                    ledger.blocks_by_tier[holding.tier_rank] += growth
-                    holding.blocks = wanted
+                    self._hold(request, holding, wanted)
                 if num_new_tokens > 1:  # prefill chunks; decodes are charged per step in bulk
                     self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
             return result
@@ -284,10 +283,15 @@ class SLABlockManager(BudgetedKVCacheManager):
             key = (info.tier.value, info.tenant)
             ledger.prefix_query_tokens[key] += vc.total_tokens(request)
             ledger.prefix_hit_tokens[key] += num_new_computed_tokens
-        ledger.blocks_by_tier[holding.tier_rank] += wanted - holding.blocks
-        holding.blocks = wanted
+        self._hold(request, holding, wanted)
         self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
         return result
+
+    def _hold(self, request: Request, holding: _Holding, blocks: int) -> None:
+        """`request` now holds `blocks` blocks (its tier's count follows), and its decodes within them skip the hook."""
+        self._slaq_ledger.blocks_by_tier[holding.tier_rank] += blocks - holding.blocks
+        holding.blocks = blocks
+        self.slaq_decode_room[vc.request_id(request)] = blocks * self._slaq_block_size
 
     def slaq_free(self, request: Request) -> None:
         evict_first = self._release(request) and vc.attached_info(request) is not None
@@ -325,9 +329,11 @@ class SLABlockManager(BudgetedKVCacheManager):
         return self.vllm_pop_blocks_for_free(request)
 
     def _release(self, request: Request) -> bool:
-        holding = self._slaq_ledger.holdings.pop(vc.request_id(request), None)
+        request_id = vc.request_id(request)
+        holding = self._slaq_ledger.holdings.pop(request_id, None)
         if holding is None:
             return False
+        del self.slaq_decode_room[request_id]
         ledger = self._slaq_ledger
         ledger.blocks_by_tier[holding.tier_rank] -= holding.blocks
         ledger.requests_by_tier[holding.tier_rank] -= 1
