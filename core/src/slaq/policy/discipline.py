@@ -335,7 +335,10 @@ class TieredQueue(Generic[T]):
     def heads(self) -> list[Choice[T]]:
         """Each tier's attainable and missed heads, with their rank class at the fixed clock."""
         heads: list[Choice[T]] = []
+        depth = self._depth
         for tier_rank in range(len(TIERS)):
+            if not depth[tier_rank]:
+                continue  # nothing of the tier is queued (its heaps hold stale entries at most)
             self._settle_missed(tier_rank)
             for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
                 entry = self._head(heap)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from slaq.api.common import Tier
-from slaq.engine.sla import RequestInfo
+from slaq.engine.sla import TIER_NAMES, RequestInfo
 from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import Request
 from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager, VllmArgs
@@ -177,7 +177,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         None when it would be admitted. Prefix-cache hits are not counted, so a request they would
         let in may be judged too big: it is then passed over, never admitted wrongly."""
         info = self._slaq_info_of(request)
-        if vc.request_id(request) not in self._slaq_holdings:
+        if self._slaq_rule.tenant_cap_blocks and vc.request_id(request) not in self._slaq_holdings:
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // self._slaq_block_size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, self._slaq_ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return REFUSED_TENANT_CAP
@@ -267,7 +267,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         footprint = 0
         if holding is None:
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // size)
-            if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
+            if self._slaq_rule.tenant_cap_blocks and not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return None
         result = self.vllm_allocate_slots(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, passed)
         if result is None:
@@ -280,7 +280,7 @@ class SLABlockManager(BudgetedKVCacheManager):
             ledger.requests_by_tier[info.tier_rank] += 1
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
-            key = (info.tier.value, info.tenant)
+            key = (TIER_NAMES[info.tier_rank], info.tenant)
             ledger.prefix_query_tokens[key] += vc.total_tokens(request)
             ledger.prefix_hit_tokens[key] += num_new_computed_tokens
         self._hold(request, holding, wanted)

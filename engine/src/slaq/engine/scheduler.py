@@ -208,9 +208,10 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         if reason is not None:
             return reason
         ledger = self.block_manager.ledger
-        if self.kv_admission.refuses(ledger.tightest_tpot_s(), len(vc.running_requests(self)),
-                                     ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
-            return REFUSED_TPOT_KV
+        tightest = ledger.tightest_tpot_s()
+        if tightest is not None and self.kv_admission.refuses(tightest, len(vc.running_requests(self)),
+                                                              ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
+            return REFUSED_TPOT_KV  # (no TPOT objective running: nothing to price, the common case first)
         return None
 
     def _first_token_lead(self, view: RequestView) -> float:
