@@ -131,11 +131,7 @@ class UrgentPreemption:
             self._blocks_needed(r, info_of(r), resources) for r in urgent
         ):
             return []  # room for all of them: the common case costs no scan of the running batch
-        eligible = [
-            r for r in running
-            if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))
-        ]
-        victims = self.chooser.order(eligible, info_of)
+        victims: list[Request] | None = None  # ordered when first needed: urgent requests that wait for room need none
         plan: list[Preemption] = []
         taken: set[str] = set()
         slots, blocks = resources.free_slots, resources.free_blocks
@@ -147,6 +143,8 @@ class UrgentPreemption:
             if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources,
                                                                      planned_output_left(info_of)):
                 continue  # it waits for requests finishing on their own: no one loses their work
+            if victims is None:  # the batch scan, once a step at most
+                victims = self.chooser.order([r for r in running if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))], info_of)
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks
             for victim in victims:
