@@ -69,14 +69,28 @@ def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: i
     """Steps until running requests finishing on their own, soonest first, leave a slot and
     `need_blocks` blocks free (inf: never). Their steps are `output_left` (by default `max_tokens`
     left, an upper bound; the scheduler's plan, `planned_output_left`)."""
-    if free_slots >= 1 and free_blocks >= need_blocks:
-        return 0
-    finishing = sorted((output_left(r), -(-vc.computed_tokens(r) // block_size)) for r in running)
-    for steps, blocks in finishing:
-        free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+    return RoomForecast(running, block_size, output_left).steps_until(need_blocks, free_blocks, free_slots)
+
+
+class RoomForecast:
+    """`steps_until_room` for several questions about one running batch: the batch is sorted by
+    when its requests finish once, when a question first needs it (O(batch) Python per sort)."""
+
+    def __init__(self, running: Sequence[Request], block_size: int, output_left: OutputLeft = max_tokens_left) -> None:
+        self._running, self._block_size, self._output_left = running, block_size, output_left
+        self._finishing: list[tuple[int, int]] | None = None  # (steps left, blocks held), soonest first
+
+    def steps_until(self, need_blocks: int, free_blocks: int, free_slots: int = 1) -> float:
         if free_slots >= 1 and free_blocks >= need_blocks:
-            return steps
-    return math.inf
+            return 0
+        if self._finishing is None:
+            output_left, block_size = self._output_left, self._block_size
+            self._finishing = sorted((output_left(r), -(-vc.computed_tokens(r) // block_size)) for r in self._running)
+        for steps, blocks in self._finishing:
+            free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+            if free_slots >= 1 and free_blocks >= need_blocks:
+                return steps
+        return math.inf
 
 
 @dataclass(frozen=True)
