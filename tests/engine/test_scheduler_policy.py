@@ -215,6 +215,7 @@ def test_mixed_load_finishes_and_frees_every_block(scheduler_cls: type) -> None:
     if scheduler_cls is SLAScheduler:
         ledger = scheduler.block_manager.ledger
         assert not ledger.holdings and not ledger.reserved_by_tenant and sum(ledger.blocks_by_tier) == 0
+        assert not scheduler.block_manager.slaq_decode_room  # the decode room went with the holdings
         assert len(scheduler.waiting) == 0
 
 

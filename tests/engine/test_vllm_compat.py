@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import vllm
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -30,8 +31,10 @@ def test_extra_args_are_the_requests_vllm_xargs() -> None:
 def test_attach_info_round_trips_and_defaults_to_none() -> None:
     request = make_request(Tier.BATCH)
     assert vc.attached_info(request) is None
+    with pytest.raises(AttributeError):
+        vc.known_info(request)
     vc.attach_info(request, "facts")
-    assert vc.attached_info(request) == "facts"
+    assert vc.attached_info(request) == "facts" and vc.known_info(request) == "facts"
 
 
 def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:

@@ -266,3 +266,31 @@ def test_greedy_inputs_ask_for_exactly_max_tokens_from_token_ids() -> None:
     inputs, params = greedy_inputs([[5, 6, 7], [8]], 4)
     assert [i["prompt_token_ids"] for i in inputs] == [[5, 6, 7], [8]]
     assert (params.max_tokens, params.ignore_eos, params.temperature, params.detokenize) == (4, True, 0.0, False)
+
+
+def test_a_decode_within_the_hooks_room_skips_the_hook_and_one_beyond_it_calls_it() -> None:
+    from slaq.api.common import Tier
+    from slaq.engine import vllm_compat as vc
+    from slaq.engine.standalone import BLOCK_SIZE, Driver, build_scheduler, make_request
+    from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager
+
+    class CountsHookCalls(BudgetedKVCacheManager):
+        ends: list[int]  # computed + new tokens of each allocation the hook saw
+
+        def slaq_allocate_slots(self, request, new_tokens, *args):
+            self.ends.append(vc.computed_tokens(request) + new_tokens)
+            return super().slaq_allocate_slots(request, new_tokens, *args)
+
+    scheduler = build_scheduler(vc.AsyncScheduler, num_blocks=50)
+    manager = vc.adopt_block_manager(scheduler, CountsHookCalls)
+    manager.ends, manager.slaq_decode_room = [], {}
+    driver = Driver(scheduler)
+    request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=20)
+    driver.add(request)
+    driver.step()
+    assert manager.ends == [40]  # the prompt: not a decode, the hook sees it
+    manager.slaq_decode_room[vc.request_id(request)] = 3 * BLOCK_SIZE
+    driver.run_until_idle()
+    # Its decodes end at 41 .. 59: those within the room (41 .. 48) went straight to vLLM, every one past it reached the hook.
+    assert manager.ends == [40, *range(3 * BLOCK_SIZE + 1, 60)]
+    assert len(driver.finished) == 1

@@ -266,20 +266,24 @@ class TieredQueue(Generic[T]):
         self._classes.clear()
         self._ranks.clear()
         for heap in (*self._heaps, *self._missed):
-            self._rekey_head(heap)
+            if heap:
+                self._rekey_head(heap)
 
     def _rekey_head(self, heap: list[Entry[T]]) -> None:
+        # Every step, for every heap: names bound once, liveness (`_is_live`) inline.
+        live, id_of, limit = self._live, self.id_of, self.discipline.rekey_head
         taken: list[Entry[T]] = []
-        while heap and len(taken) < self.discipline.rekey_head:
+        while heap and len(taken) < limit:
             entry = heapq.heappop(heap)
-            if self._is_live(entry):
+            if live.get(id_of(entry.item)) is entry:
                 taken.append(entry)
+        key_of, view_of, aging_bound_s = self.ranking.within_tier_key, self.view_of, self._pool.aging_bound_s
         for entry in taken:
             band, key, seq, item = entry
-            fresh_key = self.ranking.within_tier_key(self.view_of(item), self._pool.aging_bound_s)
+            fresh_key = key_of(view_of(item), aging_bound_s)
             if fresh_key != key:
                 entry = _new(Entry, (band, fresh_key, seq, item))
-                self._live[self.id_of(item)] = entry
+                live[id_of(item)] = entry
             heapq.heappush(heap, entry)
 
     # -- what the hosts look at ------------------------------------------------------------------
@@ -335,7 +339,10 @@ class TieredQueue(Generic[T]):
     def heads(self) -> list[Choice[T]]:
         """Each tier's attainable and missed heads, with their rank class at the fixed clock."""
         heads: list[Choice[T]] = []
+        depth = self._depth
         for tier_rank in range(len(TIERS)):
+            if not depth[tier_rank]:
+                continue  # nothing of the tier is queued (its heaps hold stale entries at most)
             self._settle_missed(tier_rank)
             for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
                 entry = self._head(heap)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from slaq.api.common import Tier
-from slaq.engine.sla import RequestInfo
+from slaq.engine.sla import TIER_NAMES, RequestInfo
 from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import Request
 from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager, VllmArgs
@@ -69,14 +69,28 @@ def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: i
     """Steps until running requests finishing on their own, soonest first, leave a slot and
     `need_blocks` blocks free (inf: never). Their steps are `output_left` (by default `max_tokens`
     left, an upper bound; the scheduler's plan, `planned_output_left`)."""
-    if free_slots >= 1 and free_blocks >= need_blocks:
-        return 0
-    finishing = sorted((output_left(r), -(-vc.computed_tokens(r) // block_size)) for r in running)
-    for steps, blocks in finishing:
-        free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+    return RoomForecast(running, block_size, output_left).steps_until(need_blocks, free_blocks, free_slots)
+
+
+class RoomForecast:
+    """`steps_until_room` for several questions about one running batch: the batch is sorted by
+    when its requests finish once, when a question first needs it (O(batch) Python per sort)."""
+
+    def __init__(self, running: Sequence[Request], block_size: int, output_left: OutputLeft = max_tokens_left) -> None:
+        self._running, self._block_size, self._output_left = running, block_size, output_left
+        self._finishing: list[tuple[int, int]] | None = None  # (steps left, blocks held), soonest first
+
+    def steps_until(self, need_blocks: int, free_blocks: int, free_slots: int = 1) -> float:
         if free_slots >= 1 and free_blocks >= need_blocks:
-            return steps
-    return math.inf
+            return 0
+        if self._finishing is None:
+            output_left, block_size = self._output_left, self._block_size
+            self._finishing = sorted((output_left(r), -(-vc.computed_tokens(r) // block_size)) for r in self._running)
+        for steps, blocks in self._finishing:
+            free_slots, free_blocks = free_slots + 1, free_blocks + blocks
+            if free_slots >= 1 and free_blocks >= need_blocks:
+                return steps
+        return math.inf
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,7 @@ class SLABlockManager(BudgetedKVCacheManager):
     _slaq_rule: BlockBudgetRule
     _slaq_ledger: BlockLedger
     _slaq_holdings: dict[str, _Holding]  # the ledger's holdings, one attribute lookup nearer (hot path)
+    slaq_decode_room: dict[str, int]  # request id -> tokens its blocks hold: its decodes within them skip the hook
     _slaq_info_of: Callable[[Request], RequestInfo]
     _slaq_on_allocated: Callable[[int, str, int], None]
     _slaq_block_size: int
@@ -160,6 +175,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         manager._slaq_rule = rule
         manager._slaq_ledger = BlockLedger()
         manager._slaq_holdings = manager._slaq_ledger.holdings
+        manager.slaq_decode_room = {}
         manager._slaq_info_of = info_of
         manager._slaq_on_allocated = on_allocated
         manager._slaq_block_size = vc.block_size(scheduler)
@@ -175,7 +191,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         None when it would be admitted. Prefix-cache hits are not counted, so a request they would
         let in may be judged too big: it is then passed over, never admitted wrongly."""
         info = self._slaq_info_of(request)
-        if vc.request_id(request) not in self._slaq_holdings:
+        if self._slaq_rule.tenant_cap_blocks and vc.request_id(request) not in self._slaq_holdings:
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // self._slaq_block_size)
             if not self._slaq_rule.within_tenant_cap(info.tenant, self._slaq_ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return REFUSED_TENANT_CAP
@@ -237,24 +253,21 @@ class SLABlockManager(BudgetedKVCacheManager):
 
     def slaq_allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int,
                             num_lookahead_tokens: int, passed: VllmArgs):
-        # Hot path: called for every scheduled request every step; running requests take the first
-        # branch, and a decode that stays within the blocks it holds (all but one step in
-        # block_size) has nothing to check or record, so it goes straight to vLLM's allocation.
+        # A decode that stays within the blocks its request holds (all but one step in block_size)
+        # has nothing to check or record: the seam gives it to vLLM without calling here
+        # (`slaq_decode_room`, kept in `_hold` and `_release`). Running requests take the first branch.
         holding = self._slaq_holdings.get(vc.request_id(request))
         size = self._slaq_block_size
         if holding is not None and not num_new_computed_tokens:
             wanted = -(-(vc.computed_tokens(request) + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
-            if growth <= 0 and num_new_tokens <= 1:
-                return self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             ledger = self._slaq_ledger
             if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth, ledger.blocks_by_tier[0]):
                 return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
             result = self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             if result is not None:
                 if growth > 0:
-                    ledger.blocks_by_tier[holding.tier_rank] += growth
-                    holding.blocks = wanted
+                    self._hold(request, holding, wanted)
                 if num_new_tokens > 1:  # prefill chunks; decodes are charged per step in bulk
                     self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
             return result
@@ -268,7 +281,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         footprint = 0
         if holding is None:
             footprint = -(-min(self._slaq_max_model_len, vc.prompt_tokens(request) + vc.max_tokens(request)) // size)
-            if not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
+            if self._slaq_rule.tenant_cap_blocks and not self._slaq_rule.within_tenant_cap(info.tenant, ledger.reserved_by_tenant.get(info.tenant, 0), footprint):
                 return None
         result = self.vllm_allocate_slots(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, passed)
         if result is None:
@@ -281,13 +294,18 @@ class SLABlockManager(BudgetedKVCacheManager):
             ledger.requests_by_tier[info.tier_rank] += 1
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
-            key = (info.tier.value, info.tenant)
+            key = (TIER_NAMES[info.tier_rank], info.tenant)
             ledger.prefix_query_tokens[key] += vc.total_tokens(request)
             ledger.prefix_hit_tokens[key] += num_new_computed_tokens
-        ledger.blocks_by_tier[holding.tier_rank] += wanted - holding.blocks
-        holding.blocks = wanted
+        self._hold(request, holding, wanted)
         self._slaq_on_allocated(holding.tier_rank, holding.tenant, num_new_tokens)
         return result
+
+    def _hold(self, request: Request, holding: _Holding, blocks: int) -> None:
+        """`request` now holds `blocks` blocks (its tier's count follows), and its decodes within them skip the hook."""
+        self._slaq_ledger.blocks_by_tier[holding.tier_rank] += blocks - holding.blocks
+        holding.blocks = blocks
+        self.slaq_decode_room[vc.request_id(request)] = blocks * self._slaq_block_size
 
     def slaq_free(self, request: Request) -> None:
         evict_first = self._release(request) and vc.attached_info(request) is not None
@@ -325,9 +343,11 @@ class SLABlockManager(BudgetedKVCacheManager):
         return self.vllm_pop_blocks_for_free(request)
 
     def _release(self, request: Request) -> bool:
-        holding = self._slaq_ledger.holdings.pop(vc.request_id(request), None)
+        request_id = vc.request_id(request)
+        holding = self._slaq_ledger.holdings.pop(request_id, None)
         if holding is None:
             return False
+        del self.slaq_decode_room[request_id]
         ledger = self._slaq_ledger
         ledger.blocks_by_tier[holding.tier_rank] -= holding.blocks
         ledger.requests_by_tier[holding.tier_rank] -= 1

@@ -38,12 +38,20 @@ class EngineMetrics:
     kv_swap_seal_seconds_per_token: Gauge
     step_time_model: Gauge
     _prefix_children: dict = field(default_factory=dict, compare=False, repr=False)  # (id(counter), tier, tenant) -> label child
+    _tier_values: list = field(default_factory=list, compare=False, repr=False)  # what the per-tier gauges were last set to
 
     def observe_step(self, seconds: float, queue_depth: Sequence[int], kv_blocks: Sequence[int]) -> None:
-        """Per-tier values indexed by tier rank. Label children are looked up once (hot path)."""
+        """Per-tier values indexed by tier rank. Label children are looked up once, and a gauge is set
+        only when its value changed (each set takes a lock; most steps change few of them)."""
         self.step_seconds.observe(seconds)
-        for gauge, value in zip(self._tier_children(), (*queue_depth, *kv_blocks)):
-            gauge.set(value)
+        values = (*queue_depth, *kv_blocks)
+        last = self._tier_values
+        if len(last) != len(values):
+            last[:] = [None] * len(values)
+        for index, (gauge, value) in enumerate(zip(self._tier_children(), values)):
+            if last[index] != value:
+                gauge.set(value)
+                last[index] = value
 
     @lru_cache(maxsize=1)
     def _tier_children(self) -> tuple:

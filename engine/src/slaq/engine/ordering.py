@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slaq.api.pool import SchedulerSpec
-from slaq.engine.sla import RequestInfo
+from slaq.engine.sla import TIER_NAMES, RequestInfo
 from slaq.policy import PodPolicy
 from slaq.policy.ranking import LOWEST_RANK, MISSED_CLASS, STARVING_CLASS, Rank
 from slaq.policy.views import PoolView, RequestView
@@ -37,15 +37,22 @@ class WaitingOrder:
         self.pool = PoolView(load=min(1.0, max(0.0, load)), max_length_tokens=self.max_length_tokens, aging_bound_s=self.spec.aging_bound_seconds)
 
     def view(self, info: RequestInfo) -> RequestView:
-        return RequestView(
-            tier=info.tier,
-            arrival=info.arrival,
-            ttft_ms=info.ttft_s * 1000.0 if info.ttft_s is not None else None,
-            prompt_tokens=info.prompt_tokens,
-            predicted_output=info.predicted_output,
-            tenant_service_share=self.policy.accounting.service_share(info.tier.value, info.tenant),
-            tenant=info.tenant,
-        )
+        """The request's view with its tenant's current service share. Every other field is fixed when
+        the request arrives, so the view last built is kept on `info` and built again only when the
+        share moved: the queue asks for views of its heads several times a step."""
+        share = self.policy.accounting.service_share(TIER_NAMES[info.tier_rank], info.tenant)
+        view = info.view
+        if view is None or view.tenant_service_share != share:
+            view = info.view = RequestView(
+                tier=info.tier,
+                arrival=info.arrival,
+                ttft_ms=info.ttft_s * 1000.0 if info.ttft_s is not None else None,
+                prompt_tokens=info.prompt_tokens,
+                predicted_output=info.predicted_output,
+                tenant_service_share=share,
+                tenant=info.tenant,
+            )
+        return view
 
     def score(self, info: RequestInfo, now: float) -> float:
         return self.policy.ranking.score(self.view(info), now, self.pool)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import OutputLeft, max_tokens_left, planned_output_left, steps_until_room
+from slaq.engine.blocks import RoomForecast, planned_output_left
 from slaq.engine.sla import RequestInfo
 from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request
@@ -95,9 +95,9 @@ class ResourceView:
     wait_share: float = 0.5  # of a TTFT objective, the part an urgent request may spend waiting for room to free on its own (`step.waitShare`)
 
 
-def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: int,
-                  free_slots: int, free_blocks: int, resources: ResourceView, output_left: OutputLeft = max_tokens_left) -> bool:
-    """Whether running requests finishing on their own free a slot and `need_blocks` blocks for the
+def frees_in_time(info: RequestInfo, room: RoomForecast, need_blocks: int,
+                  free_slots: int, free_blocks: int, resources: ResourceView) -> bool:
+    """Whether running requests finishing on their own (`room`) free a slot and `need_blocks` blocks for the
     urgent request `info` describes early enough that it still starts two steps before `wait_share`
     of its objective has passed (an upper bound on their remaining steps: a request may stop before
     `max_tokens`)."""
@@ -106,8 +106,7 @@ def frees_in_time(info: RequestInfo, running: Sequence[Request], need_blocks: in
         return False
     start_by = min(info.deadline, info.arrival + resources.wait_share * info.ttft_s)
     budget_steps = (start_by - resources.now) / step_s - 2.0
-    return budget_steps >= 1.0 and steps_until_room(running, resources.block_size, need_blocks, free_blocks, free_slots,
-                                                    output_left) <= budget_steps
+    return budget_steps >= 1.0 and room.steps_until(need_blocks, free_blocks, free_slots) <= budget_steps
 
 
 @dataclass(frozen=True)
@@ -131,11 +130,8 @@ class UrgentPreemption:
             self._blocks_needed(r, info_of(r), resources) for r in urgent
         ):
             return []  # room for all of them: the common case costs no scan of the running batch
-        eligible = [
-            r for r in running
-            if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))
-        ]
-        victims = self.chooser.order(eligible, info_of)
+        victims: list[Request] | None = None  # ordered when first needed: urgent requests that wait for room need none
+        room = RoomForecast(running, resources.block_size, planned_output_left(info_of))  # sorted once, if asked
         plan: list[Preemption] = []
         taken: set[str] = set()
         slots, blocks = resources.free_slots, resources.free_blocks
@@ -144,9 +140,10 @@ class UrgentPreemption:
             chunk_blocks = math.ceil(min(vc.total_tokens(request), resources.step_tokens) / resources.block_size)
             need_blocks = self._blocks_needed(request, info, resources)
             missed = resources.now >= info.deadline
-            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, running, need_blocks, slots, blocks, resources,
-                                                                     planned_output_left(info_of)):
+            if (slots < 1 or blocks < need_blocks) and frees_in_time(info, room, need_blocks, slots, blocks, resources):
                 continue  # it waits for requests finishing on their own: no one loses their work
+            if victims is None:  # the batch scan, once a step at most
+                victims = self.chooser.order([r for r in running if vc.is_decoding(r) and self.guard.may_preempt(r, info_of(r))], info_of)
             chosen: list[Preemption] = []
             free_slots, free_blocks = slots, blocks
             for victim in victims:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
@@ -43,7 +43,7 @@ from slaq.engine.output_plan import OutputBound
 from slaq.engine.preemption import REASON_KV_EXHAUSTED, ResourceView, ThrashGuard, UrgentPreemption, VictimChooser
 from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
-from slaq.engine.sla import RequestInfo, request_info
+from slaq.engine.sla import TIER_NAMES, RequestInfo, request_info
 from slaq.engine.tpot_budget import PaceClock
 from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request, SchedulerOutput
@@ -53,7 +53,6 @@ from slaq.policy.step_budget import BatchView, StepBudget
 from slaq.policy.tpot_budget import StepTimeModel
 from slaq.policy.views import RequestView
 
-TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank
 STEP_MODEL_EXPORT_EVERY = 64  # timed steps between two exports of the step-time model to the metrics
 
 
@@ -198,10 +197,9 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         info = vc.attached_info(request)
         return info.facts if info is not None else None
 
-    @staticmethod
-    def info_of(request: Request) -> RequestInfo:
-        """The SLA facts attached when the request arrived (`add_request`)."""
-        return vc.attached_info(request)  # type: ignore[return-value]
+    # The SLA facts attached when the request arrived (`add_request`): vLLM calls add_request for
+    # every request it schedules. A C-speed getter (the queue reads it for its heads several times a step).
+    info_of: Callable[[Request], RequestInfo] = staticmethod(vc.known_info)
 
     def _admission_refusal(self, request: Request) -> str | None:
         """Why the waiting loop should pass over `request` now: the block manager's reasons, then the
@@ -210,9 +208,10 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         if reason is not None:
             return reason
         ledger = self.block_manager.ledger
-        if self.kv_admission.refuses(ledger.tightest_tpot_s(), len(vc.running_requests(self)),
-                                     ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
-            return REFUSED_TPOT_KV
+        tightest = ledger.tightest_tpot_s()
+        if tightest is not None and self.kv_admission.refuses(tightest, len(vc.running_requests(self)),
+                                                              ledger.blocks_held() * vc.block_size(self), vc.total_tokens(request)):
+            return REFUSED_TPOT_KV  # (no TPOT objective running: nothing to price, the common case first)
         return None
 
     def _first_token_lead(self, view: RequestView) -> float:

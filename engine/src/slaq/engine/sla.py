@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine.request_log import RequestFacts
+from slaq.policy.views import RequestView
+
+TIER_NAMES = tuple(tier.value for tier in Tier)  # indexed by tier rank (`Tier.value` is a slower property)
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class RequestInfo:
     held_back_steps: int = 0  # consecutive steps its prefill sat out for an urgent arrival
     pace_anchor: tuple[float, int, int] | None = None  # (time, tokens delivered, preemptions): see tpot_budget.PaceClock
     facts: RequestFacts | None = None  # its audit line's facts while it is in the engine; None with the log off
+    view: RequestView | None = None  # the policies' view of it, as last built (`WaitingOrder.view`)
 
 
 def request_info(sla: RequestSLA, *, arrival: float, prompt_tokens: int, max_tokens: int, aging_bound_s: float) -> RequestInfo:

@@ -55,6 +55,11 @@ def attached_info(request: Request) -> Any | None:
     return getattr(request, _INFO_ATTR, None)
 
 
+# What `attach_info` attached, for a request known to have it (AttributeError otherwise): read for
+# queue heads and allocations many times a step, so a C-speed getter.
+known_info: Callable[[Request], Any] = operator.attrgetter(_INFO_ATTR)
+
+
 def finish_reason(request: Request) -> str | None:
     """Why a finished request ended, as vLLM names it in its answers (`stop`, `length`, `abort`, `error`, `repetition`)."""
     reason = request.get_finished_reason()
@@ -188,9 +193,12 @@ def prefill_pairs(scheduler: AsyncScheduler, output: SchedulerOutput) -> int:
     """(query, key) pairs the prompt chunks of `output` attend over: n x context + n^2 / 2 for a chunk of
     n tokens at `context`. Read right after `schedule()`, whose `_update_after_schedule` has already
     counted the step's tokens in `num_computed_tokens`; single-token steps (decodes) are left to the KV term."""
+    scheduled = output.num_scheduled_tokens
+    if output.total_num_scheduled_tokens == len(scheduled):
+        return 0  # one token each: all decodes (no Python loop over the batch)
     requests = scheduler.requests
     pairs = 0
-    for request_id, new in output.num_scheduled_tokens.items():
+    for request_id, new in scheduled.items():
         if new > 1:
             request = requests.get(request_id)
             if request is not None:

@@ -11,6 +11,10 @@ vLLM's scheduler calls them:
 `BudgetedKVCacheManager` overrides those three and nothing else, each by a call of slaq's hook
 with plain values (`slaq_allocate_slots`, `slaq_free`, `slaq_pop_blocks_for_free`), and gives the
 hooks vLLM's own behaviour as `vllm_allocate_slots`, `vllm_free`, `vllm_pop_blocks_for_free`.
+One exception, for the hot path: a decode that stays within the tokens the hooks have already
+approved for its request (`slaq_decode_room`, which the hooks keep) goes straight to vLLM's
+allocation: it is most of the calls (every running request, every step) and the hook has nothing to
+check or record for it, so it costs one dict lookup instead of three Python calls.
 What slaq does not read (`new_computed_blocks` and vLLM's other keywords) travels through the
 hooks untouched, as one `VllmArgs` value. `slaq.engine.blocks.SLABlockManager` implements the
 hooks; alone, this class behaves as vLLM's. tests/engine/test_vllm_seam.py pins the three
@@ -20,7 +24,8 @@ signatures against the installed vLLM and fails when a class outside this packag
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.request import Request
@@ -40,6 +45,11 @@ _stock_pop_blocks_for_free = KVCacheManager.pop_blocks_for_free
 class BudgetedKVCacheManager(KVCacheManager):
     """vLLM's KVCacheManager with its three allocation and release points handed to slaq's hooks."""
 
+    # Request id -> tokens of KV the hooks approved for it: an allocation of at most one new token,
+    # without prefix hits, that ends within them is vLLM's own, with no hook call. The hooks keep it
+    # (an instance dict); empty, every allocation goes to the hook.
+    slaq_decode_room: Mapping[str, int] = MappingProxyType({})
+
     # -- vLLM's side: the overrides --------------------------------------------------------------
     def allocate_slots(  # type: ignore[override]
         self,
@@ -50,6 +60,9 @@ class BudgetedKVCacheManager(KVCacheManager):
         num_lookahead_tokens: int = 0,
         **kwargs: Any,
     ) -> "KVCacheBlocks | None":
+        if (num_new_tokens <= 1 and not num_new_computed_tokens
+                and request.num_computed_tokens + num_new_tokens + num_lookahead_tokens <= self.slaq_decode_room.get(request.request_id, -1)):
+            return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
         return self.slaq_allocate_slots(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, (new_computed_blocks, kwargs))
 
     def free(self, request: Request) -> None:
