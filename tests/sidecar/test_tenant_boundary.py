@@ -328,6 +328,20 @@ def test_a_body_that_never_finishes_gets_408(start_sidecar, fake_upstream) -> No
     assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
 
 
+def test_a_408_closes_the_connection_at_once(start_sidecar, fake_upstream) -> None:
+    """The rest of a timed-out body would be parsed as the next request: the 408 closes the connection
+    (with a 5 s head timeout, an open connection would stay up 5 s more)."""
+    limits = ConnectionLimits(header_s=5.0, body_s=0.5, write_idle_s=5.0, engine_idle_s=5.0, max_connections=64)
+    sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", connection_limits=limits)
+    with socket.create_connection(("127.0.0.1", sidecar.server.port)) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEYS['std']}\r\n"
+                     f"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"prompt\":".encode())
+        sent = time.monotonic()
+        answer = _closed_within(sock, 10.0)
+    assert answer.startswith(b"HTTP/1.1 408") and b"connection: close" in answer.lower()
+    assert time.monotonic() - sent < 3.0
+
+
 def test_a_client_that_never_reads_is_cut_off_and_frees_its_slot(start_sidecar, fake_upstream) -> None:
     sidecar = start_sidecar(fake_upstream[1], served_model_name="fake-model", connection_limits=FAST)
     body = json.dumps({**COMPLETION, "stream": True, "max_tokens": 16, "user": fake_user(tokens=20000)}).encode()

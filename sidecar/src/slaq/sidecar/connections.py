@@ -6,7 +6,7 @@ bound, a default and a `slaq sidecar` flag:
 
     phase                                 bound                       flag                 on expiry
     request head (connection open → head)  `header_s`   10 s          --header-timeout     connection closed
-    request body                           `body_s`     30 s          --body-timeout       408 body_timeout
+    request body                           `body_s`     30 s          --body-timeout       408 body_timeout, connection closed
     a write the client does not read       `write_idle_s` 30 s        --write-timeout      connection closed (access log: client_write_timeout)
     the engine silent mid-request          `engine_idle_s` 300 s      --engine-idle-timeout 503 before headers, stream ended with engine_stream_broken after
     open connections (both ports)          `max_connections` 2048     --max-connections    503 from uvicorn

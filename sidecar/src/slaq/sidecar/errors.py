@@ -6,7 +6,7 @@
     │   ├── InvalidField              invalid_field   (the field is named in the message)
     │   ├── UnknownModel              unknown_model   404
     │   ├── BodyTooLarge              body_too_large  413
-    │   ├── BodyTimeout               body_timeout    408
+    │   ├── BodyTimeout               body_timeout    408 (connection closed: the rest of the body would read as a next request)
     │   ├── UnsupportedMediaType      unsupported_media_type 415
     │   ├── DuplicateHeader           duplicate_header (a header that must appear once, e.g. Authorization, came twice)
     │   └── HeadersTooLarge           headers_too_large 431 (the request head's bytes or header count over its cap; connection closed)
@@ -205,6 +205,6 @@ def refusal(error: SidecarError) -> tuple[int, list[tuple[bytes, bytes]], bytes]
         headers.append((b"retry-after", str(max(1, math.ceil(error.retry_after_s))).encode()))
     if isinstance(error, Unauthorized):
         headers.append((b"www-authenticate", b"Bearer"))
-    if isinstance(error, HeadersTooLarge):
-        headers.append((b"connection", b"close"))  # what is left of the head is not worth reading
+    if isinstance(error, (HeadersTooLarge, BodyTimeout)):
+        headers.append((b"connection", b"close"))  # what is left of the head (the body) is not worth reading
     return status, headers, body
