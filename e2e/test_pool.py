@@ -35,6 +35,7 @@ KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standard-012
 HANG_LIMIT_S = 60.0  # a client still waiting after this long counts as hung
 KILL_STREAMS = 16  # the CPU pool's maxNumSeqs
 KILL_AT_TOKENS = 200  # of KILL_STREAMS x 1500: every running stream is at most 200 tokens in
+KILL_ATTEMPTS = 2
 
 
 def tenant_docs(name: str, tier: str, key: str, *, ttft_ms: float | None, quotas: dict | None = None) -> list[dict]:
@@ -275,47 +276,62 @@ async def test_sidecar_sigterm_lets_in_flight_requests_finish(pod: PodSpecRun) -
     await asyncio.to_thread(wait_ready, [restarted], 60.0)
 
 
-async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recovers(pod: PodSpecRun) -> None:
+async def _kill_under_load(pod: PodSpecRun, http: httpx.AsyncClient) -> list:
+    """SIGKILL the engine under a full batch of long streams; every stream must end refused, cut
+    with the sidecar's error event, or whole; then the sidecar reports not ready, refuses, and
+    serves again once the engine is restarted (as the kubelet would)."""
     engine = pod.children["engine"]
-    async with client() as http:
-        # A full batch (the pool's maxNumSeqs) of long outputs (the pool allows 2048 tokens). vip and
-        # standard keys only: the free tenant's maxConcurrency is 8. The kill is timed at the engine
-        # (e2e/killer.py, a process of its own), after KILL_AT_TOKENS tokens of the 16 x 1500,
-        # whatever the lag of this client, which shares its process with the emulated API server and
-        # the operator (timed by the client's first token, CI once killed after 5 streams were whole).
-        keys = [KEYS["vip"], KEYS["standard"]]
-        killer = subprocess.Popen([sys.executable, "-m", "e2e.killer", pod.engine_url, str(engine.pid), str(KILL_AT_TOKENS)],
-                                  stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
-        try:
-            baseline = await asyncio.to_thread(killer.stdout.readline)
-            assert baseline.startswith("baseline"), baseline
-            tasks = [asyncio.create_task(stream_completion(http, pod.url, keys[i % 2], max_tokens=1500, seed=i))
-                     for i in range(KILL_STREAMS)]
-            killed = await asyncio.to_thread(killer.stdout.readline)
-            assert killer.wait(10) == 0 and killed.startswith("killed"), killed
-        finally:
-            if killer.poll() is None:
-                killer.kill()
-                killer.wait()
-        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
-        # Each stream is refused, cut with the sidecar's error event (never silently, never with
-        # [DONE]), or whole: every token and [DONE], which only the engine can have produced before
-        # it died (the client's clock cannot order that: on a loaded machine it reads events late).
-        kinds = []
-        for o in outcomes:
-            cut = o.status == 200 and not o.done and "engine_stream_broken" in (o.error or "")
-            whole = o.status == 200 and o.done and o.tokens == 1500
-            assert o.status == 503 or cut or whole, (o.status, o.done, o.tokens, o.error)
-            kinds.append("refused" if o.status == 503 else "cut" if cut else "whole")
-        print(f"engine kill ({killed.strip()} tokens): {len(outcomes)} streams, " + ", ".join(f"{kinds.count(k)} {k}" for k in ("whole", "cut", "refused")))
-        assert any(o.status == 200 and o.terminated and o.tokens > 0 for o in outcomes), "no stream was cut mid-way by the kill"
-        await asyncio.to_thread(engine.process.wait, 30)
-        await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
-                                "the sidecar to report not ready")
-        after = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
-        assert after.status == 503 and not after.done
+    # A full batch (the pool's maxNumSeqs) of long outputs (the pool allows 2048 tokens). vip and
+    # standard keys only: the free tenant's maxConcurrency is 8. The kill is timed at the engine
+    # (e2e/killer.py, a process of its own), after KILL_AT_TOKENS tokens of the 16 x 1500,
+    # whatever the lag of this client, which shares its process with the emulated API server and
+    # the operator (timed by the client's first token, CI once killed after 5 streams were whole).
+    keys = [KEYS["vip"], KEYS["standard"]]
+    killer = subprocess.Popen([sys.executable, "-m", "e2e.killer", pod.engine_url, str(engine.pid), str(KILL_AT_TOKENS)],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        baseline = await asyncio.to_thread(killer.stdout.readline)
+        assert baseline.startswith("baseline"), baseline
+        tasks = [asyncio.create_task(stream_completion(http, pod.url, keys[i % 2], max_tokens=1500, seed=i))
+                 for i in range(KILL_STREAMS)]
+        killed = await asyncio.to_thread(killer.stdout.readline)
+        assert killer.wait(10) == 0 and killed.startswith("killed"), killed
+    finally:
+        if killer.poll() is None:
+            killer.kill()
+            killer.wait()
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)  # none hangs
+    # Each stream is refused, cut with the sidecar's error event (never silently, never with
+    # [DONE]), or whole: every token and [DONE], which only the engine can have produced before
+    # it died (the client's clock cannot order that: on a loaded machine it reads events late).
+    kinds = []
+    for o in outcomes:
+        cut = o.status == 200 and not o.done and "engine_stream_broken" in (o.error or "")
+        whole = o.status == 200 and o.done and o.tokens == 1500
+        assert o.status == 503 or cut or whole, (o.status, o.done, o.tokens, o.error)
+        kinds.append("refused" if o.status == 503 else "cut" if cut else "whole")
+    print(f"engine kill ({killed.strip()} tokens): {len(outcomes)} streams, " + ", ".join(f"{kinds.count(k)} {k}" for k in ("whole", "cut", "refused")))
+    await asyncio.to_thread(engine.process.wait, 30)
+    await asyncio.to_thread(wait_for, lambda: httpx.get(pod.url + "/ready", timeout=5).status_code == 503, 30,
+                            "the sidecar to report not ready")
+    after = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
+    assert after.status == 503 and not after.done
 
-        restarted = pod.start("engine")  # as the kubelet restarts a failed container
-        await asyncio.to_thread(wait_ready, [restarted, pod.children["sidecar"]], ENGINE_START_TIMEOUT_S)
-        back = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
+    restarted = pod.start("engine")  # as the kubelet restarts a failed container
+    await asyncio.to_thread(wait_ready, [restarted, pod.children["sidecar"]], ENGINE_START_TIMEOUT_S)
+    back = await stream_completion(http, pod.url, KEYS["vip"], max_tokens=4)
     assert (back.status, back.done, back.tokens) == (200, True, 4), back.error
+    return outcomes
+
+
+async def test_engine_killed_mid_stream_ends_every_stream_and_the_sidecar_recovers(pod: PodSpecRun) -> None:
+    async with client() as http:
+        # A kill must land while a stream is mid-way. On a loaded machine the engine can run these
+        # streams a few at a time, and a full run once saw one stream run whole while the counter
+        # the kill is timed by read 1,500 at its first change: then the kill is tried once more
+        # (every attempt's streams and recovery are checked all the same).
+        for _ in range(KILL_ATTEMPTS):
+            outcomes = await _kill_under_load(pod, http)
+            if any(o.status == 200 and o.terminated and o.tokens > 0 for o in outcomes):
+                return
+    raise AssertionError(f"no stream was cut mid-way by the kill in {KILL_ATTEMPTS} attempts")
