@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 
 import httpx
 
@@ -12,20 +11,11 @@ from slaq.api.table import hash_api_key, key_fingerprint
 from slaq.sidecar.access import AccessLog
 from tests.sidecar.tables import KEYS, abc_table, bearer
 from slaq.testing.fake_engine import fake_user
+from tests.support.access_log import access_lines as lines, capture
 from tests.support.polling import wait_for
 
 SECRET_PROMPT = "the-launch-code-is-4711"
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": SECRET_PROMPT}], "max_tokens": 5}
-
-
-def capture(sidecar) -> io.StringIO:
-    buffer = io.StringIO()
-    sidecar.app.access.attach(buffer)
-    return buffer
-
-
-def lines(buffer: io.StringIO) -> list[dict]:
-    return [json.loads(line) for line in buffer.getvalue().splitlines()]
 
 
 def test_an_answered_stream_is_one_line_with_its_figures_and_no_text(sidecar) -> None:
