@@ -34,7 +34,7 @@ pytestmark = pytest.mark.engine
 KEYS = {"vip": "sk-demo-vip-0123456789abcdef", "standard": "sk-demo-standard-0123456789abcdef", "free": "sk-demo-free-0123456789abcdef"}
 HANG_LIMIT_S = 60.0  # a client still waiting after this long counts as hung
 KILL_STREAMS = 16  # the CPU pool's maxNumSeqs
-KILL_AT_TOKENS = 200  # of KILL_STREAMS x 1500: every running stream is at most 200 tokens in
+KILL_AT_TOKENS = 200  # of KILL_STREAMS x 1500 (the counter moves in batches: the first reading at or past it)
 KILL_ATTEMPTS = 2
 
 
