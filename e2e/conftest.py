@@ -19,6 +19,12 @@ POOL_NAMESPACE, POOL_NAME = "default", "tiny-cpu"
 ENGINE_START_TIMEOUT_S = 420.0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quota-skew-report", type=Path, default=None, metavar="PATH",
+                     help="e2e/test_quota_skew.py writes its figures here as a JSON report with the run's envelope "
+                          "(docs/results.md renders it); by default it writes none")
+
+
 def example_docs(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
 

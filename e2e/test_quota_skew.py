@@ -29,7 +29,10 @@ Then the store is killed mid-run (SIGKILL) under traffic through the leastconn f
 restarted.
 
 The test runs the module's tests in file order on one set of processes (two engine starts).
-Run it with `python -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider` to see the figures.
+Run it with `python -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider` to see the figures;
+`--quota-skew-report PATH` (e2e/conftest.py) also writes them as a JSON report with the run's
+envelope (command line, date, commit; slaq.bench.envelope), which docs/results.md renders
+(docs/results/quota-skew-live.json; `python -m slaq.bench.results`). Without it nothing is written.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
+import os
+import shlex
 import shutil
 import tempfile
 import threading
@@ -44,7 +50,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -54,6 +60,7 @@ from e2e.conftest import ENGINE_START_TIMEOUT_S, example_docs
 from e2e.pod import PodSpecRun
 from e2e.traffic import Outcome, client, stream_completion
 from slaq.api.common import API_VERSION
+from slaq.bench.envelope import envelope, with_envelope
 from slaq.local.errors import StartupError
 from slaq.local.processes import free_port, wait_ready
 from slaq.operator.names import pool_selector_labels, table_secret_name
@@ -73,6 +80,7 @@ TENANT, KEY = "skew", "sk-e2e-skew-0123456789abcdef"
 QUOTA = 240  # requests per minute: 4/s at the exact rate, 16/s in the overload
 OVERLOAD, OVERLOAD_S, MIN_WINDOW_S = 4, 50.0, 10.0
 PAUSE_S, EXACT_S = 5.0, 30.0
+SCHEMA = "slaq.e2e.quota_skew/v1"  # the --quota-skew-report JSON; docs/results.md renders it (slaq.bench.results.render_quota_skew_live)
 
 
 @dataclass
@@ -85,7 +93,7 @@ class Stage:
     metrics_port: int
     plane: ControlPlane | None = None
     sync: "TableSync | None" = None
-    figures: dict[str, dict[str, float]] = field(default_factory=dict)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def url(self, frontend: str) -> str:
         return self.balancer.url(frontend)
@@ -191,6 +199,26 @@ def restart_sidecars(stage: Stage, template: dict) -> None:
     start_children(stage.pods, ("sidecar",))
 
 
+def write_report(path: Path, run: dict[str, Any], stage: Stage, started: float, failed: int) -> None:
+    """The figures the tests recorded, the set-up and thresholds they ran under, and how many of them failed."""
+    try:
+        load_average_end: float | None = round(os.getloadavg()[0], 2)
+    except OSError:
+        load_average_end = None
+    report = {
+        "schema": SCHEMA, "failed": failed, "duration_s": round(time.monotonic() - started),
+        "load_average_end": load_average_end,
+        "setup": {"quota_rpm": QUOTA, "pods": [{"name": name, "ip": ip, "weight": weight} for name, ip, weight in PODS],
+                  "overload": OVERLOAD, "overload_s": OVERLOAD_S, "pause_s": PAUSE_S, "exact_s": EXACT_S},
+        "thresholds": {"local_admitted": LOCAL_ADMITTED, "store_admitted": STORE_ADMITTED, "epsilon": EPSILON,
+                       "split_tolerance": SPLIT_TOLERANCE},
+        "figures": stage.figures,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(with_envelope(report, run), indent=2) + "\n", encoding="utf-8")
+    print(f"quota skew report: {path}")
+
+
 @pytest.fixture(scope="module")
 def stage(request: pytest.FixtureRequest) -> Iterator[Stage]:
     if shutil.which("haproxy") is None or shutil.which("redis-server") is None:
@@ -205,6 +233,11 @@ def stage(request: pytest.FixtureRequest) -> Iterator[Stage]:
     ])
     stage = Stage(pods, balancer, RedisServer(workdir, shutil.which("redis-server") or ""), metrics_port)
     failed_before = request.session.testsfailed
+    report_path: Path | None = request.config.getoption("--quota-skew-report")
+    report_path = report_path.resolve() if report_path is not None else None  # the directory pytest was started in
+    run = envelope()  # started now: the load average at the start
+    run["command"] = shlex.join(["python", "-m", "pytest", *request.config.invocation_params.args])
+    started = time.monotonic()
 
     def failed() -> bool:  # a failure keeps the logs (the processes' and HAProxy's)
         return request.session.testsfailed > failed_before
@@ -228,6 +261,8 @@ def stage(request: pytest.FixtureRequest) -> Iterator[Stage]:
         start_children(pods, ("engine",))  # both engines load at once
         start_children(pods, ("sidecar",))
         balancer.start()
+        if report_path is not None:  # written once the tests have run, before the processes stop
+            teardown.callback(lambda: write_report(report_path, run, stage, started, request.session.testsfailed - failed_before))
         yield stage
 
 
@@ -370,6 +405,7 @@ async def test_a_shared_store_admits_the_whole_quota_wherever_it_lands(stage: St
     answered = {op: sum(sidecar_metric(pod, "slaq_quota_store_seconds_count", operation=op) for pod in stage.pods) for op in operations}
     missed = {op: sum(sidecar_metric(pod, "slaq_quota_store_fallbacks_total", operation=op) for pod in stage.pods) for op in operations}
     print(f"store calls answered {answered}, fallen back {missed}")
+    stage.figures["store_calls"] = {"answered": answered, "fallen_back": missed}
     decisions = answered["precheck"] + answered["reserve"]
     assert missed["precheck"] + missed["reserve"] <= 0.2 * decisions, (answered, missed)
     for pod in stage.pods:

@@ -30,7 +30,8 @@ def test_the_page_is_what_its_reports_render_to() -> None:
 def test_every_report_carries_its_command_date_and_commit() -> None:
     for name, report in load_reports().items():
         run = report["run"]
-        assert run["command"].startswith(("slaq bench ", "python tools/src/slaq/bench/", "python -m e2e.")), (name, run["command"])
+        assert run["command"].startswith(("slaq bench ", "python tools/src/slaq/bench/", "python -m e2e.", "python -m pytest e2e/")), \
+            (name, run["command"])
         assert dt.datetime.strptime(run["date"], "%Y-%m-%dT%H:%M:%SZ"), name
         assert run["commit"] is None or len(run["commit"]) == 40, name
         assert f"## {name}\n\n```bash\n{run['command']}\n```\n\nRun {run['date']}, " in PAGE.read_text(encoding="utf-8")
@@ -135,3 +136,50 @@ def test_the_page_names_a_window_or_bursts_the_arrivals_were_shaped_by() -> None
     report["workload"].update(window_s=600.0, window_density=1.3668, bursts={"factor": 4.0, "period_s": 10.0, "burst_s": 1.25})
     assert (", arrivals trace, its densest 600 s (1.37× the trace's mean density), bursts at 4× the mean rate for 1.25 s of every "
             "10 s; the engine alone") in results.render_sim(report)[0]
+
+
+def _live_quota_skew_report() -> dict:
+    """What e2e/test_quota_skew.py writes with --quota-skew-report (its write_report), with made-up figures."""
+    def mode(epsilon: float, refused_cold: int, shares: tuple[float, float]) -> dict:
+        return {"window_s": 23.4, "window_admitted": 94, "window_quota": 93.6, "epsilon": epsilon, "exact_sent": 120,
+                "exact_admitted_fraction": round((120 - refused_cold) / 120, 4), "exact_tiny-cpu-0_sent": 96, "exact_tiny-cpu-1_sent": 24,
+                "exact_tiny-cpu-0_refused": 0, "exact_tiny-cpu-1_refused": refused_cold,
+                "share_tiny-cpu-0": shares[0], "share_tiny-cpu-1": shares[1]}
+
+    run = {"command": "python -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider --quota-skew-report docs/results/quota-skew-live.json",
+           "date": "2026-12-05T22:00:00Z", "commit": "a" * 40, "dirty": False, "load_average": 3.5, "cpus": 2}
+    return with_envelope({
+        "schema": "slaq.e2e.quota_skew/v1", "failed": 0, "duration_s": 281, "load_average_end": 6.25,
+        "setup": {"quota_rpm": 240, "pods": [{"name": "tiny-cpu-0", "ip": "127.0.0.1", "weight": 80},
+                                             {"name": "tiny-cpu-1", "ip": "127.0.0.2", "weight": 20}],
+                  "overload": 4, "overload_s": 50.0, "pause_s": 5.0, "exact_s": 30.0},
+        "thresholds": {"local_admitted": 0.95, "store_admitted": 0.99, "epsilon": 0.1, "split_tolerance": 0.01},
+        "figures": {"local": mode(0.0043, 1, (192.02, 47.98)), "store": mode(-0.0021, 0, (192.0, 48.0)),
+                    "store_calls": {"answered": {"precheck": 1200.0, "reserve": 240.0, "settle": 240.0, "heartbeat": 10.0, "probe": 0.0},
+                                    "fallen_back": {"precheck": 9.0, "reserve": 0.0, "settle": 0.0, "heartbeat": 0.0, "probe": 0.0}},
+                    "kill": {"requests_after_kill": 17, "admitted_after_kill": 17, "first_token_after_kill_s": 0.038, "fallbacks": 21.0,
+                             "long_streams_ended_after_kill": 2, "kill_at_s": 1.37}},
+    }, run)
+
+
+def test_the_page_shows_the_live_quota_skew_test_figures() -> None:
+    """The live test's report renders each mode's ε and exact-phase admission, the shares, the store's calls and the kill."""
+    report = _live_quota_skew_report()
+    page = render({"quota-skew-live": report})
+    assert "\n## quota-skew-live\n\n```bash\npython -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider --quota-skew-report " in page
+    assert "Run 2026-12-05T22:00:00Z, commit `aaaaaaaaaaaa`, load average 3.5 on 2 CPUs at the start." in page
+    assert ("| per-pod shares (no store) | 23.4 s | 94 / 93.6 | +0.0043 | 119 of 120 (0.992) | 96 / 24 | 0 / 1 | 192.02 / 47.98 |"
+            in page)
+    assert "| shared store (`--quota-store`, redis) | 23.4 s | 94 / 93.6 | -0.0021 | 120 of 120 (1.000) | 96 / 24 | 0 / 0 | 192.00 / 48.00 |" in page
+    assert "behind HAProxy weighted 80/20;" in page and "a tenant's 240 rpm" in page and "Every test of the run passed." in page
+    assert "281 s with two tiny CPU engine starts; load average 6.25 at the end" in page
+    assert "in the shared-store mode (both sidecars) answered / decided on the local shares after a timeout: precheck 1,200 / 9, reserve 240 / 0," in page
+    assert ("17 of the 17 requests sent after the kill admitted on the local shares, the first answered 38 ms after it; "
+            "2 of the streams the store had admitted finished after the kill;") in page
+    assert "shares within 1% of the quota of the 80/20 split" in page
+    # A failed run says so; a run of one test (-k) shows the mode it has and nothing of the others.
+    report["failed"] = 2
+    del report["figures"]["store"], report["figures"]["store_calls"], report["figures"]["kill"]
+    page = render({"quota-skew-live": report})
+    assert "2 test(s) of the run FAILED" in page and "shared store (`--quota-store`" not in page and "SIGKILL" not in page
+    assert "| per-pod shares (no store) |" in page

@@ -4,7 +4,8 @@
     python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
 
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
-sidecar_latency.py, operator_scale.py, quota_skew.py, `slaq bench cluster`), the run's envelope first (`slaq.bench.envelope`: command
+sidecar_latency.py, operator_scale.py, quota_skew.py, `slaq bench cluster`, e2e/demo_loop.py, e2e/test_quota_skew.py's
+`--quota-skew-report`), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
 headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
 `#pod-6000-load15` for `pod-6000-load1.5.json`, as GitHub drops the dot),
@@ -283,6 +284,53 @@ def render_quota_routing(report: Mapping[str, Any]) -> list[str]:
                      "after scale lowest"], rows)]
 
 
+def render_quota_skew_live(report: Mapping[str, Any]) -> list[str]:
+    """e2e/test_quota_skew.py's figures: per mode (per-pod shares, the shared store) the overload's ε and the exact
+    phase's admitted fraction, the store's calls, and what a killed store cost."""
+    setup, limits, figures = report["setup"], report["thresholds"], report["figures"]
+    names = [pod["name"] for pod in setup["pods"]]
+    quota = setup["quota_rpm"]
+    weights = "/".join(f"{pod['weight']:g}" for pod in setup["pods"])
+    rows = []
+    for mode, label in (("local", "per-pod shares (no store)"), ("store", "shared store (`--quota-store`, redis)")):
+        f = figures.get(mode)
+        if f is None:
+            continue
+        per_pod = {key: [f[key.format(name)] for name in names] for key in ("share_{}", "exact_{}_sent", "exact_{}_refused")}
+        admitted = f["exact_sent"] - sum(per_pod["exact_{}_refused"])  # every answer was 200 or 429 (the test checks)
+        rows.append([label, f"{f['window_s']:g} s", f"{f['window_admitted']:,} / {f['window_quota']:g}", f"{f['epsilon']:+.4f}",
+                     f"{admitted:,} of {f['exact_sent']:,} ({f['exact_admitted_fraction']:.3f})",
+                     " / ".join(f"{n:,}" for n in per_pod["exact_{}_sent"]), " / ".join(f"{n:,}" for n in per_pod["exact_{}_refused"]),
+                     " / ".join(f"{share:.2f}" for share in per_pod["share_{}"])])
+    pods = " / ".join(f"`{name}`" for name in names)
+    failed = report["failed"]
+    load = "" if report.get("load_average_end") is None else f"; load average {report['load_average_end']:g} at the end"
+    lines = [f"The live test (marked `engine`, {report['duration_s']:,} s with two tiny CPU engine starts{load}): two pods of "
+             f"one pool ({pods}), each its own engine and sidecar as the operator rendered them, behind HAProxy weighted {weights}; the operator against the API emulator splits a tenant's "
+             f"{quota:,} rpm from both pods' usage. Each mode: an overload at {setup['overload']:g}× the quota for "
+             f"{setup['overload_s']:g} s, ε = admitted / refilled − 1 from the moment both pods have refused to its end; then, "
+             f"after {setup['pause_s']:g} s without traffic, exactly the quota for {setup['exact_s']:g} s. "
+             + ("Every test of the run passed." if not failed else f"{failed} test(s) of the run FAILED: read these figures as a failure's."), "",
+             *_table(["mode", "window (both pods refusing)", "admitted / refilled", "ε", "exact phase admitted",
+                      f"sent per pod ({pods})", "refused per pod", "table shares, rpm"], rows), ""]
+    calls = figures.get("store_calls")
+    if calls:
+        answered, missed = calls["answered"], calls["fallen_back"]
+        lines.append("- Store calls in the shared-store mode (both sidecars) answered / decided on the local shares after a timeout: "
+                     + ", ".join(f"{op} {answered[op]:,.0f} / {missed.get(op, 0):,.0f}" for op in answered) + ".")
+    kill = figures.get("kill")
+    if kill:
+        lines.append(f"- The store killed (SIGKILL) {kill['kill_at_s']:g} s into traffic through the leastconn frontend: "
+                     f"{kill['admitted_after_kill']:,} of the {kill['requests_after_kill']:,} requests sent after the kill admitted "
+                     f"on the local shares, the first answered {kill['first_token_after_kill_s'] * 1e3:,.0f} ms after it; "
+                     f"{kill['long_streams_ended_after_kill']} of the streams the store had admitted finished after the kill; "
+                     f"{kill['fallbacks']:,.0f} store calls had fallen back by then (the store was gone for them).")
+    lines.append(f"- The test asserts: shares within {limits['split_tolerance']:.0%} of the quota of the {weights} split, exact phase "
+                 f"admitted ≥ {limits['local_admitted']:g} on per-pod shares and ≥ {limits['store_admitted']:g} with the store, "
+                 f"ε ≤ {limits['epsilon']:g}; after the kill, every request admitted.")
+    return lines
+
+
 def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
     summary = report["summary"]
 
@@ -339,6 +387,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.quota_skew/v1": render_quota_skew,
     "slaq.bench.quota_routing/v1": render_quota_routing,
     "slaq.e2e.demo_loop/v1": render_demo_loop,
+    "slaq.e2e.quota_skew/v1": render_quota_skew_live,
 }
 
 
