@@ -183,3 +183,15 @@ def test_the_page_shows_the_live_quota_skew_test_figures() -> None:
     page = render({"quota-skew-live": report})
     assert "2 test(s) of the run FAILED" in page and "shared store (`--quota-store`" not in page and "SIGKILL" not in page
     assert "| per-pod shares (no store) |" in page
+
+
+def test_the_page_shows_each_cluster_signals_wall_clock() -> None:
+    """The simulator's speed on the machine that ran it is in the report (`wall_s`), so the page shows it, not a README."""
+    report = copy.deepcopy(_a_report("cluster-wva-ramp-all"))
+    report["signals"]["slaq"]["wall_s"] = 503.2
+    page = render({"cluster": report})
+    assert "| lost | simulator's wall clock |" in page
+    row = next(line for line in page.splitlines() if line.startswith("| `slaq` | "))
+    assert row.endswith("| 503 s |")
+    del report["signals"]["slaq"]["wall_s"]
+    assert next(line for line in render({"cluster": report}).splitlines() if line.startswith("| `slaq` | ")).endswith("| — |")

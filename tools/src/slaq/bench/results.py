@@ -352,7 +352,8 @@ def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
 
 
 def render_cluster(report: Mapping[str, Any]) -> list[str]:
-    """Per signal: attainment (all, per tier), replicas (mean, peak), GPU-hours, scale events, lost requests, a failure's cost."""
+    """Per signal: attainment (all, per tier), replicas (mean, peak), GPU-hours, scale events, lost requests, the run's wall
+    clock (the simulator's speed on the machine that ran it, with what else ran there), a failure's cost."""
     workload, cold = report["workload"], report["cold_start_s"]
     stages = ", ".join(f"{s['rate_rps']:g}" for s in workload["stages"])
     lines = [f"`slaq bench cluster`, simulated (not hardware): {workload['requests']:,} requests of `{workload['name']}` (seed "
@@ -364,9 +365,9 @@ def render_cluster(report: Mapping[str, Any]) -> list[str]:
     for name, f in report["signals"].items():
         rows.append([f"`{name}`", _pct(f["attainment"]), " / ".join(_pct(f["tiers"][t]["attainment"]) if t in f["tiers"] else "—" for t in tiers),
                      f"{f['replicas']['mean']:.2f}", str(f["replicas"]["peak"]), f"{f['gpu_hours']:.2f}", str(len(f["scale_events"])),
-                     f"{f['lost']['total']:,}"])
+                     f"{f['lost']['total']:,}", "—" if f.get("wall_s") is None else f"{f['wall_s']:,.0f} s"])
     lines += _table(["signal", "attainment", " / ".join(tiers) + " attained", "replicas mean", "peak", "GPU-hours", "scale events",
-                     "lost"], rows)
+                     "lost", "simulator's wall clock"], rows)
     for name, f in report["signals"].items():
         failure = f.get("failure")
         if failure:
