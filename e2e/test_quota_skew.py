@@ -233,11 +233,13 @@ def stage(request: pytest.FixtureRequest) -> Iterator[Stage]:
     ])
     stage = Stage(pods, balancer, RedisServer(workdir, shutil.which("redis-server") or ""), metrics_port)
     failed_before = request.session.testsfailed
-    report_path: Path | None = request.config.getoption("--quota-skew-report")
-    report_path = report_path.resolve() if report_path is not None else None  # the directory pytest was started in
-    run = envelope()  # started now: the load average at the start
-    run["command"] = shlex.join(["python", "-m", "pytest", *request.config.invocation_params.args])
-    started = time.monotonic()
+    # default: the option is e2e/conftest.py's, unknown when pytest started from a folder that did not load it
+    report_path: Path | None = request.config.getoption("--quota-skew-report", default=None)
+    if report_path is not None:
+        report_path = report_path.resolve()  # against the directory pytest was started in
+        run = envelope()  # started now: the load average at the start
+        run["command"] = shlex.join(["python", "-m", "pytest", *request.config.invocation_params.args])
+        started = time.monotonic()
 
     def failed() -> bool:  # a failure keeps the logs (the processes' and HAProxy's)
         return request.session.testsfailed > failed_before

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,8 +140,10 @@ def test_the_page_names_a_window_or_bursts_the_arrivals_were_shaped_by() -> None
             "10 s; the engine alone") in results.render_sim(report)[0]
 
 
-def _live_quota_skew_report() -> dict:
-    """What e2e/test_quota_skew.py writes with --quota-skew-report (its write_report), with made-up figures."""
+def _live_quota_skew_report(tmp_path: Path) -> dict:
+    """What e2e/test_quota_skew.py writes with --quota-skew-report (its own write_report), with made-up figures."""
+    from e2e.test_quota_skew import write_report
+
     def mode(epsilon: float, refused_cold: int, shares: tuple[float, float]) -> dict:
         return {"window_s": 23.4, "window_admitted": 94, "window_quota": 93.6, "epsilon": epsilon, "exact_sent": 120,
                 "exact_admitted_fraction": round((120 - refused_cold) / 120, 4), "exact_tiny-cpu-0_sent": 96, "exact_tiny-cpu-1_sent": 24,
@@ -148,23 +152,23 @@ def _live_quota_skew_report() -> dict:
 
     run = {"command": "python -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider --quota-skew-report docs/results/quota-skew-live.json",
            "date": "2026-12-05T22:00:00Z", "commit": "a" * 40, "dirty": False, "load_average": 3.5, "cpus": 2}
-    return with_envelope({
-        "schema": "slaq.e2e.quota_skew/v1", "failed": 0, "duration_s": 281, "load_average_end": 6.25,
-        "setup": {"quota_rpm": 240, "pods": [{"name": "tiny-cpu-0", "ip": "127.0.0.1", "weight": 80},
-                                             {"name": "tiny-cpu-1", "ip": "127.0.0.2", "weight": 20}],
-                  "overload": 4, "overload_s": 50.0, "pause_s": 5.0, "exact_s": 30.0},
-        "thresholds": {"local_admitted": 0.95, "store_admitted": 0.99, "epsilon": 0.1, "split_tolerance": 0.01},
-        "figures": {"local": mode(0.0043, 1, (192.02, 47.98)), "store": mode(-0.0021, 0, (192.0, 48.0)),
-                    "store_calls": {"answered": {"precheck": 1200.0, "reserve": 240.0, "settle": 240.0, "heartbeat": 10.0, "probe": 0.0},
-                                    "fallen_back": {"precheck": 9.0, "reserve": 0.0, "settle": 0.0, "heartbeat": 0.0, "probe": 0.0}},
-                    "kill": {"requests_after_kill": 17, "admitted_after_kill": 17, "first_token_after_kill_s": 0.038, "fallbacks": 21.0,
-                             "long_streams_ended_after_kill": 2, "kill_at_s": 1.37}},
-    }, run)
+    figures = {"local": mode(0.0043, 1, (192.02, 47.98)), "store": mode(-0.0021, 0, (192.0, 48.0)),
+               "store_calls": {"answered": {"precheck": 1200.0, "reserve": 240.0, "settle": 240.0, "heartbeat": 10.0, "probe": 0.0},
+                               "fallen_back": {"precheck": 9.0, "reserve": 0.0, "settle": 0.0, "heartbeat": 0.0, "probe": 0.0}},
+               "kill": {"requests_after_kill": 17, "admitted_after_kill": 17, "first_token_after_kill_s": 0.038, "fallbacks": 21.0,
+                        "long_streams_ended_after_kill": 2, "kill_at_s": 1.37}}
+    path = tmp_path / "quota-skew-live.json"
+    write_report(path, run, SimpleNamespace(figures=figures), time.monotonic() - 281.2, 0)
+    report = json.loads(path.read_text())
+    assert list(report)[:2] == ["run", "schema"] and report["run"] == run and report["duration_s"] == 281
+    assert report["setup"]["quota_rpm"] == 240 and report["thresholds"]["epsilon"] == 0.1  # the test's constants
+    report["load_average_end"] = 6.25  # the machine's, at write time
+    return report
 
 
-def test_the_page_shows_the_live_quota_skew_test_figures() -> None:
+def test_the_page_shows_the_live_quota_skew_test_figures(tmp_path: Path) -> None:
     """The live test's report renders each mode's ε and exact-phase admission, the shares, the store's calls and the kill."""
-    report = _live_quota_skew_report()
+    report = _live_quota_skew_report(tmp_path)
     page = render({"quota-skew-live": report})
     assert "\n## quota-skew-live\n\n```bash\npython -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider --quota-skew-report " in page
     assert "Run 2026-12-05T22:00:00Z, commit `aaaaaaaaaaaa`, load average 3.5 on 2 CPUs at the start." in page
