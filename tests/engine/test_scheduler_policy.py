@@ -183,6 +183,25 @@ def test_a_running_decode_grows_into_the_headroom_instead_of_being_preempted() -
     assert len(driver.finished) == 7
 
 
+def test_a_lower_tier_prompt_in_chunks_is_admitted_whole_beside_the_headroom_and_never_preempted_for_it() -> None:
+    """One tier, prompts of 10 blocks computed in 4-block chunks (a 64-token step budget), 40 usable
+    blocks of which 10 are the critical reserve: three prompts fit beside it whole, the fourth waits.
+    Held to the reserve chunk by chunk, a prompt admitted on its first chunk found the reserve short at
+    a later one and vLLM preempted the latest arrival, throwing its chunks away, again and again."""
+    config = EngineSchedulerConfig(spec=SchedulerSpec(critical_kv_headroom=0.25))
+    scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=41, max_num_batched_tokens=64)
+    driver = Driver(scheduler)
+    requests = [make_request(Tier.STANDARD, prompt_tokens=156, max_tokens=8) for _ in range(6)]  # 10 blocks each, decodes included
+    driver.add(*requests)
+    most_running = 0
+    while len(driver.finished) < 3:
+        driver.step()
+        most_running = max(most_running, len(scheduler.running))
+    assert most_running == 3
+    driver.run_until_idle()
+    assert len(driver.finished) == 6 and not set().union(*driver.preempted)
+
+
 def test_per_tenant_kv_cap_holds() -> None:
     config = EngineSchedulerConfig(tenant_kv_share={"small": 0.25})
     scheduler = build_scheduler(config=config, max_num_seqs=16, num_blocks=41)  # cap: 10 blocks

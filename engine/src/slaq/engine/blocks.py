@@ -10,12 +10,18 @@ does, in vLLM's signatures, and calls the hooks here (`slaq_allocate_slots`, `sl
   the critical tier may not take blocks that would leave free less of it than the critical tier
   is not already using (`headroom_left`: the reserve less the blocks critical requests hold; a
   free reserve on top of what critical requests hold would keep twice the reserve from the other
-  tiers) when it is admitted or computes a prefill chunk (a
-  refused chunk makes vLLM's running loop preempt, as when the cache is full, so lower tiers make
-  room among themselves). A running request's decode may grow into the headroom (one block per
-  `block_size` tokens): refusing it would preempt a request, and recompute or swap everything it
-  holds, to keep one block free. A critical arrival that then finds the headroom short preempts
-  a lower tier for it (engine/src/slaq/engine/preemption.py), or waits when blocks free up in time.
+  tiers) when it is admitted: its whole prompt (every token it has still to compute, not just the
+  step's first chunk) must fit beside the reserve. Once admitted, its later prefill chunks and its
+  decodes may grow into the headroom (one block per `block_size` tokens): refusing a running
+  request's chunk makes vLLM's running loop preempt, and the victim (the latest arrival, often the
+  request itself) loses every chunk it computed, to be admitted again as soon as the reserve is
+  whole, where the next chunk is refused again. Holding chunks to the reserve ran KV-bound pods
+  (4,000-token prompts in budget-sized chunks, one tier: `slaq bench cluster --workload wva-ramp
+  --signals static`) into that loop, and eight slaq pods served less of the ramp than eight stock
+  vLLM pods (docs/decisions/0026-a-prompt-is-admitted-whole.md); pricing the whole prompt at
+  admission keeps what a lower tier can take from the reserve to its decodes' growth and the
+  chunks of prompts already admitted. A critical arrival that then finds the headroom short preempts a lower tier for
+  it (engine/src/slaq/engine/preemption.py), or waits when blocks free up in time.
 - Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
@@ -198,23 +204,22 @@ class SLABlockManager(BudgetedKVCacheManager):
         free = vc.free_blocks(self)
         if vc.admission_blocks(scheduler, request) > free:
             return REFUSED_KV_FULL
-        if info.tier_rank and not self._slaq_rule.leaves_headroom(info.tier_rank, free, self._first_chunk_blocks(request, scheduler), self._slaq_ledger.blocks_by_tier[0]):
+        if info.tier_rank and not self._slaq_rule.leaves_headroom(info.tier_rank, free, self._prompt_blocks(request), self._slaq_ledger.blocks_by_tier[0]):
             return REFUSED_HEADROOM
         return None
 
-    def _first_chunk_blocks(self, request: Request, scheduler: Any) -> int:
-        """New blocks the next prefill chunk of waiting `request` takes (prefix hits not counted)."""
-        computed = vc.computed_tokens(request)
-        chunk = min(vc.total_tokens(request) - computed, vc.step_token_limit(scheduler))
-        return -(-(computed + chunk) // self._slaq_block_size) - -(-computed // self._slaq_block_size)
+    def _prompt_blocks(self, request: Request) -> int:
+        """New blocks waiting `request` takes for every token it has still to compute (its whole prompt,
+        or all it had computed before a preemption), not just the step's first chunk; prefix hits not counted."""
+        return -(-vc.total_tokens(request) // self._slaq_block_size) - -(-vc.computed_tokens(request) // self._slaq_block_size)
 
     def blocks_to_admit(self, request: Request, scheduler: Any) -> int:
         """Free blocks waiting `request` needs to be admitted now: what vLLM's `allocate_slots` wants
-        and, below the critical tier, its first chunk's blocks with the headroom left after them."""
+        and, below the critical tier, its whole prompt's blocks with the headroom left after them."""
         wanted = vc.admission_blocks(scheduler, request)
         if not self._slaq_info_of(request).tier_rank:
             return wanted
-        return max(wanted, self._first_chunk_blocks(request, scheduler) + self.headroom_left())
+        return max(wanted, self._prompt_blocks(request) + self.headroom_left())
 
     def headroom_left(self) -> int:
         """Blocks lower tiers must leave free now: the critical reserve less what critical requests hold."""
@@ -261,9 +266,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         if holding is not None and not num_new_computed_tokens:
             wanted = -(-(vc.computed_tokens(request) + num_new_tokens + num_lookahead_tokens) // size)
             growth = wanted - holding.blocks
-            ledger = self._slaq_ledger
-            if growth > 0 and holding.tier_rank and num_new_tokens > 1 and not self._slaq_rule.leaves_headroom(holding.tier_rank, vc.free_blocks(self), growth, ledger.blocks_by_tier[0]):
-                return None  # a prefill chunk: held to the headroom like an admission (a decode is not, see the module doc)
+            # A running request's later chunks and decodes may grow into the headroom: its admission priced its whole prompt.
             result = self.vllm_allocate_slots(request, num_new_tokens, 0, num_lookahead_tokens, passed)
             if result is not None:
                 if growth > 0:
