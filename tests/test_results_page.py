@@ -135,3 +135,14 @@ def test_the_page_names_a_window_or_bursts_the_arrivals_were_shaped_by() -> None
     report["workload"].update(window_s=600.0, window_density=1.3668, bursts={"factor": 4.0, "period_s": 10.0, "burst_s": 1.25})
     assert (", arrivals trace, its densest 600 s (1.37× the trace's mean density), bursts at 4× the mean rate for 1.25 s of every "
             "10 s; the engine alone") in results.render_sim(report)[0]
+
+
+def test_the_page_says_what_prompt_a_sidecar_latency_run_sent_and_how_the_sidecar_counted_it() -> None:
+    report = copy.deepcopy(_a_report("sidecar-latency-1x300"))
+    assert "a prompt of" not in "\n".join(results.render_sidecar_latency(report))  # the default prompt: nothing said
+    report.update(prompt_tokens=4096, prompt_chars=19840, tokenizer="tiny")
+    assert ", a prompt of 4,096 tokens (19,840 characters) counted by the sidecar with the `tiny` tokenizer) and through" in \
+        "\n".join(results.render_sidecar_latency(report))
+    report.update(tokenizer=None, prompt_chars=16384)
+    assert ", a prompt of 4,096 tokens (16,384 characters) estimated by the sidecar (no tokenizer)) and through" in \
+        "\n".join(results.render_sidecar_latency(report))
