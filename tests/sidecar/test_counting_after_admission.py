@@ -91,7 +91,7 @@ def test_only_tokenizers_that_cannot_exceed_the_bytes_get_a_bound(tokenizer_json
 
 
 def test_under_a_normalizer_only_ascii_text_is_bounded() -> None:
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer, normalizers
     from transformers import PreTrainedTokenizerFast
 
     from slaq.engine.tiny_model import ensure_tiny_model
@@ -102,7 +102,6 @@ def test_under_a_normalizer_only_ascii_text_is_bounded() -> None:
     assert counter.bound("completions", {"prompt": "plain text " * 10}) is not None
     assert counter.bound("completions", {"prompt": "ﷺ" * 10}) is None
     assert counter.measure("completions", {"prompt": "ﷺ" * 10}).tokens > len(("ﷺ" * 10).encode())  # what the bound would have missed
-    assert isinstance(models.BPE(), models.Model) and pre_tokenizers.ByteLevel  # the library the bound's argument is about
 
 
 # -- admission -------------------------------------------------------------------------------------
