@@ -140,9 +140,29 @@ class Clock:
         return self.now
 
 
+class RecordedAccounting:
+    """The fairness counters, with every charge recorded."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.charges = inner, []
+
+    def charge(self, tier: str, tenant: str, tokens: float) -> None:
+        self.charges.append((tenant, tokens))
+        self.inner.charge(tier, tenant, tokens)
+
+    def service_share(self, tier: str, tenant: str) -> float:
+        return self.inner.service_share(tier, tenant)
+
+
 def core(counter: SlowBoundedCounter, tpm: float = TPM) -> SidecarCore:
     table = abc_table(vip={"tokens_per_minute": tpm, "max_concurrency": 8})
-    return SidecarCore(CoreConfig(served_model_name="m"), TenantDirectory.from_table(table), counter=counter, clock=Clock())
+    c = SidecarCore(CoreConfig(served_model_name="m"), TenantDirectory.from_table(table), counter=counter, clock=Clock())
+    c.accounting = RecordedAccounting(c.accounting)  # type: ignore[assignment]
+    return c
+
+
+def charges(c: SidecarCore) -> list[tuple[str, float]]:
+    return c.accounting.charges  # type: ignore[attr-defined]
 
 
 def level(c: SidecarCore, tenant: str = "vip") -> float:
@@ -172,7 +192,7 @@ async def test_a_request_with_room_goes_on_before_its_slow_count_lands() -> None
     assert flight.prompt_tokens == EXACT and level(c) == TPM - EXACT - 2  # the charge came down to the count
     assert b'slaq_prompt_counts_total{method="tokenizer"} 1.0' in c.metrics.render()
     c.finish(flight, output_tokens=2, engine_prompt_tokens=EXACT, status=200)
-    assert level(c) == TPM - EXACT - 2 and c.quotas.in_flight("vip") == 0
+    assert level(c) == TPM - EXACT - 2 and c.quotas.in_flight("vip") == 0 and charges(c) == [("vip", EXACT + 2)]
 
 
 @pytest.mark.parametrize("exact", [EXACT, 4500])
@@ -205,7 +225,7 @@ async def test_a_cut_stream_that_ends_before_its_count_is_charged_the_count_when
     counter.release.set()
     await landed(flight)
     assert level(c) == TPM - EXACT - 10 and c.quotas.in_flight("vip") == 0
-    assert c.accounting.service_share("critical", "vip") > 0 and c.usage.report("p", "r", {}, c.clock()).tenants["vip"].tokens_per_minute == EXACT + 10
+    assert charges(c) == [("vip", EXACT + 10)] and c.usage.report("p", "r", {}, c.clock()).tenants["vip"].tokens_per_minute == EXACT + 10
     assert b'slaq_tokens_total{direction="in",tenant="vip",tier="critical"} 1234.0' in c.metrics.render()
 
 
@@ -243,6 +263,7 @@ async def test_a_late_count_leaks_no_charge(how: str) -> None:
     assert level(c) == expected and flight.prompt_tokens == BOUND  # the late count touched nothing
     report = c.usage.report("p", "r", {}, c.clock()).tenants["vip"]
     assert report.tokens_per_minute == (1302 if how == "engine_usage" else 0)
+    assert charges(c) == ([("vip", 1302)] if how == "engine_usage" else [])
 
 
 async def test_a_client_gone_while_queued_before_its_count_is_refunded_once() -> None:
