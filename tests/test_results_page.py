@@ -199,3 +199,14 @@ def test_the_page_shows_each_cluster_signals_wall_clock() -> None:
     assert row.endswith("| 503 s |")
     del report["signals"]["slaq"]["wall_s"]
     assert next(line for line in render({"cluster": report}).splitlines() if line.startswith("| `slaq` | ")).endswith("| — |")
+
+
+def test_the_page_says_what_prompt_a_sidecar_latency_run_sent_and_how_the_sidecar_counted_it() -> None:
+    report = copy.deepcopy(_a_report("sidecar-latency-1x300"))
+    assert "a prompt of" not in "\n".join(results.render_sidecar_latency(report))  # the default prompt: nothing said
+    report.update(prompt_tokens=4096, prompt_chars=19840, tokenizer="tiny")
+    assert ", a prompt of 4,096 tokens (19,840 characters) counted by the sidecar with the `tiny` tokenizer) and through" in \
+        "\n".join(results.render_sidecar_latency(report))
+    report.update(tokenizer=None, prompt_chars=16384)
+    assert ", a prompt of 4,096 tokens (16,384 characters) estimated by the sidecar (no tokenizer)) and through" in \
+        "\n".join(results.render_sidecar_latency(report))

@@ -142,6 +142,23 @@ async def test_an_overrun_is_charged_and_refuses_until_the_debt_is_refilled(make
     assert -6000 <= level < -5800  # (refilled at 100 tokens/s since)
 
 
+async def test_a_reservation_corrected_in_flight_is_settled_in_the_store_from_the_correction(make_gate: MakeGate) -> None:
+    """A prompt admitted on its bound and counted after (service.py): the store's bucket ends at the count."""
+    quota = 60_000  # refills 1000 tokens/s: the test's few milliseconds move the level by a few tokens
+    t = tenant(tpm=quota)
+    a = make_gate("a")
+    ticket = await a.admit(t, 5000, time.time())
+    assert ticket.in_store
+    a.correct(ticket, 1234, time.time())  # the exact count landed: 3766 flow back
+    await a.drain()
+    level = float(await a.store.client.hget(a.store.keys(t.name)[1], "l"))
+    assert quota - 1234 - 50 <= level <= quota - 1234 + 50  # not quota - 5000: the difference came back
+    a.settle(ticket, 1244, time.time())  # the engine used 10 more: charged from the corrected reservation, not the bound
+    await a.drain()
+    level = float(await a.store.client.hget(a.store.keys(t.name)[1], "l"))
+    assert quota - 1244 - 50 <= level <= quota - 1244 + 50 and ticket.reserved_tokens == 1234
+
+
 async def test_two_replicas_hold_exactly_the_concurrency_quota(make_gate: MakeGate) -> None:
     quota = 10
     t = tenant(concurrency=quota)

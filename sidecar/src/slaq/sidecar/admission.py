@@ -185,6 +185,22 @@ class QuotaGate:
             else:
                 state.tokens.take(-delta, now)
 
+    def correct(self, ticket: Ticket, reserved_tokens: int, now: float) -> None:
+        """The reservation of a request still in flight, recomputed (its prompt, admitted on a bound,
+        now counted): the difference flows back to the bucket, or is charged. Settling later starts
+        from the corrected reservation, so nothing is charged twice."""
+        if ticket.settled:
+            return
+        delta = ticket.reserved_tokens - reserved_tokens
+        ticket.reserved_tokens = reserved_tokens
+        state = self._states.get(ticket.tenant.name)
+        if state is None or state.tokens is None or ticket.in_store:
+            return
+        if delta >= 0:
+            state.tokens.give(delta, now)
+        else:
+            state.tokens.take(-delta, now)
+
     def in_flight(self, tenant_name: str) -> int:
         state = self._states.get(tenant_name)
         return state.in_flight if state else 0

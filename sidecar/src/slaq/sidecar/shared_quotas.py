@@ -164,6 +164,18 @@ class SharedQuotaGate:
         self._releasing[name] += ticket.slots
         self._spawn(self._settle_in_store(name, quota, requests=0, token_delta=delta, slots=ticket.slots))
 
+    def correct(self, ticket: Ticket, reserved_tokens: int, now: float) -> None:
+        """As QuotaGate.correct; for a ticket charged to the store, the difference is settled there
+        (in the background, owed if the store does not answer)."""
+        if ticket.settled or not ticket.in_store:
+            self.local.correct(ticket, reserved_tokens, now)
+            return
+        quota = ticket.tenant.cluster_quota
+        assert quota is not None
+        delta = ticket.reserved_tokens - reserved_tokens
+        ticket.reserved_tokens = reserved_tokens
+        self._spawn(self._settle_in_store(ticket.tenant.name, quota, requests=0, token_delta=delta, slots=0))
+
     def in_flight(self, tenant_name: str) -> int:
         return self.local.in_flight(tenant_name)
 

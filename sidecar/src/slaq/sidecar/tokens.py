@@ -15,6 +15,25 @@ counts prompts by method, and `slaq_tokenizer_loaded` says whether the tokenizer
 Encoding is the tokenizers library's batch encoder without offsets, which releases the GIL: the
 sidecar counts a prompt of more than `OFF_LOOP_TEXT_CHARS` characters in a thread, so the event loop
 keeps streaming other tenants' tokens meanwhile.
+
+Such a prompt need not be counted before it is admitted: `TokenizerCounter.bound` gives, in O(bytes),
+a count the exact one can never exceed, and a request whose quotas admit it even at that bound goes
+on while the count runs (`SidecarCore.admit`). The bound, for the tokenizers `byte_bounded` accepts:
+
+- the pre-tokenizers accepted only split text or map each byte to one character (`ByteLevel`
+  without `add_prefix_space`); none adds characters;
+- every model type (BPE, Unigram, WordPiece, WordLevel) emits at most one token per character it is
+  given, except byte fallback, which emits a character's UTF-8 bytes (at most its bytes); an added
+  token matched in the text is one token for at least one byte;
+- so the text's tokens are at most its UTF-8 bytes after normalization. The normalizers accepted
+  (Unicode normal forms, lowercasing, stripping) leave ASCII text as long as it was, so for ASCII
+  text, or without a normalizer, that is the UTF-8 bytes of the text itself; non-ASCII text under a
+  normalizer has no bound here (it is counted first);
+- plus the special tokens the post-processor adds when `add_special_tokens` is set; a tokenizer
+  that pads has no bound.
+
+Tokenizers outside this (a normalizer that prepends or replaces, `Metaspace`, `add_prefix_space`,
+padding, a slow Python tokenizer) have no bound: their prompts are counted before admission.
 """
 
 from __future__ import annotations
@@ -42,6 +61,14 @@ class PromptCount:
     method: Method  # tokenizer: the model's own count; token_ids: a token-id prompt's length; estimate: from characters
 
 
+@dataclass(frozen=True, slots=True)
+class PromptBound:
+    """What is known of a prompt before it is counted."""
+
+    tokens: int  # the exact count is at most this
+    estimate: int  # the estimate from characters (what orders the request until it is counted)
+
+
 class PromptCounter(Protocol):
     @property
     def loaded(self) -> bool:
@@ -52,6 +79,11 @@ class PromptCounter(Protocol):
 
     def offloads(self, kind: str, body: dict[str, Any]) -> bool:
         """Counting this body takes long enough to leave the event loop for a thread."""
+        ...
+
+    def bound(self, kind: str, body: dict[str, Any]) -> PromptBound | None:
+        """A count this body's exact one never exceeds, computed in O(bytes); None when there is none
+        (the prompt must be counted before it is admitted)."""
         ...
 
 
@@ -118,6 +150,39 @@ class EstimatingCounter:
     def offloads(self, kind: str, body: dict[str, Any]) -> bool:
         return False
 
+    def bound(self, kind: str, body: dict[str, Any]) -> PromptBound | None:
+        return None  # the estimate is the count: nothing to wait for
+
+
+# Pre-tokenizers and normalizers under which a text's tokens are at most its UTF-8 bytes (module doc).
+SPLITTING_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit"})
+ASCII_PRESERVING_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents"})
+
+
+def _components(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    if spec is None:
+        return []
+    if spec.get("type") == "Sequence":
+        return [c for part in spec[key] for c in _components(part, key)]
+    return [spec]
+
+
+def byte_bounded(tokenizer_json: dict[str, Any]) -> tuple[bool, bool]:
+    """(bounded, normalizes) for a `tokenizer.json`: bounded when a text's tokens are at most its UTF-8
+    bytes (ASCII text only, where it `normalizes`), plus the special tokens added (module doc)."""
+    pre = _components(tokenizer_json.get("pre_tokenizer"), "pretokenizers")
+    normalizers = _components(tokenizer_json.get("normalizer"), "normalizers")
+    model = tokenizer_json.get("model") or {}
+    bounded = (
+        tokenizer_json.get("padding") is None
+        and model.get("type") in ("BPE", "Unigram", "WordPiece", "WordLevel")
+        and all(p.get("type") in SPLITTING_PRE_TOKENIZERS and not p.get("add_prefix_space", False) for p in pre)
+        # byte fallback over byte-level characters (two UTF-8 bytes each) would break the per-byte bound
+        and not (model.get("byte_fallback") and any(p.get("type") == "ByteLevel" for p in pre))
+        and all(n.get("type") in ASCII_PRESERVING_NORMALIZERS for n in normalizers)
+    )
+    return bounded, bool(normalizers)
+
 
 class TokenizerCounter:
     """The model's Hugging Face tokenizer (`transformers`), counting as vLLM does; the estimate while
@@ -129,6 +194,9 @@ class TokenizerCounter:
         self.settled = threading.Event()  # loaded, or failed to load
         self.tokenizer: Any = None
         self._fast: Any = None
+        self._bounded = False  # `bound` applies (byte_bounded)
+        self._normalizes = False  # and only to ASCII text
+        self._specials = 0  # special tokens the post-processor adds
         if tokenizer is not None:
             self._use(tokenizer)
 
@@ -160,6 +228,9 @@ class TokenizerCounter:
         backend = getattr(tokenizer, "_tokenizer", None)
         # The Rust tokenizer's batch encoder without offsets: the same ids as `tokenizer.encode`, and it releases the GIL.
         self._fast = backend if hasattr(backend, "encode_batch_fast") else None
+        if self._fast is not None:
+            self._bounded, self._normalizes = byte_bounded(json.loads(self._fast.to_str()))
+            self._specials = self._fast.num_special_tokens_to_add(False)
         self.tokenizer = tokenizer
         self.settled.set()
 
@@ -172,15 +243,43 @@ class TokenizerCounter:
 
     def _encode_len(self, text: str, add_special_tokens: bool) -> int:
         if self._fast is not None:
-            return len(self._fast.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
+            return len(self._fast.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0])  # no list of ids built
         return len(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def _chat_tokens(self, body: dict[str, Any]) -> int:
+    def _chat_text(self, body: dict[str, Any]) -> tuple[str, bool]:
+        """The rendered chat prompt and whether it is encoded with special tokens."""
         tools = body.get("tools") or None
         template = self.tokenizer.get_chat_template(None, tools=tools)  # a tokenizer's named templates: "tool_use" when tools are given
         inputs = template_inputs(body, template)
         text = self.tokenizer.apply_chat_template(inputs.conversation, tools=inputs.tools, chat_template=template, tokenize=False, **inputs.kwargs)
-        return _truncated(self._encode_len(text, inputs.add_special_tokens), body)
+        return text, inputs.add_special_tokens
+
+    def _chat_tokens(self, body: dict[str, Any]) -> int:
+        text, special = self._chat_text(body)
+        return _truncated(self._encode_len(text, special), body)
+
+    def _text_bound(self, text: str, add_special_tokens: bool) -> int | None:
+        if self._normalizes and not text.isascii():
+            return None
+        return len(text.encode()) + (self._specials if add_special_tokens else 0)
+
+    def bound(self, kind: str, body: dict[str, Any]) -> PromptBound | None:
+        if self.tokenizer is None or not self._bounded:
+            return None
+        try:
+            if kind == "chat":
+                text, special = self._chat_text(body)  # rendering is string assembly: microseconds beside encoding
+                bounds = [self._text_bound(text, special)]
+            elif _token_id_prompts(body["prompt"]) is not None:
+                return None  # exact already
+            else:
+                special = bool(body.get("add_special_tokens", True))
+                bounds = [self._text_bound(p, special) for p in _prompts(body)]
+        except Exception:  # a template that refuses the messages: `measure` estimates it, and so must the admission
+            return None
+        if any(b is None for b in bounds):
+            return None
+        return PromptBound(sum(_truncated(b, body) for b in bounds), self.fallback.measure(kind, body).tokens)  # type: ignore[arg-type]
 
     def measure(self, kind: str, body: dict[str, Any]) -> PromptCount:
         if self.tokenizer is None:

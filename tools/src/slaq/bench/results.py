@@ -226,7 +226,11 @@ def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
     rows = [[f"{row['streams']:,}", f"{row['requests']:,}", f"{row['direct_p50_ms']:.2f} / {row['direct_p99_ms']:.2f}",
              f"{row['sidecar_p50_ms']:.2f} / {row['sidecar_p99_ms']:.2f}", f"{row['added_p50_ms']:.2f} / {row['added_p99_ms']:.2f}",
              f"≤ {row['own_p50_ms_at_most']:g} / ≤ {row['own_p99_ms_at_most']:g}"] for row in report["rows"]]
-    return [f"TTFT straight to a fake engine ({report['tokens']} tokens, the first after {report['token_delay_ms']:g} ms) and "
+    prompt = ""
+    if report.get("prompt_tokens"):  # reports from before 2026-12-05 hold no prompt (the default, 'hello ' x 50)
+        counted = f"counted by the sidecar with the `{report['tokenizer']}` tokenizer" if report.get("tokenizer") else "estimated by the sidecar (no tokenizer)"
+        prompt = f", a prompt of {report['prompt_tokens']:,} tokens ({report['prompt_chars']:,} characters) {counted}"
+    return [f"TTFT straight to a fake engine ({report['tokens']} tokens, the first after {report['token_delay_ms']:g} ms{prompt}) and "
             f"through the real sidecar, {report['requests_per_stream']} requests per stream; {report['cpus']} CPUs, load "
             f"average {report['load_average_before']:.1f} before the run (wall clock: other processes add to both columns).", "",
             *_table(["streams", "requests", "direct p50 / p99 ms", "through the sidecar p50 / p99 ms", "added p50 / p99 ms",

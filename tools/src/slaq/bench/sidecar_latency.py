@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=None, help="The sidecar's --tokenizer (tiny: the built-in tiny model's); default none (estimated).")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as a JSON report here")
     args = parser.parse_args()
+    tokenizer_name = args.tokenizer  # as given ("tiny", a hub id), for the report: not this machine's path
     if args.tokenizer == "tiny":
         from slaq.engine.tiny_model import ensure_tiny_model
 
@@ -211,6 +212,7 @@ def main() -> None:
         if args.out:
             write_report({"schema": "slaq.bench.sidecar_latency/v1", "load_average_before": load_average, "cpus": os.cpu_count(),
                           "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
+                          "prompt_tokens": args.prompt_tokens or None, "prompt_chars": len(prompt), "tokenizer": tokenizer_name,
                           "requests_per_stream": args.requests_per_stream, "rows": rows}, args.out, run)
             print(f"report: {args.out}")
     finally:
