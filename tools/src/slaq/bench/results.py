@@ -4,7 +4,7 @@
     python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
 
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
-sidecar_latency.py, operator_scale.py, quota_skew.py, `slaq bench cluster`, e2e/demo_loop.py, e2e/test_quota_skew.py's
+sidecar_latency.py, operator_scale.py, quota_skew.py, quota_store.py, `slaq bench cluster`, e2e/demo_loop.py, e2e/test_quota_skew.py's
 `--quota-skew-report`), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
 headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
@@ -233,6 +233,23 @@ def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
                      "sidecar's own work p50 / p99 ms (`slaq_sidecar_added_seconds`)"], rows)]
 
 
+def render_quota_store(report: Mapping[str, Any]) -> list[str]:
+    """quota_store.py: an admission's round trip to the shared store, and each decision after the store was killed or stalled."""
+    r = report["reservation"]
+    rows = [[f"answering (one after another, {report['skew']:.0%} on one replica)", f"{r['requests']:,}",
+             f"p50 {r['p50_ms']:.2f}, p99 {r['p99_ms']:.2f}, max {r['max_ms']:.2f}", f"{r['in_store']:,} in the store"]]
+    for kind, label in (("killed", "killed (SIGKILL: connections refused)"), ("stalled", "stalled (SIGSTOP: nothing answers)")):
+        f = report[kind]
+        ms = f["decision_ms"]
+        rows.append([label, f"{f['decisions']:,}", "each: " + ", ".join(f"{v:g}" for v in ms),
+                     f"{f['admitted_on_shares']:,} on the replica's share, {f['refused']:,} refused; breaker {f['breaker_after']}"])
+    return [f"Two replicas' quota gates (`SharedQuotaGate`) on one redis-server {report['redis']} on 127.0.0.1, the sidecar's store "
+            f"settings (timeout {report['timeout_s'] * 1e3:g} ms, the breaker open after {report['failures_to_open']} failures in a row); "
+            f"each admission reserves {report['reserved_tokens']} tokens and is settled at {report['used_tokens']} before the next. "
+            "Time from the admission call to its decision (wall clock on the machine that ran it).", "",
+            *_table(["store", "admissions", "time to the decision, ms", "decided"], rows)]
+
+
 def render_kv_security_cost(report: Mapping[str, Any]) -> list[str]:
     """Sealing and opening a swapped block, erasing a freed one, on the machine the report names."""
     seal, erase, g = report["seal"], report["erase"], report["geometry"]
@@ -386,6 +403,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.operator_scale/v1": render_operator_scale,
     "slaq.bench.kv_security_cost/v1": render_kv_security_cost,
     "slaq.bench.quota_skew/v1": render_quota_skew,
+    "slaq.bench.quota_store/v1": render_quota_store,
     "slaq.bench.quota_routing/v1": render_quota_routing,
     "slaq.e2e.demo_loop/v1": render_demo_loop,
     "slaq.e2e.quota_skew/v1": render_quota_skew_live,
