@@ -242,3 +242,19 @@ def test_the_quota_store_benchmark_writes_what_the_page_renders(tmp_path: Path) 
         assert set(report[kind]) == set(QUOTA_STORE_FIGURES[kind]) and len(report[kind]["decision_ms"]) == 3
     page = render({"quota-store": report})
     assert "| answering (one after another, 80% on one replica) | 20 | p50 " in page
+
+
+def test_the_page_shows_the_operators_tenant_statuses_and_key_rotation() -> None:
+    """operator_scale.py's `statuses_s` (operator start until every TenantSLA's status is written) beside `converge_s`,
+    a dash for a report from before the field; its key rotation (`rotate_s`) where the report has one."""
+    report = copy.deepcopy(_a_report("operator-scale-20x3"))
+    report.update(converge_s=10.87, statuses_s=21.5)
+    page = render({"operator": report})
+    assert "| table Secrets | converge | tenant statuses | quota change |" in page
+    assert f"| {report['table_secrets']:,} | 10.87 s | 21.5 s | {report['change_s']:g} s |" in page
+    assert "key Secret patched" not in page
+    report.update(rotate_s=0.023, calls_per_rotation=1)
+    assert ("- The same tenant's key Secret patched with a new key: 0.023 s until every table of its pools held the new key's "
+            "hash instead of the old one, API calls for it: 1 (") in render({"operator": report})
+    del report["statuses_s"]
+    assert f"| {report['table_secrets']:,} | 10.87 s | — | {report['change_s']:g} s |" in render({"operator": report})
