@@ -210,3 +210,64 @@ def test_the_page_says_what_prompt_a_sidecar_latency_run_sent_and_how_the_sideca
     report.update(tokenizer=None, prompt_chars=16384)
     assert ", a prompt of 4,096 tokens (16,384 characters) estimated by the sidecar (no tokenizer)) and through" in \
         "\n".join(results.render_sidecar_latency(report))
+
+
+QUOTA_STORE_FIGURES = {
+    "redis": "7.0.15", "timeout_s": 0.25, "failures_to_open": 2, "skew": 0.8, "reserved_tokens": 100, "used_tokens": 60,
+    "reservation": {"requests": 2000, "in_store": 2000, "p50_ms": 0.106, "p99_ms": 4.126, "max_ms": 6.364, "mean_ms": 0.252},
+    "killed": {"decisions": 3, "decision_ms": [0.26, 0.34, 0.01], "admitted_on_shares": 3, "admitted_in_store": 0, "refused": 0,
+               "reserve_fallbacks": 3, "breaker_after": "open"},
+    "stalled": {"decisions": 3, "decision_ms": [251.74, 252.02, 0.02], "admitted_on_shares": 3, "admitted_in_store": 0, "refused": 0,
+                "reserve_fallbacks": 3, "breaker_after": "open"},
+}
+
+
+def test_the_page_shows_the_quota_store_costs() -> None:
+    """quota_store.py's report: an answered reservation's p50 / p99 / max, and each decision after a kill and a stall."""
+    run = {"command": "python tools/src/slaq/bench/quota_store.py --out docs/results/quota-store.json", "date": "2026-12-05T22:00:00Z",
+           "commit": "b" * 40, "dirty": False, "load_average": 1.5, "cpus": 2}
+    page = render({"quota-store": with_envelope({"schema": "slaq.bench.quota_store/v1", **QUOTA_STORE_FIGURES}, run)})
+    assert "\n## quota-store\n\n```bash\npython tools/src/slaq/bench/quota_store.py --out docs/results/quota-store.json\n```\n" in page
+    assert "on one redis-server 7.0.15 on 127.0.0.1, the sidecar's store settings (timeout 250 ms, the breaker open after 2 failures" in page
+    assert "| answering (one after another, 80% on one replica) | 2,000 | p50 0.11, p99 4.13, max 6.36 | 2,000 in the store |" in page
+    assert ("| killed (SIGKILL: connections refused) | 3 | each: 0.26, 0.34, 0.01 | 3 on the replica's share, 0 refused; "
+            "breaker open |") in page
+    assert "| stalled (SIGSTOP: nothing answers) | 3 | each: 251.74, 252.02, 0.02 | 3 on the replica's share, 0 refused;" in page
+
+
+def test_the_quota_store_benchmark_writes_what_the_page_renders(tmp_path: Path) -> None:
+    """The benchmark's own report (a short run against a real redis-server) has the fields the page reads."""
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/setup.sh installs Debian's redis-server)")
+    from slaq.bench import quota_store
+
+    out = tmp_path / "quota-store.json"
+    assert quota_store.main(["--requests", "20", "--decisions", "3", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report)[:2] == ["run", "schema"] and report["schema"] == "slaq.bench.quota_store/v1"
+    assert set(report) - {"run", "schema"} == set(QUOTA_STORE_FIGURES)
+    assert report["reservation"]["requests"] == report["reservation"]["in_store"] == 20
+    for kind in ("killed", "stalled"):
+        assert set(report[kind]) == set(QUOTA_STORE_FIGURES[kind]) and len(report[kind]["decision_ms"]) == 3
+    page = render({"quota-store": report})
+    assert "| answering (one after another, 80% on one replica) | 20 | p50 " in page
+
+
+def test_the_page_shows_the_operators_tenant_statuses_and_key_rotation() -> None:
+    """operator_scale.py's `statuses_s` (operator start until every TenantSLA's status is written) beside `converge_s`,
+    a dash for a report from before the field; its key rotation (`rotate_s`) where the report has one."""
+    report = copy.deepcopy(_a_report("operator-scale-20x3"))
+    report.update(converge_s=10.87, statuses_s=21.5)
+    for key in ("rotate_s", "calls_per_rotation"):  # as a report from before the rotation was measured
+        report.pop(key, None)
+    page = render({"operator": report})
+    assert "| table Secrets | converge | tenant statuses | quota change |" in page
+    assert f"| {report['table_secrets']:,} | 10.87 s | 21.5 s | {report['change_s']:g} s |" in page
+    assert "key Secret patched" not in page
+    report.update(rotate_s=0.023, calls_per_rotation=1)
+    assert ("- The same tenant's key Secret patched with a new key: 0.023 s until every table of its pools held the new key's "
+            "hash instead of the old one, API calls for it: 1 (") in render({"operator": report})
+    del report["statuses_s"]
+    assert f"| {report['table_secrets']:,} | 10.87 s | — | {report['change_s']:g} s |" in render({"operator": report})

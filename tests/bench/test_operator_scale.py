@@ -15,7 +15,8 @@ def test_the_script_prints_its_figures_as_json_and_a_change_stays_within_the_cal
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {"converge_s", "change_s", "calls_per_change", "affected_pools", "calls_bound"} <= set(result)
+    assert {"converge_s", "statuses_s", "change_s", "calls_per_change", "affected_pools", "calls_bound", "rotate_s"} <= set(result)
+    assert result["rotate_s"] > 0 and result["calls_per_rotation"] >= 1  # at least the table part holding the tenant rewritten
     assert result["converge_s"] > 0 and result["change_s"] > 0
     assert result["affected_pools"] == 1  # tenant 0 selects the pools of model m0: one of three
     assert 1 <= result["calls_per_change"] <= 2 * result["affected_pools"] + 2 == result["calls_bound"]

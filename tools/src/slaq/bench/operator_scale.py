@@ -12,10 +12,17 @@ own (a pool's usage tick costs a pod list, a Deployment read and, when something
 Measured:
 - converge_s: operator start until every pool's table (all its Secrets) holds every tenant it
   serves, with every tenant's key hash;
+- statuses_s: operator start until every TenantSLA's status is written for its generation, polled
+  once the tables have converged (so never below converge_s; the operator writes the statuses
+  after the tables);
 - change_s: one tenant's `requestsPerMinute` patched (as kubectl would) until every table of the
   pools that tenant selects shows the new share;
 - calls_per_change: requests the operator made from that patch until the API went quiet (its
-  table writes, the tenant's status, kopf's own bookkeeping patch), watch streams not counted.
+  table writes, the tenant's status, kopf's own bookkeeping patch), watch streams not counted;
+- rotate_s: that tenant's key Secret patched with a new key (as kubectl would) until every table of
+  the pools it selects holds the new key's hash instead of the old one (the operator's part of a
+  key rotation: a sidecar then reads the table file the kubelet updates); calls_per_rotation, its
+  requests counted as for the change.
 Target at 10,000 tenants x 50 pools: converge_s <= 120, change_s <= 2,
 calls_per_change <= 2 x affected pools + 2. The last line printed is the JSON result; `--out FILE`
 also writes it as a report (schema slaq.bench.operator_scale/v1, with the run's envelope: command
@@ -55,9 +62,9 @@ class TableWatch:
     """What the tables in the emulator hold, each part parsed only when its resourceVersion moved."""
 
     # Secret name -> (resourceVersion, parts it says the table has, tenant -> (key hashes, rpm share))
-    seen: dict[str, tuple[str, int, dict[str, tuple[int, float | None]]]] = field(default_factory=dict)
+    seen: dict[str, tuple[str, int, dict[str, tuple[tuple[str, ...], float | None]]]] = field(default_factory=dict)
 
-    def parts(self, emulator: Any, pool: str) -> list[dict[str, tuple[int, float | None]]] | None:
+    def parts(self, emulator: Any, pool: str) -> list[dict[str, tuple[tuple[str, ...], float | None]]] | None:
         """Every part of the pool's table, or None while they disagree on how many there are."""
         import kmock
 
@@ -74,7 +81,7 @@ class TableWatch:
                 # Plain JSON, not the model: this process also serves the API whose writes are timed
                 # (the sidecar's reader, core/src/slaq/table_file.py, is tested on split tables elsewhere).
                 table = json.loads(base64.b64decode(obj.raw["data"][TENANT_TABLE_KEY]))
-                self.seen[name] = (rv, table.get("parts") or 1, {t["name"]: (len(t.get("keyHashes") or []), (t.get("share") or {}).get("requestsPerMinute"))
+                self.seen[name] = (rv, table.get("parts") or 1, {t["name"]: (tuple(t.get("keyHashes") or ()), (t.get("share") or {}).get("requestsPerMinute"))
                                                                 for t in table["tenants"]})
             counts.add(self.seen[name][1])
             found.append(self.seen[name][2])
@@ -86,12 +93,18 @@ class TableWatch:
                 return part[tenant][1]
         return None
 
+    def key_hashes(self, emulator: Any, pool: str, tenant: str) -> tuple[str, ...] | None:
+        for part in self.parts(emulator, pool) or []:
+            if tenant in part:
+                return part[tenant][0]
+        return None
+
     def holds(self, emulator: Any, pool: str, tenants: set[str]) -> bool:
         """Whether the pool's table holds exactly `tenants`, each with one key hash."""
         parts = self.parts(emulator, pool)
         if parts is None or sum(len(part) for part in parts) != len(tenants):
             return False
-        return all(name in tenants and count == 1 for part in parts for name, (count, _) in part.items())
+        return all(name in tenants and len(hashes) == 1 for part in parts for name, (hashes, _) in part.items())
 
 
 async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> None:
@@ -121,10 +134,29 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
         def converged() -> bool:
             return all(watch.holds(emulator, pool, names) for pool, names in expected.items())
 
+        unstatused = {tenant_name(j) for j in range(tenants)}
+
+        def statuses_written() -> bool:
+            """Every TenantSLA's status written for its generation (each tenant checked until it has one)."""
+            for name in list(unstatused):
+                key = (kmock.resource("slaq.dev/v1alpha1/tenantslas"), None, name)
+                obj = emulator.objects[key] if key in emulator.objects else None
+                raw = {} if obj is None else obj.raw
+                if (raw.get("status") or {}).get("observedGeneration") == raw["metadata"].get("generation") is not None:
+                    unstatused.discard(name)
+            return not unstatused
+
         before: dict[str, float | None] = {}
 
         def share(pool: str) -> float | None:
             return watch.share(emulator, pool, tenant_name(CHANGED_TENANT))
+
+        keys_before: dict[str, tuple[str, ...] | None] = {}
+
+        def rotated() -> bool:
+            """Every affected table holds one key hash for the tenant, and not the one it held before."""
+            now = {pool: watch.key_hashes(emulator, pool, tenant_name(CHANGED_TENANT)) for pool in affected}
+            return all(value is not None and len(value) == 1 and value != keys_before[pool] for pool, value in now.items())
 
         def changed() -> bool:
             """Every affected table shows a new share, and together they fit the new quota."""
@@ -153,6 +185,8 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
             try:
                 if command == "converge":
                     pipe.send(("ok", await until(converged, arg, 0.2)))
+                elif command == "statuses":
+                    pipe.send(("ok", await until(statuses_written, arg, 0.2)))
                 elif command == "census":
                     pipe.send(("ok", dict(Counter(f"{c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}"
                                                   for c in emulator.calls if c.verb != "WATCH"))))
@@ -172,6 +206,19 @@ async def _emulator_main(pipe: Pipe, tenants: int, pools: int, models: int) -> N
                     kinds = Counter(f"{c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}" for c in calls)
                     pipe.send(("ok", {"change_s": done - started, "calls": len(calls), "kinds": dict(kinds),
                                       "affected": len(affected)}))
+                elif command == "rotate":
+                    keys_before.update({pool: watch.key_hashes(emulator, pool, tenant_name(CHANGED_TENANT)) for pool in affected})
+                    mark = len(emulator.calls)
+                    started = time.monotonic()
+                    new_key = base64.b64encode(f"sk-{tenant_name(CHANGED_TENANT)}-rotated-fedcba9876543210".encode()).decode()
+                    resp = await emulator.patch(f"/api/v1/namespaces/{KEY_NAMESPACE}/secrets/{tenant_name(CHANGED_TENANT)}-keys",
+                                                json={"data": {"key": new_key}},
+                                                headers={"Content-Type": "application/merge-patch+json"})
+                    assert resp.status == 200, await resp.text()
+                    done = await until(rotated, arg)
+                    end = await quiet()
+                    calls = [c for c in emulator.calls[mark + 1:end] if c.verb != "WATCH"]
+                    pipe.send(("ok", {"rotate_s": done - started, "calls": len(calls)}))
                 elif command == "secrets":
                     sizes = [sum(len(base64.b64decode(v)) for v in (obj.raw.get("data") or {}).values())
                              for (res, ns, name), obj in emulator.objects.items()
@@ -216,17 +263,21 @@ def run(tenants: int, pools: int, models: int, *, observe_interval_s: float, dea
         started = time.monotonic()
         op.start()
         converged = _ask(parent, "converge", deadline_s)
+        statuses = _ask(parent, "statuses", deadline_s)
         _ask(parent, "quiet")
         cold_calls = _ask(parent, "census")
         change = _ask(parent, "change", deadline_s)
+        rotation = _ask(parent, "rotate", deadline_s)
         secrets = _ask(parent, "secrets")
         affected = change["affected"]
         return {
             "tenants": tenants, "pools": pools, "models": models, "affected_pools": affected,
             "table_secrets": secrets["count"], "largest_table_secret_bytes": secrets["largest_bytes"],
             "cold_start_calls": cold_calls, "calls_by_kind": change["kinds"], "calls_bound": 2 * affected + 2,
-            "converge_s": round(converged - started, 2), "change_s": round(change["change_s"], 3),
-            "calls_per_change": change["calls"],
+            "converge_s": round(converged - started, 2), "statuses_s": round(statuses - started, 2),
+            "change_s": round(change["change_s"], 3),
+            "calls_per_change": change["calls"], "rotate_s": round(rotation["rotate_s"], 3),
+            "calls_per_rotation": rotation["calls"],
         }
     finally:
         if op is not None:

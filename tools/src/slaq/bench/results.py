@@ -4,7 +4,7 @@
     python -m slaq.bench.results --check    # exit 1 when docs/results.md is not what the reports give
 
 Every report is the JSON a benchmark wrote with `--out` (`slaq bench sim`, sched_overhead.py,
-sidecar_latency.py, operator_scale.py, quota_skew.py, `slaq bench cluster`, e2e/demo_loop.py, e2e/test_quota_skew.py's
+sidecar_latency.py, operator_scale.py, quota_skew.py, quota_store.py, `slaq bench cluster`, e2e/demo_loop.py, e2e/test_quota_skew.py's
 `--quota-skew-report`), the run's envelope first (`slaq.bench.envelope`: command
 line, UTC date, commit). The page holds no figure that is not in a report: one section per report,
 headed by the report's file name (`docs/results.md#pod-1500` for `docs/results/pod-1500.json`;
@@ -237,6 +237,23 @@ def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
                      "sidecar's own work p50 / p99 ms (`slaq_sidecar_added_seconds`)"], rows)]
 
 
+def render_quota_store(report: Mapping[str, Any]) -> list[str]:
+    """quota_store.py: an admission's round trip to the shared store, and each decision after the store was killed or stalled."""
+    r = report["reservation"]
+    rows = [[f"answering (one after another, {report['skew']:.0%} on one replica)", f"{r['requests']:,}",
+             f"p50 {r['p50_ms']:.2f}, p99 {r['p99_ms']:.2f}, max {r['max_ms']:.2f}", f"{r['in_store']:,} in the store"]]
+    for kind, label in (("killed", "killed (SIGKILL: connections refused)"), ("stalled", "stalled (SIGSTOP: nothing answers)")):
+        f = report[kind]
+        ms = f["decision_ms"]
+        rows.append([label, f"{f['decisions']:,}", "each: " + ", ".join(f"{v:g}" for v in ms),
+                     f"{f['admitted_on_shares']:,} on the replica's share, {f['refused']:,} refused; breaker {f['breaker_after']}"])
+    return [f"Two replicas' quota gates (`SharedQuotaGate`) on one redis-server {report['redis']} on 127.0.0.1, the sidecar's store "
+            f"settings (timeout {report['timeout_s'] * 1e3:g} ms, the breaker open after {report['failures_to_open']} failures in a row); "
+            f"each admission reserves {report['reserved_tokens']} tokens and is settled at {report['used_tokens']} before the next. "
+            "Time from the admission call to its decision (wall clock on the machine that ran it).", "",
+            *_table(["store", "admissions", "time to the decision, ms", "decided"], rows)]
+
+
 def render_kv_security_cost(report: Mapping[str, Any]) -> list[str]:
     """Sealing and opening a swapped block, erasing a freed one, on the machine the report names."""
     seal, erase, g = report["seal"], report["erase"], report["geometry"]
@@ -251,12 +268,17 @@ def render_kv_security_cost(report: Mapping[str, Any]) -> list[str]:
 
 def render_operator_scale(report: Mapping[str, Any]) -> list[str]:
     row = [f"{report['tenants']:,}", f"{report['pools']:,}", f"{report['models']:,}", f"{report['table_secrets']:,}",
-           f"{report['converge_s']:g} s", f"{report['change_s']:g} s", f"{report['affected_pools']:,}",
-           f"{report['calls_per_change']:,} (bound {report['calls_bound']:,})"]
-    return ["The real operator (kopf, lightkube) against the API emulator: cold-start convergence and one tenant's quota "
-            "change (wall clock on the machine that ran it).", "",
-            *_table(["tenants", "pools", "models", "table Secrets", "converge", "quota change", "pools affected",
-                     "API calls for the change"], [row])]
+           f"{report['converge_s']:g} s", "—" if report.get("statuses_s") is None else f"{report['statuses_s']:g} s",
+           f"{report['change_s']:g} s", f"{report['affected_pools']:,}", f"{report['calls_per_change']:,} (bound {report['calls_bound']:,})"]
+    return ["The real operator (kopf, lightkube) against the API emulator: cold-start convergence (every table holds its "
+            "tenants; then every tenant's status written, both from the operator's start; — where the report predates "
+            "`statuses_s`) and one tenant's quota change (wall clock on the machine that ran it).", "",
+            *_table(["tenants", "pools", "models", "table Secrets", "converge", "tenant statuses", "quota change", "pools affected",
+                     "API calls for the change"], [row])] + \
+        ([] if report.get("rotate_s") is None else
+         ["", f"- The same tenant's key Secret patched with a new key: {report['rotate_s']:g} s until every table of its pools held "
+              f"the new key's hash instead of the old one, API calls for it: {report['calls_per_rotation']:,} (the operator's part of a "
+              "rotation; the kubelet's Secret-volume sync to the sidecars comes on top in a cluster)."])
 
 
 def render_quota_skew(report: Mapping[str, Any]) -> list[str]:
@@ -390,6 +412,7 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "slaq.bench.operator_scale/v1": render_operator_scale,
     "slaq.bench.kv_security_cost/v1": render_kv_security_cost,
     "slaq.bench.quota_skew/v1": render_quota_skew,
+    "slaq.bench.quota_store/v1": render_quota_store,
     "slaq.bench.quota_routing/v1": render_quota_routing,
     "slaq.e2e.demo_loop/v1": render_demo_loop,
     "slaq.e2e.quota_skew/v1": render_quota_skew_live,
