@@ -86,6 +86,11 @@ class SLARequestQueue(RequestQueue):
         self._checking = self.admission is not None
         self._tiers.begin(now, self._order.pool)
 
+    def admits_nothing(self) -> None:
+        """vLLM's waiting loop will try no request this step (the batch is full, `vc.batch_full`): it
+        only asks whether the queue is empty, so no choice is made and no admission is checked."""
+        self._checking = False
+
     def end_step(self) -> None:
         """The waiting loop is over: what it passed over goes back to its heap."""
         self._checking = False

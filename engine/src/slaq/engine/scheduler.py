@@ -257,6 +257,8 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
         try:
             with vc.step_token_budget(self, cap), vc.hold_back(self, held):
+                if vc.batch_full(self):
+                    self.waiting_queue.admits_nothing()  # the waiting loop stops at its first check
                 output = super().schedule(*args, **kwargs)
         finally:
             self.waiting_queue.end_step()
