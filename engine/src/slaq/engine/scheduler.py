@@ -319,18 +319,16 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         if not urgent:
             return []
         rank = self.info_of(urgent[0]).tier_rank
-        demand = vc.total_tokens(urgent[0])
+        chunks = [request for request in filter(vc.is_prefill_chunk, running) if vc.is_prefilling(request)]  # C-speed scan first
+        demand = vc.total_tokens(urgent[0]) + len(running) - len(chunks)  # a token for each decode
         candidates: list[Request] = []
-        for request in running:
-            if vc.is_prefilling(request):
-                demand += vc.prefill_tokens_left(request)
-                info = self.info_of(request)
-                if info.tier_rank > rank and info.held_back_steps < self.step_spec.max_hold_back_steps:
-                    candidates.append(request)
-                else:
-                    info.held_back_steps = 0
+        for request in chunks:
+            demand += vc.prefill_tokens_left(request)
+            info = self.info_of(request)
+            if info.tier_rank > rank and info.held_back_steps < self.step_spec.max_hold_back_steps:
+                candidates.append(request)
             else:
-                demand += 1
+                info.held_back_steps = 0
         held: list[Request] = []
         for request in reversed(candidates):  # the latest admitted sit out first
             if demand <= budget:
