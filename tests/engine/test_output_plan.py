@@ -8,7 +8,7 @@ import random
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import steps_until_room
+from slaq.engine.blocks import RoomForecast, planned_output_left, steps_until_room
 from slaq.engine.output_plan import OutputBound, unbounded_by_client
 from slaq.engine.standalone import BLOCK_SIZE
 from slaq.engine.vllm_compat import offline
@@ -44,6 +44,37 @@ def test_room_frees_sooner_on_the_plan_than_on_max_tokens() -> None:
     on_max_tokens = steps_until_room([running], BLOCK_SIZE, need_blocks=2, free_blocks=0, free_slots=0)
     on_plan = steps_until_room([running], BLOCK_SIZE, need_blocks=2, free_blocks=0, free_slots=0, output_left=lambda r: 20)
     assert on_max_tokens >= 399 and on_plan == 20
+
+
+def test_the_forecast_on_the_plan_answers_as_the_plan_asked_one_request_at_a_time() -> None:
+    """`RoomForecast` reads the plan for a whole batch at once (before the floor of 1); every answer is
+    the one the plan's per-request steps, sorted, give."""
+    scheduler = build_scheduler(max_num_seqs=24, max_num_batched_tokens=4096, num_blocks=2000, max_model_len=512)
+    driver = Driver(scheduler)
+    rng = random.Random(7)
+    requests = [make_request(Tier.BATCH, prompt_tokens=rng.randint(8, 120), max_tokens=rng.randint(1, 30)) for _ in range(24)]
+    driver.add(*requests)
+    for _ in range(6):
+        driver.step()
+    running = list(vc.running_requests(scheduler))
+    info_of = scheduler.info_of
+    for request in running[::3]:
+        info_of(request).planned_output = vc.output_tokens(request) - rng.randint(0, 2)  # at or past its plan: floored to 1
+    plan = planned_output_left(info_of)
+    reference = sorted((plan(r), -(-vc.computed_tokens(r) // BLOCK_SIZE)) for r in running)
+    forecast = RoomForecast(running, BLOCK_SIZE, plan)
+    for need_blocks, free_blocks, free_slots in [(0, 0, 0), (3, 0, 0), (40, 2, 0), (10, 12, 1), (5, 0, -2), (10**6, 0, 0)]:
+        expected = math.inf
+        if free_slots >= 1 and free_blocks >= need_blocks:
+            expected = 0
+        else:
+            slots, blocks = free_slots, free_blocks
+            for steps, held in reference:
+                slots, blocks = slots + 1, blocks + held
+                if slots >= 1 and blocks >= need_blocks:
+                    expected = steps
+                    break
+        assert forecast.steps_until(need_blocks, free_blocks, free_slots) == expected
 
 
 def _unbounded(predicted: int | None, prompt_tokens: int = 40, max_model_len: int = 512):

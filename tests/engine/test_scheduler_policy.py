@@ -37,6 +37,24 @@ def test_urgent_request_is_admitted_within_one_step_despite_a_full_batch() -> No
     assert driver.finished == {r.request_id for r in batch} | {urgent.request_id}
 
 
+def test_a_full_batch_checks_no_waiting_request_and_a_free_slot_does() -> None:
+    driver = Driver(build_scheduler(SLAScheduler, max_num_seqs=2))
+    scheduler = driver.scheduler
+    running = [make_request(Tier.BATCH, tenant="bulk", max_tokens=4) for _ in range(2)]
+    driver.add(*running)
+    driver.step()
+    checked: list = []
+    admission = scheduler.waiting_queue.admission
+    scheduler.waiting_queue.admission = lambda request: checked.append(request) or admission(request)
+    waiting = [make_request(Tier.BATCH, tenant="bulk") for _ in range(2)]  # the last one left is never checked (queue.py)
+    driver.add(*waiting)
+    output = driver.step()
+    assert checked == [] and not {r.request_id for r in waiting} & set(output.num_scheduled_tokens)
+    while waiting[0].request_id not in driver.first_scheduled_step:
+        driver.step()
+    assert checked and checked[0] is waiting[0]
+
+
 def test_stock_priority_scheduler_leaves_the_urgent_request_waiting() -> None:
     driver, batch = _full_batch_of_batch_decodes(AsyncScheduler)
     urgent = make_request(Tier.CRITICAL, tenant="vip", ttft_ms=200.0)

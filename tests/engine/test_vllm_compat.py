@@ -127,6 +127,31 @@ def test_active_request_limit_is_max_num_seqs() -> None:
     assert vc.active_request_limit(_stock(max_num_seqs=3)) == 3
 
 
+def test_batch_full_means_the_waiting_loop_looks_at_no_waiting_request() -> None:
+    scheduler = _stock(max_num_seqs=2)
+    driver = Driver(scheduler)
+    running = make_request(Tier.BATCH, max_tokens=50)
+    driver.add(running)
+    driver.step()
+    assert not vc.batch_full(scheduler)
+    with vc.hold_back(scheduler, [running]):  # lowers the limit with the batch: still one free slot
+        assert not vc.batch_full(scheduler)
+    driver.add(make_request(Tier.BATCH, max_tokens=50))
+    driver.step()
+    assert vc.batch_full(scheduler)
+    waiting = make_request(Tier.CRITICAL)
+    driver.add(waiting)
+    peeked: list[object] = []
+    peek = scheduler.waiting.peek_request
+    scheduler.waiting.peek_request = lambda: peeked.append(peek()) or peeked[-1]
+    output = driver.step()
+    assert peeked == [] and waiting.request_id not in output.num_scheduled_tokens
+    scheduler.running.pop()  # a free slot: the loop looks again
+    assert not vc.batch_full(scheduler)
+    driver.step()
+    assert peeked and peeked[0] is waiting
+
+
 def test_preempt_puts_the_request_back_in_waiting_and_reports_it() -> None:
     scheduler = _stock(max_num_seqs=1)
     driver = Driver(scheduler)

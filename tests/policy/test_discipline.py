@@ -194,3 +194,106 @@ def test_expired_head_is_the_waiting_head_past_its_deadline_and_never_one_put_ba
     assert queue.expired_head(Tier.BATCH.rank, NOW - 11.0) is None  # at that time its deadline was ahead
     queue.put_back_ahead(fresh)
     assert queue.expired_head(Tier.BATCH.rank, NOW) is None  # the head is ahead of its tier: not shed
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(list(Tier)), st.floats(0.0, 90.0), st.sampled_from([None, 500.0, 2000.0]),
+                                st.sampled_from(["t0", "t1", "t2"])), min_size=1, max_size=30),
+    steps=st.lists(st.tuples(st.sampled_from(["take", "pass", "charge", "discard", "ahead", "push"]),
+                             st.integers(0, 29), st.sampled_from(list(Tier)), st.integers(1, 500)), max_size=40),
+    rekey_head=st.sampled_from([1, 2, 4]),
+)
+def test_a_head_refreshed_only_when_its_tiers_shares_moved_chooses_as_one_refreshed_every_step(arrivals, steps, rekey_head) -> None:
+    """Two queues over the same requests and the same service counts, stepped alike: one refreshes every
+    head at every `begin`, the other only where its host's key token (`Accounting.version`) moved or a
+    live entry left the heap. Every choice is the same."""
+    spec = SchedulerSpec.model_validate({"queue": {"rekeyHead": rekey_head}})
+    policy = PodPolicy.from_spec(spec)
+    accounting = policy.accounting
+    base = [RequestView(tier, NOW - waited, ttft, 100, 100, tenant=tenant) for tier, waited, ttft, tenant in arrivals]
+
+    def view_of(index: int) -> RequestView:
+        view = base[index]
+        return dataclasses.replace(view, tenant_service_share=accounting.service_share(view.tier.value, view.tenant))
+
+    refreshed = {"always": 0, "tokens": 0}
+
+    def counted(name: str):
+        def view(index: int) -> RequestView:
+            refreshed[name] += 1
+            return view_of(index)
+        return view
+
+    always: TieredQueue[int] = TieredQueue(policy.ranking, policy.discipline, counted("always"), lambda index: index)
+    tokens: TieredQueue[int] = TieredQueue(policy.ranking, policy.discipline, counted("tokens"), lambda index: index)
+    queues = (always, tokens)
+    for index in range(len(base)):
+        for queue in queues:
+            queue.push(index)
+    clock = NOW
+
+    def begin() -> None:
+        always.begin(clock, POOL)
+        tokens.begin(clock, POOL, [accounting.version(tier.value) for tier in Tier])
+
+    begin()
+    for verb, index, tier, tokens_served in steps:
+        index %= len(base)
+        if verb == "charge":
+            accounting.charge(tier.value, base[index].tenant, tokens_served)
+            clock += 0.01
+            for queue in queues:
+                queue.restore_passed()
+            begin()
+        elif verb in ("take", "pass"):
+            choices = [queue.choose() for queue in queues]
+            assert (choices[0] is None) == (choices[1] is None)
+            if choices[0] is None:
+                continue
+            assert choices[0].item == choices[1].item
+            for queue, choice in zip(queues, choices):
+                queue.take(choice) if verb == "take" else queue.pass_over(choice)
+        elif verb == "discard":
+            assert always.discard(index) == tokens.discard(index)
+        else:
+            for queue in queues:
+                queue.put_back_ahead(index) if verb == "ahead" else queue.push(index)
+        if verb in ("take", "discard", "ahead", "push"):
+            clock += 0.01
+            for queue in queues:
+                queue.restore_passed()
+            begin()
+    orders = []
+    for queue in queues:
+        queue.restore_passed()
+        order = []
+        while (choice := queue.choose()) is not None:
+            order.append(queue.take(choice))
+        orders.append(order)
+    assert orders[0] == orders[1]
+    assert refreshed["tokens"] <= refreshed["always"]
+
+
+def test_a_heap_whose_shares_did_not_move_is_not_refreshed_again() -> None:
+    policy = PodPolicy.from_spec(SchedulerSpec())
+    calls: list[RequestView] = []
+    queue: TieredQueue[RequestView] = TieredQueue(policy.ranking, policy.discipline, lambda view: calls.append(view) or view, id)
+    views = [RequestView(Tier.BATCH, NOW - i, None, 100, 100, tenant="t0") for i in range(6)]
+    for view in views:
+        queue.push(view)
+    versions = lambda: [policy.accounting.version(tier.value) for tier in Tier]  # noqa: E731
+    queue.begin(NOW, POOL, versions())
+    calls.clear()
+    queue.begin(NOW + 1, POOL, versions())
+    assert calls == []  # nothing moved
+    policy.accounting.charge(Tier.STANDARD.value, "t0", 10)
+    queue.begin(NOW + 2, POOL, versions())
+    assert calls == []  # another tier's shares moved
+    policy.accounting.charge(Tier.BATCH.value, "t0", 10)
+    queue.begin(NOW + 3, POOL, versions())
+    assert len(calls) == policy.discipline.rekey_head  # its head is refreshed
+    queue.take(queue.choose())  # type: ignore[arg-type]
+    calls.clear()
+    queue.begin(NOW + 4, POOL, versions())
+    assert len(calls) == policy.discipline.rekey_head  # an entry left: the next ones are refreshed

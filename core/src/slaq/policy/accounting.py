@@ -21,14 +21,23 @@ class Accounting(Protocol):
     def charge(self, tier: str, tenant: str, tokens: float) -> None: ...
     def service_share(self, tier: str, tenant: str) -> float: ...
     def forget(self, tier: str, tenant: str) -> None: ...
+    def version(self, tier: str) -> int:
+        """A number that changes whenever a share of the tier may have changed (a queue refreshes its
+        keys only then)."""
+        ...
 
 
 class VirtualTokenCounters:
     def __init__(self) -> None:
         self._counters: dict[str, dict[str, float]] = defaultdict(dict)  # tier -> tenant -> tokens
         self._totals: dict[str, float] = defaultdict(float)
+        self._versions: dict[str, int] = defaultdict(int)  # tier -> charges and forgets so far
+
+    def version(self, tier: str) -> int:
+        return self._versions.get(tier, 0)
 
     def charge(self, tier: str, tenant: str, tokens: float) -> None:
+        self._versions[tier] += 1
         counters = self._counters[tier]
         if tenant not in counters:
             counters[tenant] = min(counters.values(), default=0.0)
@@ -46,6 +55,7 @@ class VirtualTokenCounters:
     def forget(self, tier: str, tenant: str) -> None:
         counters = self._counters.get(tier)
         if counters and tenant in counters:
+            self._versions[tier] += 1
             self._totals[tier] -= counters.pop(tenant)
 
 

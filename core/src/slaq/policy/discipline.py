@@ -8,7 +8,8 @@ same order (tests/policy/test_discipline.py checks the two hosts against each ot
 
 - **One heap per tier**, keyed by the ranking's static `within_tier_key` (the deadline less a
   bounded tenant-fairness credit, refreshed for the first `rekey_head` of each heap when a host
-  begins a step or a release round). Band 0 holds requests a host puts back ahead of their tier
+  begins a step or a release round, unless the host's key token says nothing it is computed from
+  moved). Band 0 holds requests a host puts back ahead of their tier
   (`put_back_ahead`: the engine's preempted requests); band 1 everything else (`push`). Removal is
   lazy: an entry is live while the live map points at it, so a cancelled request costs O(1). A
   host may pass over a choice (`pass_over`: the engine's waiting loop, for the rest of a step): it
@@ -35,7 +36,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Iterator, NamedTuple, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, NamedTuple, Sequence, TypeVar
 
 from slaq.api.common import Tier
 from slaq.api.pool import QueueSpec, SchedulerSpec
@@ -138,6 +139,9 @@ class TieredQueue(Generic[T]):
         self._seq = itertools.count()
         self._classes: dict[int, int] = {}
         self._ranks: dict[int, Rank] = {}
+        # id(heap) -> the key token its head was last refreshed at, while no live entry has left the
+        # heap since (`begin`: such a head's keys are what a refresh would compute again)
+        self._fresh: dict[int, Hashable] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -182,6 +186,7 @@ class TieredQueue(Generic[T]):
             self._depth[view.tier.rank] += 1
         else:
             self._left_missed(previous, view.tier.rank)
+            self._moved_in_tier(view.tier.rank)
         self._live[key] = entry
         self._passed_ids.discard(key)
         heapq.heappush(self._heaps[view.tier.rank], entry)
@@ -197,12 +202,14 @@ class TieredQueue(Generic[T]):
         tier_rank = self.view_of(item).tier.rank
         self._depth[tier_rank] -= 1
         self._left_missed(entry, tier_rank)
+        self._moved_in_tier(tier_rank)
         return True
 
     def take(self, choice: Choice[T]) -> T:
         """Admit the chosen item: it leaves the queue and counts in the starving share."""
         self._aged_share += self.discipline.aged_share_alpha * ((1.0 if choice.starving else 0.0) - self._aged_share)
         heapq.heappop(choice._heap)  # the chosen entry heads its heap (`_head` made sure)
+        self._fresh.pop(id(choice._heap), None)
         del self._live[self.id_of(choice.item)]
         self._depth[choice.tier_rank] -= 1
         self._left_missed(choice._entry, choice.tier_rank)
@@ -212,6 +219,7 @@ class TieredQueue(Generic[T]):
         """Leave the chosen item queued (it counts in len and depth) but out of the choice until
         `restore_passed` puts it back in its heap."""
         heapq.heappop(choice._heap)  # the chosen entry heads its heap (`_head` made sure)
+        self._fresh.pop(id(choice._heap), None)
         self._passed.append(choice)
         self._passed_ids.add(self.id_of(choice.item))
 
@@ -232,6 +240,11 @@ class TieredQueue(Generic[T]):
     def passes(self) -> int:
         """Choices passed over since the last `restore_passed` (those since removed included)."""
         return len(self._passed)
+
+    def _moved_in_tier(self, tier_rank: int) -> None:
+        """A live entry of the tier left its heap: entries below its refreshed head may now head it."""
+        self._fresh.pop(id(self._heaps[tier_rank]), None)
+        self._fresh.pop(id(self._missed[tier_rank]), None)
 
     def _left_missed(self, entry: Entry[T], tier_rank: int) -> None:
         if entry.seq in self._in_missed:
@@ -260,16 +273,28 @@ class TieredQueue(Generic[T]):
                         yield entry.item
 
     # -- the clock ---------------------------------------------------------------------------
-    def begin(self, now: float, pool: PoolView) -> None:
-        """Fix the clock and load for the choices until the next call; refresh the heads' fairness credit."""
+    def begin(self, now: float, pool: PoolView, key_tokens: Sequence[Hashable] | None = None) -> None:
+        """Fix the clock and load for the choices until the next call; refresh the heads' fairness credit.
+
+        `key_tokens`, one per tier rank, lets a host say when nothing a tier's keys are computed from
+        has changed (its tenants' service shares: `Accounting.version`): a heap whose last refresh, at
+        the same token (and aging bound), changed no key, and that no live entry has left since, is not
+        refreshed again: its head is what that refresh found, plus what was pushed since, keyed at the
+        same token, so the refresh would change nothing. Without them every head is refreshed."""
         self._now, self._pool = now, pool
         self._classes.clear()
         self._ranks.clear()
-        for heap in (*self._heaps, *self._missed):
-            if heap:
-                self._rekey_head(heap)
+        fresh = self._fresh
+        for tier_rank in range(len(TIERS)):
+            token = None if key_tokens is None else (key_tokens[tier_rank], pool.aging_bound_s)
+            for heap in (self._heaps[tier_rank], self._missed[tier_rank]):
+                if not heap or (token is not None and fresh.get(id(heap)) == token):
+                    continue
+                if not self._rekey_head(heap) and token is not None:
+                    fresh[id(heap)] = token  # (a changed key may lift an entry not refreshed into the head)
 
-    def _rekey_head(self, heap: list[Entry[T]]) -> None:
+    def _rekey_head(self, heap: list[Entry[T]]) -> bool:
+        """Refresh the keys of the heap's first `rekey_head` live entries; whether any changed."""
         # Every step, for every heap: names bound once, liveness (`_is_live`) inline.
         live, id_of, limit = self._live, self.id_of, self.discipline.rekey_head
         taken: list[Entry[T]] = []
@@ -278,13 +303,16 @@ class TieredQueue(Generic[T]):
             if live.get(id_of(entry.item)) is entry:
                 taken.append(entry)
         key_of, view_of, aging_bound_s = self.ranking.within_tier_key, self.view_of, self._pool.aging_bound_s
+        changed = False
         for entry in taken:
             band, key, seq, item = entry
             fresh_key = key_of(view_of(item), aging_bound_s)
             if fresh_key != key:
                 entry = _new(Entry, (band, fresh_key, seq, item))
                 live[id_of(item)] = entry
+                changed = True
             heapq.heappush(heap, entry)
+        return changed
 
     # -- what the hosts look at ------------------------------------------------------------------
     def peek_heads(self, limit: int, accept: Callable[[T], bool]) -> list[T]:
@@ -332,6 +360,7 @@ class TieredQueue(Generic[T]):
             if view.ttft_ms is None or self._now + (lead(view) if lead is not None else 0.0) < deadline(view, aging):
                 return
             heapq.heappush(self._missed[tier_rank], heapq.heappop(heap))
+            self._moved_in_tier(tier_rank)
             if entry.seq not in self._in_missed:
                 self._in_missed.add(entry.seq)
                 self._missed_depth[tier_rank] += 1

@@ -54,6 +54,12 @@ class WaitingOrder:
             )
         return view
 
+    def key_tokens(self) -> tuple[int, ...]:
+        """Per tier rank, what moves whenever a tenant's service share in the tier may have (the
+        views' only field that changes after arrival): the queue refreshes a head's keys only then."""
+        version = self.policy.accounting.version
+        return tuple([version(name) for name in TIER_NAMES])
+
     def score(self, info: RequestInfo, now: float) -> float:
         return self.policy.ranking.score(self.view(info), now, self.pool)
 

@@ -84,7 +84,12 @@ class SLARequestQueue(RequestQueue):
         """Fix the clock and load for this step's choices and refresh the fairness credit of each tier's head."""
         self._restore_passed()
         self._checking = self.admission is not None
-        self._tiers.begin(now, self._order.pool)
+        self._tiers.begin(now, self._order.pool, self._order.key_tokens())
+
+    def admits_nothing(self) -> None:
+        """vLLM's waiting loop will try no request this step (the batch is full, `vc.batch_full`): it
+        only asks whether the queue is empty, so no choice is made and no admission is checked."""
+        self._checking = False
 
     def end_step(self) -> None:
         """The waiting loop is over: what it passed over goes back to its heap."""

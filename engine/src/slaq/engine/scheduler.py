@@ -256,14 +256,22 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             vc.decodes_first(self)
         held = self._prefills_to_hold_back(cap if cap is not None else vc.step_token_limit(self))
         try:
-            with vc.step_token_budget(self, cap), vc.hold_back(self, held):
-                output = super().schedule(*args, **kwargs)
+            if cap is None and not held:  # the common case: the step is vLLM's as it stands
+                output = self._vllm_schedule(args, kwargs)
+            else:
+                with vc.step_token_budget(self, cap), vc.hold_back(self, held):
+                    output = self._vllm_schedule(args, kwargs)
         finally:
             self.waiting_queue.end_step()
         self._in_flight.append((output, time.monotonic(), kv_tokens, vc.prefill_pairs(self, output)))
         self._after_step(output, ours)
         self.metrics.observe_step(time.perf_counter() - started, self.waiting_queue.depth_by_rank(), self.block_manager.ledger.blocks_by_tier)
         return output
+
+    def _vllm_schedule(self, args: tuple, kwargs: dict) -> SchedulerOutput:
+        if vc.batch_full(self):
+            self.waiting_queue.admits_nothing()  # the waiting loop stops at its first check
+        return super().schedule(*args, **kwargs)
 
     def _batch_view(self, tightest_tpot_s: float | None, kv_tokens: int, now: float) -> BatchView:
         running = vc.running_requests(self)
@@ -317,18 +325,16 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         if not urgent:
             return []
         rank = self.info_of(urgent[0]).tier_rank
-        demand = vc.total_tokens(urgent[0])
+        chunks = [request for request in filter(vc.is_prefill_chunk, running) if vc.is_prefilling(request)]  # C-speed scan first
+        demand = vc.total_tokens(urgent[0]) + len(running) - len(chunks)  # a token for each decode
         candidates: list[Request] = []
-        for request in running:
-            if vc.is_prefilling(request):
-                demand += vc.prefill_tokens_left(request)
-                info = self.info_of(request)
-                if info.tier_rank > rank and info.held_back_steps < self.step_spec.max_hold_back_steps:
-                    candidates.append(request)
-                else:
-                    info.held_back_steps = 0
+        for request in chunks:
+            demand += vc.prefill_tokens_left(request)
+            info = self.info_of(request)
+            if info.tier_rank > rank and info.held_back_steps < self.step_spec.max_hold_back_steps:
+                candidates.append(request)
             else:
-                demand += 1
+                info.held_back_steps = 0
         held: list[Request] = []
         for request in reversed(candidates):  # the latest admitted sit out first
             if demand <= budget:

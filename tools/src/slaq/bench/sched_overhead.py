@@ -10,10 +10,14 @@ Scenarios:
   running batch) and nothing gets admitted: the steady state of a backlog.
 - churn: running requests finish every few steps and are replaced from the waiting queue, which
   is topped up to its size after each step: admission and prefix-cache lookups every step. The
-  two schedulers decide differently here, and that is the point of slaq: stock vLLM admits in
-  waves, when a wave of requests finishes, and most of its steps admit nothing; slaq preempts
-  batch-tier decodes so that critical requests waiting on their TTFT objective get in within a
-  step, so most of its steps admit and preempt a few requests. Its steps carry more work.
+  two schedulers decide differently here: stock vLLM admits in waves, when a wave of requests
+  finishes, and most of its steps admit nothing. At 100 and 1,000 waiting slaq preempts a few
+  batch-tier decodes for critical requests waiting on their TTFT objective in its first measured
+  steps (all its preemptions: until `step.stepsBeforeStepTime` steps were timed, 32 against the 20
+  warm-up steps here, it cannot tell that room frees in time and preempts, see preemption.py); the
+  resumed requests then finish out of step with the waves, so most of its later steps admit a few
+  requests, and its p50 step is one that admits while stock's is not. At 10,000 waiting it
+  preempts none and admits in waves as stock does.
 - same: churn where every request is one tenant's, batch tier, with no objective: nothing is urgent
   and nothing is preempted, so both schedulers admit as many requests in the same steps (the
   tokens differ by a few percent of prefix-cache hits at 1,000 and more waiting) and the ratio is

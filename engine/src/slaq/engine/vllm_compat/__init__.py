@@ -113,6 +113,14 @@ def active_request_limit(scheduler: AsyncScheduler) -> int:
     return scheduler.max_num_active_reqs - scheduler.num_waiting_for_streaming_input
 
 
+def batch_full(scheduler: AsyncScheduler) -> bool:
+    """Whether `schedule()`'s waiting loop will stop before it looks at a waiting request: the running
+    batch, with paused streaming sessions, fills `max_num_active_reqs` (the loop's first check). Within
+    a step nothing leaves `running` but what its running loop preempts, and a step that preempts skips
+    the waiting loop; read it inside `hold_back`, which lowers the limit."""
+    return len(scheduler.running) + scheduler.num_waiting_for_streaming_input >= scheduler.max_num_active_reqs
+
+
 def preempt(scheduler: AsyncScheduler, request: Request, now: float) -> None:
     """Preempt a running request before `schedule()` runs (waiting admission is skipped in a step
     whose own running loop preempted, so slaq preempts first). `_preempt_request` wants the request

@@ -60,9 +60,11 @@ class BudgetedKVCacheManager(KVCacheManager):
         num_lookahead_tokens: int = 0,
         **kwargs: Any,
     ) -> "KVCacheBlocks | None":
-        if (num_new_tokens <= 1 and not num_new_computed_tokens
+        # (No keywords beyond these: vLLM's running loop passes none, and a positional call skips
+        # building them again; with any, the hook gives the same answer.)
+        if (num_new_tokens <= 1 and not num_new_computed_tokens and not kwargs
                 and request.num_computed_tokens + num_new_tokens + num_lookahead_tokens <= self.slaq_decode_room.get(request.request_id, -1)):
-            return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens, **kwargs)
+            return _stock_allocate_slots(self, request, num_new_tokens, 0, new_computed_blocks, num_lookahead_tokens)
         return self.slaq_allocate_slots(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, (new_computed_blocks, kwargs))
 
     def free(self, request: Request) -> None:
