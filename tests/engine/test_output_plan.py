@@ -8,7 +8,7 @@ import random
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import RoomForecast, planned_output_left, steps_until_room
+from slaq.engine.blocks import PlannedOutputLeft, RoomForecast, steps_until_room
 from slaq.engine.output_plan import OutputBound, unbounded_by_client
 from slaq.engine.standalone import BLOCK_SIZE
 from slaq.engine.vllm_compat import offline
@@ -60,7 +60,7 @@ def test_the_forecast_on_the_plan_answers_as_the_plan_asked_one_request_at_a_tim
     info_of = scheduler.info_of
     for request in running[::3]:
         info_of(request).planned_output = vc.output_tokens(request) - rng.randint(0, 2)  # at or past its plan: floored to 1
-    plan = planned_output_left(info_of)
+    plan = PlannedOutputLeft(info_of)
     reference = sorted((plan(r), -(-vc.computed_tokens(r) // BLOCK_SIZE)) for r in running)
     forecast = RoomForecast(running, BLOCK_SIZE, plan)
     for need_blocks, free_blocks, free_slots in [(0, 0, 0), (3, 0, 0), (40, 2, 0), (10, 12, 1), (5, 0, -2), (10**6, 0, 0)]:

@@ -20,8 +20,9 @@ does, in vLLM's signatures, and calls the hooks here (`slaq_allocate_slots`, `sl
   --signals static`) into that loop, and eight slaq pods served less of the ramp than eight stock
   vLLM pods (docs/decisions/0026-a-prompt-is-admitted-whole.md); pricing the whole prompt at
   admission keeps what a lower tier can take from the reserve to its decodes' growth and the
-  chunks of prompts already admitted. A critical arrival that then finds the headroom short preempts a lower tier for
-  it (engine/src/slaq/engine/preemption.py), or waits when blocks free up in time.
+  chunks of prompts already admitted. A critical arrival that then finds the headroom short
+  preempts a lower tier for it (engine/src/slaq/engine/preemption.py), or waits when blocks free
+  up in time.
 - Tenant caps: a tenant whose KV share is below 1 is admitted only while the blocks reserved for
   its running requests (prompt + max_tokens each, capped at max_model_len) fit in its share, so
   growth can never exceed the cap and no other tenant is preempted to make it fit. A single
@@ -85,15 +86,11 @@ class PlannedOutputLeft:
         return map(operator.sub, map(_PLANNED_OUTPUT, map(self._info_of, running)), map(vc.output_tokens, running))
 
 
-def planned_output_left(info_of: Callable[[Request], RequestInfo]) -> PlannedOutputLeft:
-    return PlannedOutputLeft(info_of)
-
-
 def steps_until_room(running: Sequence[Request], block_size: int, need_blocks: int, free_blocks: int,
                      free_slots: int = 1, output_left: OutputLeft = max_tokens_left) -> float:
     """Steps until running requests finishing on their own, soonest first, leave a slot and
     `need_blocks` blocks free (inf: never). Their steps are `output_left` (by default `max_tokens`
-    left, an upper bound; the scheduler's plan, `planned_output_left`)."""
+    left, an upper bound; the scheduler's plan, `PlannedOutputLeft`)."""
     return RoomForecast(running, block_size, output_left).steps_until(need_blocks, free_blocks, free_slots)
 
 
@@ -259,7 +256,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         if free - mine >= need:
             return False
         prefill_steps = -(-(vc.total_tokens(request) - vc.computed_tokens(request)) // max(1, vc.step_token_limit(scheduler)))
-        output_left = planned_output_left(self._slaq_info_of)
+        output_left = PlannedOutputLeft(self._slaq_info_of)
         done_in = prefill_steps + output_left(request)
         return done_in > steps_until_room(vc.running_requests(scheduler), self._slaq_block_size, need, free, output_left=output_left)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.blocks import RoomForecast, planned_output_left
+from slaq.engine.blocks import PlannedOutputLeft, RoomForecast
 from slaq.engine.sla import RequestInfo
 from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request
@@ -131,7 +131,7 @@ class UrgentPreemption:
         ):
             return []  # room for all of them: the common case costs no scan of the running batch
         victims: list[Request] | None = None  # ordered when first needed: urgent requests that wait for room need none
-        room = RoomForecast(running, resources.block_size, planned_output_left(info_of))  # sorted once, if asked
+        room = RoomForecast(running, resources.block_size, PlannedOutputLeft(info_of))  # sorted once, if asked
         plan: list[Preemption] = []
         taken: set[str] = set()
         slots, blocks = resources.free_slots, resources.free_blocks

@@ -588,7 +588,7 @@ class SidecarCore:
         if output_tokens is not None and not refund:
             # The figures the bucket was settled with reach fairness, /slaq/usage and the token counters
             # too, for a stream cut short as for a complete answer.
-            self.accounting.charge(tenant.tier.value, tenant.name, prompt_charge + output_tokens)
+            self.accounting.charge(tier, tenant.name, prompt_charge + output_tokens)
             self.usage.tokens(tenant.name, prompt_charge + output_tokens, now)
             self.metrics.tokens.labels(tenant.name, tier, "in").inc(prompt)
             self.metrics.tokens.labels(tenant.name, tier, "out").inc(output_tokens)
