@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import socket
+import struct
+import threading
 
+import uvloop
+
+from slaq.sidecar.errors import EngineUnavailable
 from slaq.sidecar.proxy import ENGINE_KEEP_ALIVE_S, IDLE_CONNECTION_EXPIRY_S, EngineClient
 
 RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -53,3 +60,59 @@ def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
 def test_idle_connections_expire_well_before_the_engines_keep_alive_timeout() -> None:
     """vLLM closes connections idle for 5 s; a pool that kept them as long raced that close (ReadError, 503)."""
     assert IDLE_CONNECTION_EXPIRY_S <= ENGINE_KEEP_ALIVE_S / 2
+
+
+# an engine that resets connections as it accepts them ------------------------------------------
+
+def _resetting_listener() -> tuple[socket.socket, int]:
+    """A listener that accepts each connection and resets it at once (SO_LINGER 0), as the kernel does
+    for the connections of an engine killed mid-accept."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(512)
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return  # closed: the test is over
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+async def _open_many(port: int, rounds: int, at_once: int) -> collections.Counter:
+    client = EngineClient(f"http://127.0.0.1:{port}")
+    outcomes: collections.Counter = collections.Counter()
+
+    async def one() -> None:
+        try:
+            await client.open("POST", "/v1/completions", body=b"{}", headers={})
+            outcomes["answered"] += 1
+        except EngineUnavailable:
+            outcomes["unavailable"] += 1
+        except Exception as exc:  # what the sidecar would have turned into a bare 500
+            outcomes[f"{type(exc).__name__}: {exc}"] += 1
+
+    try:
+        for _ in range(rounds):
+            await asyncio.gather(*(one() for _ in range(at_once)))
+    finally:
+        await client.aclose()
+    return outcomes
+
+
+def test_a_connection_reset_as_it_opens_is_the_engine_unavailable_under_uvloop() -> None:
+    """The sidecar runs on uvloop wherever it is installed (uvicorn's "auto"; vLLM brings it). There a
+    connection reset right after its connect surfaced from httpx as AttributeError (httpcore reads the
+    socket's peer through anyio, and uvloop's transport no longer has a socket): the engine-kill test
+    once got a bare 500. About 1.5 % of these opens hit it."""
+    server, port = _resetting_listener()
+    try:
+        outcomes = uvloop.run(_open_many(port, rounds=20, at_once=50))
+    finally:
+        server.close()
+    assert outcomes == {"unavailable": 1000}, outcomes

@@ -258,6 +258,13 @@ class EngineClient:
             raise EngineTimeout(f"engine at {self.base_url} sent no answer within its idle timeout", retry_after_s=1.0) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise EngineUnavailable(f"engine at {self.base_url} unreachable: {type(exc).__name__}", retry_after_s=1.0) from exc
+        except AttributeError as exc:
+            # Not httpx's: under uvloop a transport's socket reads None once the peer has reset the
+            # connection, and httpcore 1.0 looks at a new connection's socket (through anyio) before
+            # any read would have failed. A connection reset right after its connect (an engine killed
+            # with connections still in its accept backlog) raised this out of `send` and the client
+            # got a bare 500 where it should have got 503 (CI: the engine-kill test).
+            raise EngineUnavailable(f"engine at {self.base_url} unreachable: connection reset as it opened", retry_after_s=1.0) from exc
 
     async def get(self, path: str, timeout_s: float) -> httpx.Response:
         return await self.client.get(path, timeout=timeout_s)
