@@ -217,6 +217,23 @@ ENGINE_KEEP_ALIVE_S = 5.0
 IDLE_CONNECTION_EXPIRY_S = 2.0
 
 
+class _EngineTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport, with one failure of the layers below it made httpx's own.
+
+    Under uvloop a transport's socket reads None once the peer has reset the connection, and
+    httpcore 1.0 looks at a new connection's socket (through anyio) before any read would have
+    failed: a connection reset right after its connect (an engine killed with connections still in
+    its accept backlog) raised AttributeError out of httpx, and the client got a bare 500 where it
+    should have got 503 (CI: the engine-kill test), and a health probe that met it would have ended
+    the monitor's loop."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except AttributeError as exc:
+            raise httpx.ConnectError(f"connection reset as it opened ({exc})", request=request) from exc
+
+
 class EngineClient:
     """Pooled HTTP/1.1 clients to the engine inside the pod.
 
@@ -233,11 +250,11 @@ class EngineClient:
         self.clients = [
             httpx.AsyncClient(
                 base_url=self.base_url,
-                verify=tls,
                 # read: the engine silent this long (no headers, no byte of the stream) ends the request.
                 timeout=httpx.Timeout(connect=connect_timeout_s, read=engine_idle_s, write=60.0, pool=None),
-                limits=httpx.Limits(max_connections=connections_per_shard, max_keepalive_connections=connections_per_shard,
-                                    keepalive_expiry=idle_expiry_s),
+                transport=_EngineTransport(verify=tls, limits=httpx.Limits(max_connections=connections_per_shard,
+                                                                             max_keepalive_connections=connections_per_shard,
+                                                                             keepalive_expiry=idle_expiry_s)),
             )
             for _ in range(max(1, shards))
         ]
@@ -258,13 +275,6 @@ class EngineClient:
             raise EngineTimeout(f"engine at {self.base_url} sent no answer within its idle timeout", retry_after_s=1.0) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             raise EngineUnavailable(f"engine at {self.base_url} unreachable: {type(exc).__name__}", retry_after_s=1.0) from exc
-        except AttributeError as exc:
-            # Not httpx's: under uvloop a transport's socket reads None once the peer has reset the
-            # connection, and httpcore 1.0 looks at a new connection's socket (through anyio) before
-            # any read would have failed. A connection reset right after its connect (an engine killed
-            # with connections still in its accept backlog) raised this out of `send` and the client
-            # got a bare 500 where it should have got 503 (CI: the engine-kill test).
-            raise EngineUnavailable(f"engine at {self.base_url} unreachable: connection reset as it opened", retry_after_s=1.0) from exc
 
     async def get(self, path: str, timeout_s: float) -> httpx.Response:
         return await self.client.get(path, timeout=timeout_s)
