@@ -69,3 +69,18 @@ def test_up_validates_the_scheduler_config_and_hands_it_on(monkeypatch, capsys, 
     assert json.loads(seen[0].scheduler_config)["agingBoundSeconds"] == 45.0
     assert slaq_main(["up", "--scheduler-config", '{"agingBoundSeconds": -1}']) == 2
     assert "agingBoundSeconds" in capsys.readouterr().err
+
+
+def test_the_demos_sidecar_gets_the_free_tiers_handover_bound(tmp_path: Path) -> None:
+    """The demo's slaq stack runs its sidecar with `SIDECAR_ARGS` (decision 0023's bound), which the
+    sidecar's own command line reads; a stack without them runs the pool's default (no bound)."""
+    from slaq.local.demo import SIDECAR_ARGS
+    from slaq.sidecar.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    for sidecar_args, bound in ((SIDECAR_ARGS, 4), ((), 0)):
+        stack = LocalStack(StackOptions(tenant_table=tmp_path / "tenants.json", sidecar_args=sidecar_args), tmp_path)
+        stack.engine_port, stack.port, stack.metrics_port = 8001, 8000, 9555
+        command = stack.sidecar_command()
+        assert parser.parse_args(command[command.index("sidecar"):]).batch_handover_target == bound

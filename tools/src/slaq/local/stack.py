@@ -39,6 +39,7 @@ class StackOptions:
     # The pool's spec.scheduler as validated wire JSON, handed to the engine and the sidecar alike
     # (as the operator does in a pod); None: both use the defaults.
     scheduler_config: str | None = None
+    sidecar_args: tuple[str, ...] = ()  # further `slaq sidecar` flags
 
 
 @dataclass
@@ -98,7 +99,7 @@ class LocalStack:
             "--served-model-name", self.served_model_name,
             # The engine's context bounds max_tokens and the body; request limits are the pool's defaults, as in a pod.
             "--max-model-len", str(self.max_model_len),
-        ) + self._scheduler_args()
+        ) + self._scheduler_args() + list(opts.sidecar_args)
 
     @property
     def max_model_len(self) -> int:
