@@ -251,6 +251,28 @@ def test_a_client_that_leaves_while_queued_is_refunded(start_sidecar, fake_upstr
     assert _tokens_left(core, "std") > 5990
 
 
+def test_a_request_shed_from_the_queue_is_refunded(start_sidecar, fake_upstream) -> None:
+    """A batch request whose objective passes while it waits is shed (503 ttft_unreachable): the
+    engine never had it, so its reservation flows back as for a client that left the queue."""
+    sidecar = start_sidecar(fake_upstream[1], abc_table(free={"ttft_ms": 300.0, "tokens_per_minute": 6000.0}), served_model_name="fake-model")
+    core = sidecar.app.core
+    core.gate.max_in_flight = 1
+
+    async def shed_while_queued() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=sidecar.url, timeout=30) as client:
+            holder = asyncio.create_task(client.post("/v1/completions", json={**COMPLETION, "stream": True, "user": fake_user(delay_ms=400)},
+                                                     headers=bearer("vip")))
+            await asyncio.to_thread(wait_for, lambda: core.gate.in_flight == 1, 10.0, "holder released")
+            shed = await client.post("/v1/completions", json={**COMPLETION, "max_tokens": 2000}, headers=bearer("free"))
+            await holder
+            return shed
+
+    shed = asyncio.run(shed_while_queued())
+    assert shed.status_code == 503 and shed.json()["reason"] == "ttft_unreachable", shed.text
+    wait_for(lambda: core.quotas.in_flight("free") == 0, 10.0, "the shed request settled")
+    assert _tokens_left(core, "free") > 5990  # charged, 2,000 would be gone
+
+
 def test_a_stream_is_charged_the_engines_usage_and_the_client_sees_no_usage_chunk(sidecar, fake_upstream) -> None:
     with sidecar.client.stream("POST", "/v1/completions", json={**COMPLETION, "stream": True, "max_tokens": 12, "prompt": "x" * 400},
                                headers=bearer("vip")) as response:

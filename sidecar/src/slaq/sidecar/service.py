@@ -477,9 +477,10 @@ class SidecarCore:
                 del self._parsing[name]
 
     def shed(self, flight: Flight, error: SidecarError) -> None:
-        """A queued request refused by the queue (shed: it could no longer be served in time)."""
+        """A queued request refused by the queue (shed: it could no longer be served in time). The
+        engine never had it, so its token reservation flows back whole, as for a client that left the queue."""
         self.refused(error, flight.identity)
-        self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=http_status(error))
+        self.finish(flight, output_tokens=None, engine_prompt_tokens=None, status=http_status(error), refund=True)
 
     def observe_engine(self, waiting: int | None, running: int | None, kv_usage: float | None, released_before: int | None,
                        waiting_by_rank: Sequence[int] | None = None, released_by_rank_before: Sequence[int] | None = None) -> None:
