@@ -296,3 +296,32 @@ def test_a_hung_engine_gets_new_requests_answered_503_and_recovers(start_sidecar
         assert client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200
     finally:
         client.close()
+
+
+# a defect inside the sidecar ----------------------------------------------------------------------
+
+def test_a_defect_inside_the_sidecar_is_a_json_500_with_the_request_id_and_the_pod_serves_on(sidecar, caplog) -> None:
+    """Not a refusal but a bug (here: building the engine's body fails once): the client gets the
+    refusals' JSON shape (500 internal_error, its request id), not the server's bare 500; the traceback
+    is logged under that id, the access log and slaq_requests_total say 500, and nothing leaks."""
+    core = sidecar.app.core
+    enriched_body = core.enriched_body
+    failures = iter([RuntimeError("a defect")])
+
+    def fails_once(*args, **kwargs):
+        for failure in failures:
+            raise failure
+        return enriched_body(*args, **kwargs)
+
+    core.enriched_body = fails_once
+    buffer = capture(sidecar)
+    failed = sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip"))
+    refusal(failed, 500, "internal_error")
+    request_id = failed.headers["x-request-id"]
+    assert request_id in failed.json()["error"]["message"]
+    assert any(request_id in record.getMessage() and record.exc_info for record in caplog.records)
+    line = wait_for(lambda: [entry for entry in access_lines(buffer) if entry.get("request_id") == request_id], what="its access line")[0]
+    assert (line["status"], line["reason"]) == (500, "internal_error")
+    assert 'slaq_requests_total{code="500",tenant="vip",tier="critical"} 1.0' in sidecar.metrics.get("/metrics").text
+    assert core.gate.in_flight == 0 and core.quotas.in_flight("vip") == 0
+    assert sidecar.client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200

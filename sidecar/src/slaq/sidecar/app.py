@@ -92,6 +92,20 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
     await _send_bytes(send, status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body)
 
 
+class _AnswerStarted:
+    """The app's `send`, noting whether the response has started (a failure after that cannot be answered)."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send, self.started = send, False
+
+    async def __call__(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+
 async def _send_refusal(send: Send, error: SidecarError, request_id: str) -> None:
     status, headers, body = refusal(error)
     await _send_bytes(send, status, [*headers, (REQUEST_ID_HEADER.encode(), request_id.encode())], body)
@@ -185,14 +199,25 @@ class SidecarApp:
             arrival = self.core.clock() - door_wait_s(scope)
             entry = AccessEntry(scope["method"], scope["path"], arrival, request_id=uuid.uuid4().hex,
                                 client=self.trusted_proxies.client(peer, scope["headers"]), peer=peer)
+            answer = _AnswerStarted(send)
             try:
                 problem = head_problem(scope)
                 if problem is not None:
                     raise problem
-                await self._route(scope, receive, send, entry)
+                await self._route(scope, receive, answer, entry)
             except SidecarError as error:
                 entry.status, entry.reason = http_status(error), error.reason
                 await _send_refusal(send, error, entry.request_id)
+            except Exception:
+                # A defect, not a refusal: its traceback is logged under the request id, the access log
+                # says 500 internal_error, and a client not yet answered gets the refusals' JSON shape
+                # (not the server's bare 500); one mid-answer has its connection closed.
+                log.exception("request %s failed inside the sidecar", entry.request_id)
+                entry.status, entry.reason = HTTPStatus.INTERNAL_SERVER_ERROR.value, SidecarError.reason
+                if answer.started:
+                    raise
+                await _send_refusal(send, SidecarError(f"the sidecar failed on this request (logged under request id {entry.request_id})"),
+                                    entry.request_id)
             finally:
                 if entry.path not in PROBE_PATHS:
                     self.access.write(entry)
@@ -339,6 +364,11 @@ class SidecarApp:
             self.core.refused(error, identity)
             # Unreachable: the engine never had it. Timed out: it may have worked on it all along.
             status, refund = http_status(error), not isinstance(error, EngineTimeout)
+            raise
+        except (SidecarError, TimeoutError):  # refused, or the client stopped reading (`_inference`): as set above
+            raise
+        except Exception:
+            status = HTTPStatus.INTERNAL_SERVER_ERROR.value  # a defect (logged by the caller): the reservation stands
             raise
         except asyncio.CancelledError:
             # The client went away; one that read the closing [DONE] first (and may well close before
