@@ -48,7 +48,8 @@ def test_room_frees_sooner_on_the_plan_than_on_max_tokens() -> None:
 
 def test_the_forecast_on_the_plan_answers_as_the_plan_asked_one_request_at_a_time() -> None:
     """`RoomForecast` reads the plan for a whole batch at once (before the floor of 1); every answer is
-    the one the plan's per-request steps, sorted, give."""
+    the one the plan's per-request steps, sorted, give, whether the question is short of blocks or
+    of slots alone (answered without the sort)."""
     scheduler = build_scheduler(max_num_seqs=24, max_num_batched_tokens=4096, num_blocks=2000, max_model_len=512)
     driver = Driver(scheduler)
     rng = random.Random(7)
@@ -63,7 +64,8 @@ def test_the_forecast_on_the_plan_answers_as_the_plan_asked_one_request_at_a_tim
     plan = PlannedOutputLeft(info_of)
     reference = sorted((plan(r), -(-vc.computed_tokens(r) // BLOCK_SIZE)) for r in running)
     forecast = RoomForecast(running, BLOCK_SIZE, plan)
-    for need_blocks, free_blocks, free_slots in [(0, 0, 0), (3, 0, 0), (40, 2, 0), (10, 12, 1), (5, 0, -2), (10**6, 0, 0)]:
+    for need_blocks, free_blocks, free_slots in [(0, 0, 0), (3, 0, 0), (40, 2, 0), (10, 12, 1), (5, 0, -2), (10**6, 0, 0),
+                                                     (0, 0, -2), (3, 50, -1), (0, 5, 0), (2, 10**6, -30)]:  # the last four: short of slots alone
         expected = math.inf
         if free_slots >= 1 and free_blocks >= need_blocks:
             expected = 0

@@ -9,15 +9,10 @@ Scenarios:
   slaq scheduler does its complete bookkeeping (queue refresh, urgent-arrival check over the
   running batch) and nothing gets admitted: the steady state of a backlog.
 - churn: running requests finish every few steps and are replaced from the waiting queue, which
-  is topped up to its size after each step: admission and prefix-cache lookups every step. The
-  two schedulers decide differently here: stock vLLM admits in waves, when a wave of requests
-  finishes, and most of its steps admit nothing. At 100 and 1,000 waiting slaq preempts a few
-  batch-tier decodes for critical requests waiting on their TTFT objective in its first measured
-  steps (all its preemptions: until `step.stepsBeforeStepTime` steps were timed, 32 against the 20
-  warm-up steps here, it cannot tell that room frees in time and preempts, see preemption.py); the
-  resumed requests then finish out of step with the waves, so most of its later steps admit a few
-  requests, and its p50 step is one that admits while stock's is not. At 10,000 waiting it
-  preempts none and admits in waves as stock does.
+  is topped up to its size after each step: admission and prefix-cache lookups every step. Both
+  admit in waves, when a wave of requests finishes, and most steps admit nothing; every step has
+  critical requests waiting behind a full batch, so slaq asks every step whether room frees in
+  time for them (preemption.py) and preempts none.
 - same: churn where every request is one tenant's, batch tier, with no objective: nothing is urgent
   and nothing is preempted, so both schedulers admit as many requests in the same steps (the
   tokens differ by a few percent of prefix-cache hits at 1,000 and more waiting) and the ratio is
@@ -49,12 +44,20 @@ from pathlib import Path
 from typing import NamedTuple
 
 from slaq.api.common import Tier
+from slaq.api.pool import SchedulerSpec
 from slaq.engine import vllm_compat as vc
 from slaq.engine.vllm_compat import offline
 
 MAX_NUM_SEQS = 256
 MAX_BATCHED_TOKENS = 8192
 TIERS = (Tier.CRITICAL, Tier.STANDARD, Tier.STANDARD, Tier.BATCH, Tier.BATCH, Tier.BATCH)
+# Steps before the measured ones, for both schedulers: past the steps slaq times before it trusts
+# its mean step time (`step.stepsBeforeStepTime`), so both are measured in their steady state. With
+# 20, at 100 and 1,000 waiting slaq preempted a few batch decodes for critical requests in its first
+# measured steps (with no step time it cannot tell that room frees in time: preemption.py), the
+# resumed requests then finished out of step with stock's waves of admissions, and most of its
+# steps admitted where most of stock's did not: a different schedule, not a dearer one.
+WARM_UP_STEPS = SchedulerSpec().step.steps_before_step_time + 8
 
 
 def _request(index: int, tier: Tier, max_tokens: int, tenants: int = 7):
@@ -94,7 +97,7 @@ class Stepper:
             self.arrive(waiting)
         else:
             self.arrive(waiting + max_num_seqs)
-            for _ in range(20):
+            for _ in range(WARM_UP_STEPS):
                 self.driver.step()
 
     def arrive(self, count: int, tier: Tier | None = None, max_tokens: int = 12) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -153,6 +153,13 @@ computed_tokens: Callable[[Request], int] = operator.attrgetter("num_computed_to
 total_tokens: Callable[[Request], int] = operator.attrgetter("num_tokens")  # prompt + output so far
 prompt_tokens: Callable[[Request], int] = operator.attrgetter("num_prompt_tokens")
 output_tokens: Callable[[Request], int] = operator.attrgetter("num_output_tokens")  # delivered (no async placeholders)
+_OUTPUT_TOKEN_IDS = operator.attrgetter("_output_token_ids")
+
+
+def output_token_counts(requests: Iterable[Request]) -> Iterator[int]:
+    """`output_tokens` of each request, in C-speed maps (vLLM's `num_output_tokens` is a Python
+    property, the length of this list): for a whole running batch at once."""
+    return map(len, map(_OUTPUT_TOKEN_IDS, requests))
 max_tokens: Callable[[Request], int] = operator.attrgetter("max_tokens")
 arrival_time: Callable[[Request], float] = operator.attrgetter("arrival_time")
 priority: Callable[[Request], int] = operator.attrgetter("priority")  # what vLLM's priority heap orders by first
