@@ -90,32 +90,21 @@ def test_prompts_keep_the_reports_proportions() -> None:
 def test_objectives_are_the_report_scaled_by_three_times_the_vip_p90_and_never_under_three_times_their_own() -> None:
     vip, standard, free = SCENARIO
     stock = Unloaded({"A": 0.02, "B": 0.05, "C": 0.01}, {"A": 0.03, "B": 0.10, "C": 0.02})
-    calibration = Calibration({"stock": stock}, {"stock": (5.0,)})
+    calibration = Calibration({"stock": stock}, 5.0)
     assert calibration.scale == pytest.approx(3 * 0.03 / 0.050)
     assert calibration.objective_s(vip) == pytest.approx(0.09)  # 50 ms × 1.8 = 3 × its p90
     assert calibration.objective_s(standard) == pytest.approx(0.36)  # 200 ms × 1.8 > 3 × 0.10
     assert calibration.objective_s(free) is None
-    slow_b = Calibration({"stock": Unloaded(stock.p50_s, {**stock.p90_s, "B": 0.15})}, {"stock": (5.0,)})
+    slow_b = Calibration({"stock": Unloaded(stock.p50_s, {**stock.p90_s, "B": 0.15})}, 5.0)
     assert slow_b.objective_s(standard) == pytest.approx(0.45)  # 3 × its own p90 is larger
 
 
 def test_objectives_leave_the_slower_system_its_margin_too() -> None:
     stock = Unloaded({"A": 0.02, "B": 0.05, "C": 0.01}, {"A": 0.03, "B": 0.10, "C": 0.02})
     slaq = Unloaded({"A": 0.03, "B": 0.06, "C": 0.02}, {"A": 0.05, "B": 0.09, "C": 0.03})
-    both = Calibration({"stock": stock, "slaq": slaq}, {"stock": (5.0,), "slaq": (5.0,)})
+    both = Calibration({"stock": stock, "slaq": slaq}, 5.0)
     assert both.p90_s("A") == 0.05 and both.p90_s("B") == 0.10
     assert both.objective_s(SCENARIO[0]) == pytest.approx(0.15) and both.scale == pytest.approx(3.0)
-
-
-def test_the_load_rests_on_the_slower_systems_median_capacity() -> None:
-    """Each system's capacity is the median of its measurements (one noisy reading moves nothing),
-    and the load's base is the smaller of the two: each system gets at least `LOAD` of its own."""
-    unloaded = Unloaded({"A": 0.02, "B": 0.05, "C": 0.01}, {"A": 0.03, "B": 0.10, "C": 0.02})
-    calibration = Calibration({"stock": unloaded, "slaq": unloaded}, {"stock": (46.0, 24.0, 41.0), "slaq": (30.0, 33.0, 90.0)})
-    assert calibration.capacities_rps == {"stock": 41.0, "slaq": 33.0}
-    assert calibration.capacity_rps == 33.0
-    faster_slaq = Calibration({"stock": unloaded}, {"stock": (20.0, 23.0, 22.0), "slaq": (30.0,)})
-    assert faster_slaq.capacity_rps == 22.0
 
 
 def test_demo_tenants_get_the_scaled_ttft_no_tpot_and_no_quotas() -> None:

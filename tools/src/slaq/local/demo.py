@@ -19,12 +19,11 @@ Steps:
    time of each tenant with an objective; median and 90th percentile); objectives: scale = 3 × A's unloaded p90 (the larger of the two systems') /
    50 ms; each tenant's objective is its report objective × scale, raised to 3 × its own
    unloaded p90 where that is larger, so both systems meet every objective unloaded with margin;
-   the slaq tenant table gets them. Each system's capacity for the tenant mix (the steady rate of
-   a closed loop that keeps the batch full and as many queued; the median of `CAPACITY_RUNS`
-   measurements, printed with their spread) is measured right after its unloaded TTFT (slaq's
-   without objectives, so that its sidecar refuses nothing as too late);
+   the slaq tenant table gets them. Stock's capacity for the tenant mix (the steady rate of a
+   closed loop that keeps the batch full and as many queued; the median of `CAPACITY_RUNS`
+   measurements, printed with their spread) is measured right after its unloaded TTFT, before slaq's;
 2. scenario 4.5 (`scenario45`) under stock FCFS and stock priority; then one Poisson workload at
-   `LOAD` × the slower system's capacity (the mix's free traffic takes the engine past it), long
+   `LOAD` × the measured capacity (the mix's free traffic takes the engine past it), long
    enough for `VIP_SAMPLES` VIP requests, replayed by a load generator in its own process
    (`loadgen`) against stock (FCFS);
 3. scenario 4.5 under slaq, then the same workload through slaq. TTFT per tenant as the client
@@ -114,11 +113,7 @@ STOCK_PRIORITY = {Tier.CRITICAL: 0, Tier.STANDARD: 1, Tier.BATCH: 2}  # vLLM: lo
 # behind many free ones waits for all of them there. Three runs each (128-token free answers):
 # VIP handover p90 33–54 ms and VIP met 86 / 99 / 99 % with it, 38–61 ms and 90 / 92 / 97 % without.
 SIDECAR_ARGS = ("--batch-handover-target", "4")
-# Of the slower system's measured capacity for the mix (`Calibration.capacity_rps`): the load is at
-# least this much of each system's own. Stock's alone swung 23–50 requests/s across ten runs, and the
-# higher it read, the nearer slaq's front end (the sidecar beside vLLM's API server, on one core)
-# came to its own limit at 150 % of it: VIP met 93 and 94 % in the two runs that read 46 and 41.
-# At 95 % (the report's load in scenario 4.5) the two
+# Of stock's measured capacity for the mix. At 95 % (the report's load in scenario 4.5) the two
 # systems were decided by the machine, not the scheduling (measured with 25 / 25 / 50 %: VIP met
 # slaq 90 % against stock 59 %, then 99 % against 38 %; standard 87 / 74 %, then 72 / 88 %): the
 # slaq pod's sidecar takes CPU from the same two cores, so the pod's own capacity is below stock's
@@ -179,17 +174,8 @@ class Unloaded:
 @dataclass(frozen=True)
 class Calibration:
     unloaded: dict[str, Unloaded]  # by system: stock, slaq
-    capacity_samples_rps: Mapping[str, Sequence[float]]  # by system: each closed-loop measurement of its capacity for the mix
-
-    @property
-    def capacities_rps(self) -> dict[str, float]:
-        """Each system's capacity for the mix: the median of its measurements."""
-        return {system: statistics.median(samples) for system, samples in self.capacity_samples_rps.items()}
-
-    @property
-    def capacity_rps(self) -> float:
-        """The load's base: the slower system's capacity, so each system is loaded to at least `LOAD` of its own."""
-        return min(self.capacities_rps.values())
+    capacity_rps: float  # stock's, for the mix (the load's base): the median of `capacity_samples_rps`
+    capacity_samples_rps: tuple[float, ...] = ()
 
     def p90_s(self, letter: str) -> float:
         """The larger unloaded p90 of the systems: every system meets the objectives unloaded, with margin."""
@@ -444,23 +430,16 @@ def run_demo(options: DemoOptions) -> int:
               flush=True)
         model = stock.served_model_name
         calibration_seed = options.seed * 1_000_000
-        def capacities(url: str, seed: int) -> tuple[float, ...]:
-            return tuple(asyncio.run(capacity(url, model, keys, options.capacity_burst, seed + 1000 * i)) for i in range(options.capacity_runs))
-
         with paused(slaq_stack):  # no CPU from slaq while stock is measured
-            print("2/5 each system unloaded (the objectives), then saturated (the load's rate), the other one paused")
+            print("2/5 each system unloaded (the objectives; the other one paused), then stock vLLM saturated (the load's rate)")
             t0 = time.monotonic()
             stock_unloaded = asyncio.run(unloaded(stock.url, model, keys, options.unloaded_samples, calibration_seed))
-            stock_capacity = capacities(stock.url, calibration_seed + 5000)
+            capacities = tuple(asyncio.run(capacity(stock.url, model, keys, options.capacity_burst, calibration_seed + 5000 + 1000 * i))
+                               for i in range(options.capacity_runs))
         with paused(stock):
             _wait_ready(slaq_stack)
             slaq_unloaded = asyncio.run(unloaded(slaq_stack.url, model, keys, options.unloaded_samples, calibration_seed + 10_000))
-            # Saturated without objectives: with the report's, the sidecar would refuse the requests
-            # a full queue cannot serve in time, and the loop would measure refusals, not capacity.
-            write_table(plan_local_table(tenants_with({p.letter: None for p in SCENARIO}), local_pool(model)), table_path)
-            time.sleep(TABLE_POLL_S)
-            slaq_capacity = capacities(slaq_stack.url, calibration_seed + 15_000)
-        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, {"stock": stock_capacity, "slaq": slaq_capacity})
+        calibration = Calibration({"stock": stock_unloaded, "slaq": slaq_unloaded}, statistics.median(capacities), capacities)
         objectives = {p.letter: calibration.objective_s(p) for p in SCENARIO}
         write_table(plan_local_table(tenants_with(objectives), local_pool(model)), table_path)
         rate = options.load * calibration.capacity_rps
@@ -552,9 +531,7 @@ def print_results(scenario: Sequence[ScenarioRun], load: Mapping[str, Mapping[st
 def calibration_json(calibration: Calibration) -> dict[str, Any]:
     return {"unloaded_p50_ms": {s: _ms_map(u.p50_s) for s, u in calibration.unloaded.items()},
             "unloaded_p90_ms": {s: _ms_map(u.p90_s) for s, u in calibration.unloaded.items()},
-            "capacity_rps": round(calibration.capacity_rps, 3),
-            "capacities_rps": {system: round(c, 3) for system, c in calibration.capacities_rps.items()},
-            "capacity_samples_rps": {system: [round(c, 3) for c in samples] for system, samples in calibration.capacity_samples_rps.items()},
+            "capacity_rps": round(calibration.capacity_rps, 3), "capacity_samples_rps": [round(c, 3) for c in calibration.capacity_samples_rps],
             "scale": round(calibration.scale, 3),
             "objective_margin": OBJECTIVE_MARGIN}
 
@@ -738,13 +715,11 @@ def describe_cores(cores: set[int] | None, engine_cores: Mapping[int, set[int]] 
 
 def describe_load(calibration: Calibration, rate: float, workload: Sequence[tuple[float, TenantProfile]]) -> str:
     vips = sum(p is SCENARIO[0] for _, p in workload)
-    lines = []
-    for system, samples in calibration.capacity_samples_rps.items():
-        spread = (f", the median of {len(samples)} runs: {min(samples):.2f}–{max(samples):.2f}" if len(samples) > 1 else "")
-        lines.append(f"  {system}'s capacity for the mix: {calibration.capacities_rps[system]:.2f} requests/s{spread}")
-    return ("\n".join(lines) + f" (completions of a closed loop with {CAPACITY_IN_FLIGHT} requests in flight, between its first and "
-            f"last quarter)\n"
-            f"  load: {rate / calibration.capacity_rps:.0%} of the slower one's = {rate:.2f} requests/s, the same for both systems, Poisson, "
+    samples = calibration.capacity_samples_rps
+    spread = (f", the median of {len(samples)} runs: {min(samples):.2f}–{max(samples):.2f}" if len(samples) > 1 else "")
+    return (f"  stock vLLM's capacity for the mix: {calibration.capacity_rps:.2f} requests/s (completions of a closed loop with "
+            f"{CAPACITY_IN_FLIGHT} requests in flight, between its first and last quarter{spread})\n"
+            f"  load: {rate / calibration.capacity_rps:.0%} of it = {rate:.2f} requests/s, the same for both systems, Poisson, "
             f"{len(workload)} requests over {workload[-1][0]:.0f}s ({vips} VIP; mix {' / '.join(f'{p.share:.0%}' for p in SCENARIO)})")
 
 
