@@ -15,8 +15,8 @@ Steps:
 0. the CPU layout (`cores`): vLLM binds each engine's model worker to a core of its own, and each
    engine's engine core is pinned beside its worker; the API servers, the sidecar and the load
    client are moved onto the other cores, for both systems;
-1. each system unloaded, the other paused: each tenant's TTFT (`UNLOADED_SAMPLES` requests one at a
-   time of each tenant with an objective; median and 90th percentile); objectives: scale = 3 × A's unloaded p90 (the larger of the two systems') /
+1. each system unloaded, the other paused: each tenant's TTFT (requests one at a time; median and
+   90th percentile); objectives: scale = 3 × A's unloaded p90 (the larger of the two systems') /
    50 ms; each tenant's objective is its report objective × scale, raised to 3 × its own
    unloaded p90 where that is larger, so both systems meet every objective unloaded with margin;
    the slaq tenant table gets them. Stock's capacity for the tenant mix (the steady rate of a
@@ -120,13 +120,6 @@ SIDECAR_ARGS = ("--batch-handover-target", "4")
 # and 95 % of stock's is about the pod's 100 %.
 LOAD = 1.5
 OBJECTIVE_MARGIN = 3.0  # objectives ≥ this × the unloaded p90
-# Requests per tenant with an objective measured unloaded, one at a time: the objectives are a
-# multiple of their p90. With 10, slaq's VIP p90 read 13.4–19.5 ms across ten runs of the same
-# machine (its p50 10–18), and the three runs that read 13.4–13.6 (objective ~40 ms) were the
-# three with VIP met 84–96 %, the other seven 96–100 % (issue 39): the 90th percentile of ten is
-# their second largest. The free tenant has no objective: `FREE_UNLOADED_SAMPLES` of it.
-UNLOADED_SAMPLES = 40
-FREE_UNLOADED_SAMPLES = 10
 VIP_SAMPLES = 100
 TABLE_POLL_S = 1.5  # the sidecar stats its tenant table file every second
 # A small batch and a small KV cache: queues form at demo rates, and scenario 4.5's "KV nearly
@@ -150,7 +143,7 @@ class DemoOptions:
     model: str | None = None
     engine_args: tuple[str, ...] = ()
     vip_samples: int = VIP_SAMPLES
-    unloaded_samples: int = UNLOADED_SAMPLES
+    unloaded_samples: int = 10
     capacity_burst: int = 160
     capacity_runs: int = CAPACITY_RUNS
     load: float = LOAD  # of stock's measured capacity
@@ -160,7 +153,7 @@ class DemoOptions:
     @classmethod
     def quick(cls, **kwargs: Any) -> "DemoOptions":
         """For CI: the same steps with fewer samples (percentiles are rougher)."""
-        return cls(**{"vip_samples": 48, "unloaded_samples": 10, "capacity_burst": 96, **kwargs})
+        return cls(**{"vip_samples": 48, "unloaded_samples": 5, "capacity_burst": 96, **kwargs})
 
 
 @dataclass(frozen=True)
@@ -282,8 +275,7 @@ async def unloaded(url: str, model: str, keys: Mapping[str, str], samples: int, 
     await stream_one(url, model, PlannedRequest(0, "A", keys["A"], 8, 4, seed), origin)  # warm-up
     for profile in SCENARIO:
         ttfts = []
-        # A tenant without an objective is measured only to be shown (its long answers take a while).
-        for i in range(samples if profile.report_ttft_ms is not None else min(samples, FREE_UNLOADED_SAMPLES)):
+        for i in range(samples):
             request = PlannedRequest(0, profile.letter, keys[profile.letter], profile.prompt_tokens, profile.output_tokens, seed + 1000 + i)
             outcome = await stream_one(url, model, request, origin)
             if outcome.ttft_s is not None:
