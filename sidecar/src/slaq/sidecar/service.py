@@ -41,13 +41,16 @@ from slaq.sidecar.risk import SlaRisk
 from slaq.sidecar.shared_quotas import SharedQuotaGate
 from slaq.sidecar.tenants import Authenticator, Identity, TenantDirectory
 from slaq.sidecar.tokens import EstimatingCounter, PromptBound, PromptCount, PromptCounter
+from slaq.sidecar.turns import TenantTurns
 from slaq.sidecar.usage import UsageLog
 
 log = logging.getLogger(__name__)
 
 PARSES_PER_TENANT = 2  # a tenant's large bodies in the parsing workers at once
 COUNTING_THREADS = 2  # long prompts are tokenized here, off the event loop (the encoder releases the GIL)
-SETTLING_THREADS = 1  # and prompts admitted on their bound counted here, so they never queue ahead of a count someone waits for
+# Prompts admitted on their bound are counted on a thread of their own (they never queue ahead of a
+# count someone waits for), a tenant at a time in turn (`TenantTurns`): one tenant's burst of long
+# prompts does not hold back the others' settlements.
 SETTLING_NICENESS = 10  # and 10 nice levels lower: nobody waits for these counts, so they take no CPU from the request path
 
 
@@ -168,7 +171,7 @@ class SidecarCore:
         self.draining = False
         self.parsers = ParserPool()  # large bodies are parsed off the event loop
         self._counting: ThreadPoolExecutor | None = None  # and long prompts counted (started on first use)
-        self._settling: ThreadPoolExecutor | None = None  # and those admitted on their bound (started on first use)
+        self._settling = TenantTurns("slaq-settle-count", initializer=_lower_thread_priority)  # and those admitted on their bound
         self._counts: collections.Counter[str] = collections.Counter()  # per tenant, prompts being counted there
         self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
@@ -303,9 +306,7 @@ class SidecarCore:
             except TokenRateExceeded:
                 return None
         flight = self._checked_in(identity, order, ticket, arrival, now)
-        if self._settling is None:
-            self._settling = ThreadPoolExecutor(SETTLING_THREADS, thread_name_prefix="slaq-settle-count", initializer=_lower_thread_priority)
-        flight.counting = asyncio.get_running_loop().run_in_executor(self._settling, self.counter.measure, kind, payload.body)
+        flight.counting = asyncio.wrap_future(self._settling.submit(identity.tenant.name, self.counter.measure, kind, payload.body))
         flight.counting.add_done_callback(lambda _: self._counted(flight))
         return flight
 
