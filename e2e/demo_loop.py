@@ -42,8 +42,7 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
         "slaq_standard_met": load["slaq"]["B"]["attainment"], "stock_standard_met": load["stock"]["B"]["attainment"],
         "scenario_problem": order_problem(scenario.get("engine_together"), bool(scenario["finished"]["B"]), scenario.get("together")),
         "vip_handover_p90_ms": handover.get("p90_ms"),
-        "capacity_rps": report["calibration"]["capacity_rps"],  # the load's base: the slower system's
-        "capacities_rps": report["calibration"].get("capacities_rps"),  # each system's (reports before b110b12: none)
+        "capacity_rps": report["calibration"]["capacity_rps"],
         "front_end_saturated": report.get("front_end_saturated"),
     }
 
