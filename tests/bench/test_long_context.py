@@ -1,4 +1,4 @@
-"""The long-context workload (`--workload long-context`), the 128k profile, and the report's trace attribution."""
+"""The synthetic workloads (`--workload long-context`, `--workload prefill-heavy`), the 128k profile, and the report's trace attribution."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from slaq.bench.benchmark import WorkloadSpec
 from slaq.bench.errors import ProfileError, WorkloadError
 from slaq.bench.pool_profile import load_profile
 from slaq.bench.traces import BUNDLED_TRACES, trace_attribution
-from slaq.bench.workload import LongContextShape, long_context_rows
+from slaq.bench.cluster_workloads import WVA_OUTPUT_TOKENS, WVA_PROMPT_TOKENS
+from slaq.bench.workload import LongContextShape, long_context_rows, prefill_heavy_rows
 from slaq.cli import main
 
 from .conftest import SAMPLE_TRACE
@@ -39,6 +40,17 @@ def test_a_short_context_clips_every_prompt_and_no_tail_means_no_long_prompt() -
     assert sum(r.prompt_tokens > 32_768 for r in body) < sum(r.prompt_tokens > 32_768 for r in long_context_rows(2000, seed=1, max_model_len=CONTEXT))
     with pytest.raises(WorkloadError, match="too short"):
         long_context_rows(10, seed=1, max_model_len=50)
+
+
+def test_prefill_heavy_is_the_cluster_ramps_requests_arriving_as_one_poisson_process() -> None:
+    rows = prefill_heavy_rows(2000, seed=1, max_model_len=8192)
+    assert {(r.prompt_tokens, r.output_tokens) for r in rows} == {(WVA_PROMPT_TOKENS, WVA_OUTPUT_TOKENS)} == {(4000, 1000)}
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(rows, rows[1:])]
+    assert all(g > 0 for g in gaps) and 0.95 < statistics.mean(gaps) < 1.05  # rate 1/s, rescaled by --load
+    assert statistics.stdev(gaps) > 0.9  # exponential gaps, not a clock
+    assert rows == prefill_heavy_rows(2000, seed=1, max_model_len=8192) != prefill_heavy_rows(2000, seed=2, max_model_len=8192)
+    with pytest.raises(WorkloadError, match="too short"):
+        prefill_heavy_rows(10, seed=1, max_model_len=4096)
 
 
 def test_the_128k_profile_is_the_h200_profile_with_the_long_context() -> None:

@@ -132,9 +132,9 @@ def test_urgent_preemption_passes_over_a_long_context_for_a_short_gain() -> None
     # Without a price the cheapest victim goes (the short one): both plans agree on it.
     unpriced = UrgentPreemption(max_per_step=1).plan([critical], running, resources, scheduler.info_of)
     assert [p.victim for p in unpriced] == [short]
-    # Priced at 1 ms per token, the short one (about 44 tokens: 44 ms) is worth half of a 0.5 s objective;
-    # the long one (about 403 tokens: 0.4 s) is not, so with only the long one running nothing is preempted.
-    price = VictimPrice(StepTimeModel(per_token_s=1e-3))
+    # Priced at 1.5 ms per token, the short one (about 44 tokens: 66 ms) is worth a 0.5 s objective;
+    # the long one (about 403 tokens: 0.6 s) is not, so with only the long one running nothing is preempted.
+    price = VictimPrice(StepTimeModel(per_token_s=1.5e-3))
     assert [p.victim for p in UrgentPreemption(max_per_step=1, price=price).plan([critical], running, resources, scheduler.info_of)] == [short]
     assert UrgentPreemption(max_per_step=1, price=price).plan([critical], [long], resources, scheduler.info_of) == []
     assert [p.victim for p in UrgentPreemption(max_per_step=1).plan([critical], [long], resources, scheduler.info_of)] == [long]

@@ -350,6 +350,23 @@ def test_an_urgent_request_waits_for_room_only_within_a_share_of_its_objective()
     assert planner.plan([critical], running, _resources(now=now, step_s=0.004), scheduler.info_of) == []
 
 
+def test_an_urgent_request_waits_for_room_only_while_its_own_prompt_step_still_fits_before_its_deadline() -> None:
+    """Room frees in 99 steps of 4 ms (396 ms, within the wait share of a 1 s objective). A request whose
+    prompt's step is predicted at 0.2 s waits; one whose prompt's step takes 0.7 s would start after its
+    deadline less that step (0.3 s), and preempts. The scheduler's predictor is its step-time model's."""
+    scheduler, _, running = _running_scheduler([Tier.BATCH] * 4)
+    critical = make_request(Tier.CRITICAL, prompt_tokens=40, ttft_ms=1000.0)
+    scheduler.add_request(critical)
+    now = scheduler.info_of(critical).arrival
+    planner = UrgentPreemption(max_per_step=4)
+    quick = _resources(now=now, step_s=0.004, prompt_step_s=lambda tokens: 0.2)
+    assert planner.plan([critical], running, quick, scheduler.info_of) == []
+    slow = _resources(now=now, step_s=0.004, prompt_step_s=lambda tokens: 0.7)
+    assert [p.victim for p in planner.plan([critical], running, slow, scheduler.info_of)] == [running[-1]]
+    held = scheduler.block_manager.ledger.blocks_held() * vc.block_size(scheduler)
+    assert scheduler._prompt_step_s(4)(40) == pytest.approx(scheduler.step_model.predict(44, held, 800))
+
+
 def test_a_waiting_urgent_request_counts_only_the_blocks_freed_before_its_deadline() -> None:
     """A free slot, no free block; the urgent request needs 4 blocks and the running ones hold 2
     each. With two of them done in 99 steps it waits; with one (the others have 4999 steps left,

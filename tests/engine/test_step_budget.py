@@ -197,3 +197,76 @@ def test_budget_spends_pace_slack_and_falls_back_when_behind() -> None:
     # Urgent prefill planning: the step may stretch to the full slack to fit the urgent prompt.
     urgent = policy.budget(BatchView(0.05, 10, 0, pace_slack_s=1.0, steps_in_flight=0, urgent_tokens=6000), 8192, 0.0)
     assert urgent == 6010
+
+
+# -- the tightest TTFT class: the horizon and the reserve -------------------------------------------------
+# A model without KV or pair terms: a step of n tokens takes 10 ms + 20 us x n. A class whose prompts are
+# 15,000 tokens and whose objective is 0.5 s: its own step (10 running + 15,000) is predicted 0.3102 s.
+TIGHT = dict(tight_ttft_s=0.5, tight_prompt_tokens=15_000)
+OWN_S = 0.01 + 15_010 * 20e-6
+HORIZON_S = (SAFETY * 0.5 - OWN_S) / 2
+
+
+def _tokens_in(seconds: float) -> int:
+    return int((seconds - 0.01) / 20e-6)
+
+
+def test_the_horizon_caps_steps_for_other_work_and_a_tight_prompt_gets_its_whole_step() -> None:
+    """No TPOT objective runs: vLLM's budget, unless a tight TTFT class is served; then every step is
+    short enough that an arrival of the class, waiting for the running step and the one planned,
+    still has its own step before safety x its objective. One of the class gets its whole prompt."""
+    policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
+    assert policy.budget(BatchView(None, 10), 32_768, 0.0) is None  # no class: vLLM's budget
+    assert policy.horizon_s(BatchView(None, 10, **TIGHT)) == pytest.approx(HORIZON_S)
+    assert policy.budget(BatchView(None, 10, **TIGHT), 32_768, 0.0) == _tokens_in(HORIZON_S)
+    waiting = BatchView(None, 10, urgent_tokens=15_000, urgent_tight=True, **TIGHT)
+    assert policy.budget(waiting, 32_768, 0.0) == 15_010  # the decodes and its whole prompt
+    other = BatchView(None, 10, urgent_tokens=15_000, urgent_tight=False, **TIGHT)
+    assert policy.budget(other, 32_768, 0.0) == _tokens_in(HORIZON_S)  # another tier's prompt: chunked to the horizon
+    # A class whose own step exceeds safety x its objective gets no horizon: holding others back would not save it.
+    assert policy.budget(BatchView(None, 10, tight_ttft_s=0.3, tight_prompt_tokens=15_000), 32_768, 0.0) is None
+    # A horizon wider than vLLM's budget leaves it alone.
+    assert policy.budget(BatchView(None, 10, **TIGHT), 1_024, 0.0) is None
+
+
+def test_steps_for_other_work_leave_the_reserve_a_tight_prompt_spends() -> None:
+    """A TPOT objective runs (50 ms). Without a tight class a request 0.2 s ahead of its pace lets a
+    step run to MAX_STEP_TPOTS x T; with one, steps for other work leave the reserve (its own step
+    less T) unspent and plan floor steps, which bank it. The class's prompt spends the whole slack;
+    another tier's urgent prompt gets what the reserve leaves, never past the horizon."""
+    policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
+    floor = SAFETY * 0.05
+    ahead_s = 0.2 - (1 - SAFETY) * 0.05
+    assert policy.target_s(BatchView(0.05, 10, 0, pace_slack_s=0.2)) == (pytest.approx(0.1), pytest.approx(ahead_s))
+    assert policy.target_s(BatchView(0.05, 10, 0, pace_slack_s=0.2, **TIGHT)) == (pytest.approx(floor), pytest.approx(floor))
+    tight = BatchView(0.05, 10, 0, pace_slack_s=0.2, urgent_tokens=15_000, urgent_tight=True, **TIGHT)
+    assert policy.budget(tight, 32_768, 0.0) == _tokens_in(ahead_s)  # as far as the slack goes
+    other = BatchView(0.05, 10, 0, pace_slack_s=0.2, urgent_tokens=15_000, **TIGHT)
+    assert policy.budget(other, 32_768, 0.0) == _tokens_in(floor)
+    # Far ahead of pace: steps for other work stop at the horizon; the class's prompt gets all of it.
+    assert policy.budget(BatchView(0.05, 10, 0, pace_slack_s=1.0, **TIGHT), 32_768, 0.0) == _tokens_in(HORIZON_S)
+    tight_far = BatchView(0.05, 10, 0, pace_slack_s=1.0, urgent_tokens=15_000, urgent_tight=True, **TIGHT)
+    assert policy.budget(tight_far, 32_768, 0.0) == 15_010
+
+
+def test_the_engine_tells_the_budget_its_tightest_class_and_keeps_a_tight_prompt_urgent_while_it_prefills() -> None:
+    """After a critical arrival (0.5 s objective) the batch view names the class and its prompt; the
+    request is the urgent one, and stays so while its prompt is prefilled in chunks (out of the
+    waiting queue, running), until its last chunk."""
+    scheduler = build_scheduler(max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=2048)
+    driver = Driver(scheduler)
+    driver.add(make_request(Tier.BATCH, prompt_tokens=64, max_tokens=200))
+    driver.step()
+    critical = make_request(Tier.CRITICAL, prompt_tokens=1800, max_tokens=4, ttft_ms=500.0)
+    driver.add(critical)
+    view = scheduler._batch_view(None, 0, time.time())
+    assert (view.tight_ttft_s, view.tight_prompt_tokens, view.urgent_tokens, view.urgent_tight) == (0.5, 1800, 1800, True)
+    with vc_step_budget(scheduler, 1000):
+        driver.step()
+    assert critical.is_prefill_chunk and not len(scheduler.waiting_queue)
+    view = scheduler._batch_view(None, 0, time.time())
+    assert view.urgent_tight and view.urgent_tokens == 1800 - (1000 - 1)  # the batch decode took one token of the step
+    driver.step()
+    driver.step()
+    view = scheduler._batch_view(None, 0, time.time())
+    assert not view.urgent_tight and view.urgent_tokens == 0

@@ -32,6 +32,12 @@ class BatchView:
     # The longest context (tokens of KV already computed) at which a prompt chunk of the step starts: its
     # tokens' attention reads that much KV each (0: none known, every token priced alike).
     prefill_context_tokens: int = 0
+    # The tightest TTFT objective among the requests the engine served lately (None: none had one) and
+    # the mean prompt of that class, in tokens (`slaq.engine.ttft_class.TightestTtft`): a step for other
+    # work must leave such an arrival room for its own prompt before its objective.
+    tight_ttft_s: float | None = None
+    tight_prompt_tokens: int = 0
+    urgent_tight: bool = False  # the most urgent waiting request (`urgent_tokens`) is of that class
 
 
 @runtime_checkable

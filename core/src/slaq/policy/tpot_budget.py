@@ -21,6 +21,29 @@ The upper clamp keeps a step short enough not to delay urgent arrivals' first to
 for urgent prefill planning: while a request with a TTFT objective waits, the step may grow up
 to the full pace slack to fit that request's prompt (`BatchView.urgent_tokens`).
 
+The tightest TTFT class the pod serves (`BatchView.tight_ttft_s`, with its mean prompt of n tokens)
+bounds the steps for other work twice over. A request of that class meets its objective only
+when its whole prompt runs in one step, soon after it arrives: on a 32B model a 4,000-token prompt
+takes ~0.33 s of a 0.5 s objective, and in steps paced to a 50 ms TPOT it took ~10 steps (0.5 s).
+
+    own      = predicted step of the decodes and n prompt tokens (n^2 / 2 pairs)
+    horizon  = (safety x TTFT - own) / (1 + AHEAD_STEPS)     if own < safety x TTFT, else no horizon
+    reserve  = own - T                                       (with a horizon)
+
+- The horizon caps every step that does not carry such a prompt (with or without a TPOT
+  objective running): an arrival waits for the step running and the one already planned
+  (vLLM's async scheduling) before its own, so each may last (TTFT - own) / 2, less the
+  safety margin (the model's prediction of a long prompt's step runs ~10 % short).
+- The reserve is pace slack that steps for other work leave unspent (they plan for
+  ahead - reserve), so that the class's prompt finds the slack for its whole step; a request on
+  its pace banks it at floor steps, (1 - safety) x T a token.
+- A waiting request of that class (`BatchView.urgent_tight`) may stretch the step over the
+  horizon to the whole slack (no TPOT objective running: to its whole prompt); another urgent
+  request's prompt stretches it only to the horizon, leaving the reserve.
+
+A class whose own step already exceeds its objective gets neither: holding other work back would
+not save it.
+
     budget = (target - a - c * kv) / b   tokens, if some running request has a TPOT objective
            = vLLM's max_num_scheduled_tokens otherwise (throughput does not collapse)
     budget is clamped to [running + MIN_PREFILL_TOKENS, max_num_scheduled_tokens]: every decode
@@ -56,6 +79,8 @@ KV_UNIT = 100_000.0
 PAIR_UNIT = 1e7
 PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
 MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
+AHEAD_STEPS = 1  # steps already planned when an arrival is first seen (vLLM's async scheduling): it waits for them and the running one
+MIN_HORIZON_FIXED = 4.0  # the horizon never holds a step under this many of its fixed cost (steps of overhead alone)
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:
@@ -145,21 +170,40 @@ class TpotStepBudget:
     last_budget: int | None = None
     last_target_s: float = 0.0  # the step duration the last budget was planned for
 
+    def tight_step_s(self, batch: BatchView) -> float | None:
+        """The predicted step of the running decodes and a whole prompt of the tightest TTFT class."""
+        n = batch.tight_prompt_tokens
+        if batch.tight_ttft_s is None or n <= 0:
+            return None
+        return self.model.predict(batch.running + n, batch.kv_tokens, n * n // 2)
+
+    def horizon_s(self, batch: BatchView) -> float | None:
+        """The longest a step that does not carry a prompt of the tightest TTFT class may last (None: no bound)."""
+        own = self.tight_step_s(batch)
+        if own is None or batch.tight_ttft_s is None or own >= self.safety * batch.tight_ttft_s:
+            return None
+        return max(MIN_HORIZON_FIXED * self.model.fixed_s, (self.safety * batch.tight_ttft_s - own) / (1 + AHEAD_STEPS))
+
     def target_s(self, batch: BatchView) -> tuple[float, float]:
         """(the step duration to plan for, the longest an urgent prefill may stretch it to)."""
         tpot = batch.tightest_tpot_s
         assert tpot is not None
         floor = self.safety * tpot
+        horizon = self.horizon_s(batch)
+        cap = math.inf if horizon is None else horizon
         if batch.pace_slack_s is None:
-            return floor, floor
+            return min(floor, cap), min(floor, cap)
         ahead = batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * tpot
-        return max(floor, min(ahead, self.max_step_tpots * tpot)), max(floor, ahead)
+        own = self.tight_step_s(batch) if horizon is not None else None
+        reserve = 0.0 if own is None else max(0.0, own - tpot)
+        target = min(max(floor, min(ahead - reserve, self.max_step_tpots * tpot)), cap)
+        if batch.urgent_tight:
+            return target, max(floor, ahead)
+        return target, min(max(floor, ahead - reserve), cap)
 
     def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
         if batch.tightest_tpot_s is None:
-            self.last_budget = None
-            self.last_target_s = 0.0
-            return None
+            return self._horizon_budget(batch, limit)
         target, stretch = self.target_s(batch)
         tokens = self._tokens_within(target, batch, limit)
         if batch.urgent_tokens and stretch > target:
@@ -168,6 +212,21 @@ class TpotStepBudget:
             target = max(target, self.model.predict(tokens, batch.kv_tokens))
         self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
         self.last_target_s = min(target, self.model.predict(self.last_budget, batch.kv_tokens))
+        return self.last_budget
+
+    def _horizon_budget(self, batch: BatchView, limit: int) -> int | None:
+        """No TPOT objective running: vLLM's budget, or the horizon's while a tight TTFT class is served
+        (a waiting request of that class gets its whole prompt)."""
+        horizon = self.horizon_s(batch)
+        tokens = limit if horizon is None else self._tokens_within(horizon, batch, limit)
+        if batch.urgent_tight:
+            tokens = max(tokens, batch.running + batch.urgent_tokens)
+        if tokens >= limit:  # the horizon leaves vLLM's budget as it is
+            self.last_budget = None
+            self.last_target_s = 0.0
+            return None
+        self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
+        self.last_target_s = self.model.predict(self.last_budget, batch.kv_tokens)
         return self.last_budget
 
     def _tokens_within(self, seconds: float, batch: BatchView, limit: int) -> int:

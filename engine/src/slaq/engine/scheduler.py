@@ -45,6 +45,7 @@ from slaq.engine.queue import SLARequestQueue
 from slaq.engine.request_log import RequestFacts, RequestLog, new_facts
 from slaq.engine.sla import TIER_NAMES, RequestInfo, request_info
 from slaq.engine.tpot_budget import PaceClock
+from slaq.engine.ttft_class import TightestTtft
 from slaq.engine.victim_price import VictimPrice
 from slaq.engine.vllm_compat import Request, SchedulerOutput
 from slaq.policy import PodPolicy
@@ -87,6 +88,8 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
         self.guard = ThrashGuard(config.min_progress_tokens)
         self.step_budget: StepBudget = self.pod_policy.step_budget()
         self.pace = PaceClock()
+        self.ttft_classes = TightestTtft()  # the tightest TTFT objective served lately: the step budget keeps room for it
+        self._tight_prefill: Request | None = None  # a request of that class whose prompt the steps are prefilling
         # The step budget's learned model, or one of the scheduler's own: it also prices a preempted
         # request's recompute for the KV connector's swap rule (kv_security/swap.py).
         self.step_model: StepTimeModel = getattr(self.step_budget, "model", None) or StepTimeModel()
@@ -162,8 +165,9 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
                     aging_bound_s=self.slaq_config.spec.aging_bound_seconds,
                 ),
             )
+            info = self.info_of(request)
+            self.ttft_classes.arrived(info.ttft_s, info.prompt_tokens, info.arrival)
             if self.plans_on_prediction:
-                info = self.info_of(request)
                 info.planned_output = self.output_bound.planned_output(sla.predicted_output, info.prompt_tokens,
                                                                        vc.max_tokens(request), self._max_model_len)
             self.metrics.count_arrival(sla.tier)
@@ -275,12 +279,34 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
 
     def _batch_view(self, tightest_tpot_s: float | None, kv_tokens: int, now: float) -> BatchView:
         running = vc.running_requests(self)
-        if tightest_tpot_s is None:
+        tight = self.ttft_classes.tightest(now)
+        if tightest_tpot_s is None and tight is None:
             return BatchView(None, len(running), kv_tokens)
+        tight_ttft_s, tight_prompt = tight if tight is not None else (None, 0)
         in_flight = len(self._in_flight)
+        urgent_tokens, urgent_tight = self._urgent_prompt(tight_ttft_s)
+        slack = self.pace.slack(running, self.info_of, now, in_flight) if tightest_tpot_s is not None else None
+        return BatchView(tightest_tpot_s, len(running), kv_tokens, slack, in_flight, urgent_tokens,
+                         vc.longest_prefill_context(running), tight_ttft_s, tight_prompt, urgent_tight)
+
+    def _urgent_prompt(self, tight_ttft_s: float | None) -> tuple[int, bool]:
+        """(prompt tokens left of the most urgent request, whether it is of the tightest TTFT class). A
+        request of that class admitted in a step too short for its whole prompt stays the urgent one
+        while it prefills: vLLM schedules the running requests' chunks first, and its first token waits
+        for the last of them."""
+        carried = self._tight_prefill
+        if carried is not None:
+            if vc.is_prefilling(carried):
+                return vc.prefill_tokens_left(carried), True
+            self._tight_prefill = None
         urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting_queue) else []  # len: the queue's truth is the waiting loop's (queue.py)
-        return BatchView(tightest_tpot_s, len(running), kv_tokens, self.pace.slack(running, self.info_of, now, in_flight),
-                         in_flight, vc.prefill_tokens_left(urgent[0]) if urgent else 0, vc.longest_prefill_context(running))
+        if not urgent:
+            return 0, False
+        ttft_s = self.info_of(urgent[0]).ttft_s
+        tight = ttft_s is not None and tight_ttft_s is not None and ttft_s <= tight_ttft_s
+        if tight:
+            self._tight_prefill = urgent[0]
+        return vc.prefill_tokens_left(urgent[0]), tight
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
@@ -300,6 +326,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             now=now,
             step_s=self._trusted_step_s(),
             wait_share=self.step_spec.wait_share,
+            prompt_step_s=self._prompt_step_s(len(running)),
         )
         plan = self.preemption.plan(urgent, running, resources, self.info_of)
         for preemption in plan:
@@ -310,6 +337,11 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             if info.facts is not None:
                 info.facts.preempted(preemption.reason, time.monotonic())
         return {vc.request_id(p.victim) for p in plan}
+
+    def _prompt_step_s(self, running: int) -> Callable[[int], float]:
+        """The step-time model's step of a whole prompt of n tokens beside `running` decodes."""
+        model, kv_tokens = self.step_model, self.block_manager.ledger.blocks_held() * vc.block_size(self)
+        return lambda tokens: model.predict(running + tokens, kv_tokens, tokens * tokens // 2)
 
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
         """Running prefill chunks of tiers below an urgent waiting request sit out this step when the

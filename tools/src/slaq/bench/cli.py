@@ -20,10 +20,12 @@ def _workload_arguments(parser: argparse.ArgumentParser) -> None:
                              "an Azure-format CSV (TIMESTAMP,ContextTokens,GeneratedTokens)")
     source.add_argument("--synthetic", action="store_true",
                         help="no trace: log-normal lengths with the conversation trace's means, Poisson arrivals")
-    source.add_argument("--workload", choices=("long-context",), default=None,
+    source.add_argument("--workload", choices=("long-context", "prefill-heavy"), default=None,
                         help="a synthetic workload of our own instead of a trace, Poisson arrivals: long-context (heavy-tailed "
                              "prompts up to the profile's max_model_len, outputs of a few hundred; slaq.bench.workload.LongContextShape; "
-                             "use it with a long-context profile such as h200-llama3-8b-128k)")
+                             "use it with a long-context profile such as h200-llama3-8b-128k); prefill-heavy (every request 4,000 "
+                             "prompt tokens and 1,000 output tokens: the requests of `slaq bench cluster`'s ramps, on one pod; use it "
+                             "with h100x2-qwen3-32b)")
     parser.add_argument("--requests", type=int, default=1500, help="first N requests of the trace (default 1500)")
     parser.add_argument("--window", type=float, default=None, metavar="SECONDS",
                         help="take the trace's densest window of this many seconds (its bursts) instead of its start; "

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from slaq.api.common import Tier
 from slaq.bench.errors import WorkloadError
 from slaq.bench.traces import TraceRow
-from slaq.bench.workload import DEFAULT_MIX, DEFAULT_OBJECTIVES, BenchRequest, TierObjectives, assign_tenants
+from slaq.bench.workload import DEFAULT_MIX, DEFAULT_OBJECTIVES, PREFILL_HEAVY, BenchRequest, TierObjectives, assign_tenants
 
 WVA_RATES_RPS = (2.0, 4.0, 6.0, 8.0, 10.0, 4.0, 1.0)
 WVA_HOLDS_S = (330.0, 360.0, 360.0, 360.0, 360.0, 360.0, 300.0)
-WVA_PROMPT_TOKENS = 4000
-WVA_OUTPUT_TOKENS = 1000
+WVA_PROMPT_TOKENS = PREFILL_HEAVY.prompt_tokens  # 4,000
+WVA_OUTPUT_TOKENS = PREFILL_HEAVY.output_tokens  # 1,000
 WVA_OBJECTIVES = TierObjectives(ttft_s=3.0, tpot_s=0.100)
 WVA_PROFILE = "h100x2-qwen3-32b"
 WORKLOADS = ("wva-ramp", "wva-ramp-tiers")

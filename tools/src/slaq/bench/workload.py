@@ -138,15 +138,18 @@ class LongContextShape:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
+def _check_size(name: str, count: int, max_model_len: int, shortest: int) -> None:
+    if count < 1:
+        raise WorkloadError(f"request count must be >= 1, got {count}")
+    if max_model_len < shortest:
+        raise WorkloadError(f"max_model_len {max_model_len} is too short for the {name} workload (at least {shortest} tokens)")
+
+
 def long_context_rows(count: int, *, seed: int, max_model_len: int,
                       shape: LongContextShape = LongContextShape()) -> list[TraceRow]:
     """`count` requests of the `long-context` workload (see `LongContextShape`), arriving as a Poisson
     process of rate 1/s (rescale with `scale_to_rate`); a pure function of its arguments."""
-    if count < 1:
-        raise WorkloadError(f"request count must be >= 1, got {count}")
-    if max_model_len < shape.min_prompt_tokens + shape.min_output_tokens:
-        raise WorkloadError(f"max_model_len {max_model_len} is too short for the long-context workload "
-                            f"(at least {shape.min_prompt_tokens + shape.min_output_tokens} tokens)")
+    _check_size("long-context", count, max_model_len, shape.min_prompt_tokens + shape.min_output_tokens)
     rng = random.Random(f"long-context:{seed}")
     rows, now = [], 0.0
     for _ in range(count):
@@ -162,9 +165,36 @@ def long_context_rows(count: int, *, seed: int, max_model_len: int,
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class FixedShape:
+    """Every request of the same lengths. `PREFILL_HEAVY`: inference-perf's "prefill-heavy" shape (4,000
+    prompt tokens, 1,000 output tokens), the requests of `slaq bench cluster`'s ramps, here on one pod."""
+
+    prompt_tokens: int
+    output_tokens: int
+
+    def describe(self) -> dict[str, float | int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+PREFILL_HEAVY = FixedShape(prompt_tokens=4000, output_tokens=1000)
+
+
+def prefill_heavy_rows(count: int, *, seed: int, max_model_len: int, shape: FixedShape = PREFILL_HEAVY) -> list[TraceRow]:
+    """`count` requests of `shape`'s lengths arriving as a Poisson process of rate 1/s (rescale with
+    `scale_to_rate`); a pure function of its arguments."""
+    _check_size("prefill-heavy", count, max_model_len, shape.prompt_tokens + shape.output_tokens)
+    rng = random.Random(f"prefill-heavy:{seed}")
+    rows, now = [], 0.0
+    for _ in range(count):
+        rows.append(TraceRow(round(now, 6), shape.prompt_tokens, shape.output_tokens))
+        now += rng.expovariate(1.0)
+    return rows
+
+
 # `--workload NAME`: synthetic workloads of our own, each a function (count, seed, max_model_len) -> rows.
-SYNTHETIC_WORKLOADS = {"long-context": long_context_rows}
-SYNTHETIC_SHAPES = {"long-context": LongContextShape()}
+SYNTHETIC_WORKLOADS = {"long-context": long_context_rows, "prefill-heavy": prefill_heavy_rows}
+SYNTHETIC_SHAPES = {"long-context": LongContextShape(), "prefill-heavy": PREFILL_HEAVY}
 
 
 def assign_tenants(rows: Sequence[TraceRow], *, seed: int, mix: dict[Tier, float] | None = None,
