@@ -220,7 +220,8 @@ def test_the_horizon_caps_steps_for_other_work_and_a_tight_prompt_gets_its_whole
     assert policy.horizon_s(BatchView(None, 10, **TIGHT)) == pytest.approx(HORIZON_S)
     assert policy.budget(BatchView(None, 10, **TIGHT), 32_768, 0.0) == _tokens_in(HORIZON_S)
     waiting = BatchView(None, 10, urgent_tokens=15_000, urgent_tight=True, **TIGHT)
-    assert policy.budget(waiting, 32_768, 0.0) == 15_010  # the decodes and its whole prompt
+    # The decodes, its whole prompt, and the prompt tokens any shaped step carries (a short prompt beside it).
+    assert policy.budget(waiting, 32_768, 0.0) == 15_010 + MIN_PREFILL_TOKENS
     other = BatchView(None, 10, urgent_tokens=15_000, urgent_tight=False, **TIGHT)
     assert policy.budget(other, 32_768, 0.0) == _tokens_in(HORIZON_S)  # another tier's prompt: chunked to the horizon
     # A class whose own step exceeds safety x its objective gets no horizon: holding others back would not save it.
@@ -246,7 +247,7 @@ def test_steps_for_other_work_leave_the_reserve_a_tight_prompt_spends() -> None:
     # Far ahead of pace: steps for other work stop at the horizon; the class's prompt gets all of it.
     assert policy.budget(BatchView(0.05, 10, 0, pace_slack_s=1.0, **TIGHT), 32_768, 0.0) == _tokens_in(HORIZON_S)
     tight_far = BatchView(0.05, 10, 0, pace_slack_s=1.0, urgent_tokens=15_000, urgent_tight=True, **TIGHT)
-    assert policy.budget(tight_far, 32_768, 0.0) == 15_010
+    assert policy.budget(tight_far, 32_768, 0.0) == 15_010 + MIN_PREFILL_TOKENS
 
 
 def test_the_engine_tells_the_budget_its_tightest_class_and_keeps_a_tight_prompt_urgent_while_it_prefills() -> None:

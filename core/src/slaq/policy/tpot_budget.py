@@ -208,11 +208,18 @@ class TpotStepBudget:
         tokens = self._tokens_within(target, batch, limit)
         if batch.urgent_tokens and stretch > target:
             # Urgent prefill planning: room for the urgent prompt (after the decodes), as far as the slack allows.
-            tokens = max(tokens, min(self._tokens_within(stretch, batch, limit), batch.running + batch.urgent_tokens))
+            tokens = max(tokens, min(self._tokens_within(stretch, batch, limit), batch.running + batch.urgent_tokens + self._beside(batch)))
             target = max(target, self.model.predict(tokens, batch.kv_tokens))
         self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
         self.last_target_s = min(target, self.model.predict(self.last_budget, batch.kv_tokens))
         return self.last_budget
+
+    @staticmethod
+    def _beside(batch: BatchView) -> int:
+        """Prompt tokens a step that carries a tight class's whole prompt also has room for: the
+        MIN_PREFILL_TOKENS every shaped step carries, so a short prompt that fits beside it starts with it
+        (the report's scenario 4.5: C beside A) instead of waiting a step behind whatever comes next."""
+        return MIN_PREFILL_TOKENS if batch.urgent_tight else 0
 
     def _horizon_budget(self, batch: BatchView, limit: int) -> int | None:
         """No TPOT objective running: vLLM's budget, or the horizon's while a tight TTFT class is served
@@ -220,7 +227,7 @@ class TpotStepBudget:
         horizon = self.horizon_s(batch)
         tokens = limit if horizon is None else self._tokens_within(horizon, batch, limit)
         if batch.urgent_tight:
-            tokens = max(tokens, batch.running + batch.urgent_tokens)
+            tokens = max(tokens, batch.running + batch.urgent_tokens + self._beside(batch))
         if tokens >= limit:  # the horizon leaves vLLM's budget as it is
             self.last_budget = None
             self.last_target_s = 0.0
