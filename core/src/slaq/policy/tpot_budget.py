@@ -127,6 +127,10 @@ class StepTimeModel:
     def predict(self, tokens: int, kv_tokens: int = 0, pairs: int = 0) -> float:
         return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens + self.per_pair_s * pairs
 
+    def prompt_step_s(self, prompt_tokens: int, decodes: int = 0, kv_tokens: int = 0) -> float:
+        """A step that carries a whole prompt (its tokens attending over one another: n^2 / 2 pairs) beside `decodes`."""
+        return self.predict(decodes + prompt_tokens, kv_tokens, prompt_tokens * prompt_tokens // 2)
+
     def tokens_within(self, seconds: float, kv_tokens: int = 0, *, decodes: int = 0, context: int = 0) -> float:
         """Tokens a step of `seconds` holds: `decodes` single tokens first (at the per-token cost), the rest
         a prompt chunk of n tokens at `context` tokens of KV, whose n x (context + n / 2) pairs count too."""
@@ -170,32 +174,32 @@ class TpotStepBudget:
     last_budget: int | None = None
     last_target_s: float = 0.0  # the step duration the last budget was planned for
 
-    def tight_step_s(self, batch: BatchView) -> float | None:
-        """The predicted step of the running decodes and a whole prompt of the tightest TTFT class."""
-        n = batch.tight_prompt_tokens
-        if batch.tight_ttft_s is None or n <= 0:
+    def tight_class(self, batch: BatchView) -> tuple[float, float] | None:
+        """(own, horizon) of the tightest TTFT class: the predicted step of the running decodes and one of
+        its prompts, and the longest a step that does not carry such a prompt may last; None: no bound."""
+        if batch.tight_ttft_s is None or batch.tight_prompt_tokens <= 0:
             return None
-        return self.model.predict(batch.running + n, batch.kv_tokens, n * n // 2)
+        own = self.model.prompt_step_s(batch.tight_prompt_tokens, batch.running, batch.kv_tokens)
+        if own >= self.safety * batch.tight_ttft_s:
+            return None
+        return own, max(MIN_HORIZON_FIXED * self.model.fixed_s, (self.safety * batch.tight_ttft_s - own) / (1 + AHEAD_STEPS))
 
     def horizon_s(self, batch: BatchView) -> float | None:
         """The longest a step that does not carry a prompt of the tightest TTFT class may last (None: no bound)."""
-        own = self.tight_step_s(batch)
-        if own is None or batch.tight_ttft_s is None or own >= self.safety * batch.tight_ttft_s:
-            return None
-        return max(MIN_HORIZON_FIXED * self.model.fixed_s, (self.safety * batch.tight_ttft_s - own) / (1 + AHEAD_STEPS))
+        tight = self.tight_class(batch)
+        return None if tight is None else tight[1]
 
     def target_s(self, batch: BatchView) -> tuple[float, float]:
         """(the step duration to plan for, the longest an urgent prefill may stretch it to)."""
         tpot = batch.tightest_tpot_s
         assert tpot is not None
         floor = self.safety * tpot
-        horizon = self.horizon_s(batch)
-        cap = math.inf if horizon is None else horizon
+        tight = self.tight_class(batch)
+        cap = math.inf if tight is None else tight[1]
         if batch.pace_slack_s is None:
             return min(floor, cap), min(floor, cap)
         ahead = batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * tpot
-        own = self.tight_step_s(batch) if horizon is not None else None
-        reserve = 0.0 if own is None else max(0.0, own - tpot)
+        reserve = 0.0 if tight is None else max(0.0, tight[0] - tpot)
         target = min(max(floor, min(ahead - reserve, self.max_step_tpots * tpot)), cap)
         if batch.urgent_tight:
             return target, max(floor, ahead)

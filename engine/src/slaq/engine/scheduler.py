@@ -341,7 +341,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
     def _prompt_step_s(self, running: int) -> Callable[[int], float]:
         """The step-time model's step of a whole prompt of n tokens beside `running` decodes."""
         model, kv_tokens = self.step_model, self.block_manager.ledger.blocks_held() * vc.block_size(self)
-        return lambda tokens: model.predict(running + tokens, kv_tokens, tokens * tokens // 2)
+        return lambda tokens: model.prompt_step_s(tokens, running, kv_tokens)
 
     def _prefills_to_hold_back(self, budget: int) -> list[Request]:
         """Running prefill chunks of tiers below an urgent waiting request sit out this step when the
