@@ -172,15 +172,21 @@ def test_the_page_shows_the_live_quota_skew_test_figures(tmp_path: Path) -> None
     page = render({"quota-skew-live": report})
     assert "\n## quota-skew-live\n\n```bash\npython -m pytest e2e/test_quota_skew.py -s -p no:cacheprovider --quota-skew-report " in page
     assert "Run 2026-12-05T22:00:00Z, commit `aaaaaaaaaaaa`, load average 3.5 on 2 CPUs at the start." in page
-    assert ("| per-pod shares (no store) | 23.4 s | 94 / 93.6 | +0.0043 | 119 of 120 (0.992) | 96 / 24 | 0 / 1 | 192.02 / 47.98 |"
+    assert ("| per-pod shares (no store) | 50 s | 23.4 s | 94 / 93.6 | +0.0043 | 119 of 120 (0.992) | 96 / 24 | 0 / 1 | 192.02 / 47.98 |"
             in page)
-    assert "| shared store (`--quota-store`, redis) | 23.4 s | 94 / 93.6 | -0.0021 | 120 of 120 (1.000) | 96 / 24 | 0 / 0 | 192.00 / 48.00 |" in page
+    assert "| shared store (`--quota-store`, redis) | 50 s | 23.4 s | 94 / 93.6 | -0.0021 | 120 of 120 (1.000) | 96 / 24 | 0 / 0 | 192.00 / 48.00 |" in page
     assert "behind HAProxy weighted 80/20;" in page and "a tenant's 240 rpm" in page and "Every test of the run passed." in page
     assert "281 s with two tiny CPU engine starts; load average 6.25 at the end" in page
     assert "in the shared-store mode (both sidecars) answered / decided on the local shares after a timeout: precheck 1,200 / 9, reserve 240 / 0," in page
     assert ("17 of the 17 requests sent after the kill admitted on the local shares, the first answered 38 ms after it; "
             "2 of the streams the store had admitted finished after the kill;") in page
     assert "shares within 1% of the quota of the 80/20 split" in page
+    # An overload that went on until both pods had refused for the window's 10 s says how long it ran.
+    report["setup"] |= {"max_overload_s": 110.0, "min_window_s": 10.0}
+    report["figures"]["local"]["overload_s"] = 61.3
+    page = render({"quota-skew-live": report})
+    assert "for 50 s or on, up to 110 s, until both pods have refused for 10 s, ε = admitted" in page
+    assert "| per-pod shares (no store) | 61.3 s | 23.4 s |" in page and "| shared store (`--quota-store`, redis) | 50 s |" in page
     # A failed run says so; a run of one test (-k) shows the mode it has and nothing of the others.
     report["failed"] = 2
     del report["figures"]["store"], report["figures"]["store_calls"], report["figures"]["kill"]

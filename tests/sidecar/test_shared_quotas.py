@@ -4,6 +4,12 @@ real redis-server, under skewed traffic; the store killed, stalled and restarted
 ε: a shared bucket starts full (one minute's quota) and refills at quota/60 per second, so in a
 run of T seconds the cluster admits at most quota × (1 + T/60): ε = T/60, measured per test
 (T < 2 s here: ε < 3.4 %), and at least quota - one request's reservation.
+
+The rate tests measure the store's accounting, so they count only runs in which the store decided
+every call. A machine that stalls the test's process past the store timeout (1 s) sends the calls
+in flight to the local shares: the fallback working, not what is measured (CI saw one such stall:
+35 calls of a round at once). Such a run is printed, discarded, and measured again on an emptied
+store, at most ATTEMPTS times in all; the assertions are the same on the run that counts.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import pytest
 import redis.asyncio as redis
@@ -29,6 +35,7 @@ from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (
 
 REPLICAS = 2
 SKEW = 0.8  # of the requests go to replica A
+ATTEMPTS = 3  # runs of a rate test, when a stall sent calls to the local shares (the module docstring)
 
 
 def tenant(*, rpm: int | None = None, tpm: int | None = None, concurrency: int | None = None) -> Tenant:
@@ -70,6 +77,32 @@ async def attempt(gate: SharedQuotaGate | QuotaGate, t: Tenant, tokens: int = 0,
         return None
 
 
+def fell_back(gates: list[SharedQuotaGate]) -> int:
+    """Store calls of these gates that the local shares decided (slaq_quota_store_fallbacks_total)."""
+    return int(sum(sample.value for gate in gates for family in gate.metrics.fallbacks.collect()
+                   for sample in family.samples if sample.name.endswith("_total")))
+
+
+M = TypeVar("M")
+
+
+async def on_an_answering_store(make_gate: MakeGate, url: str, measure: Callable[[list[SharedQuotaGate]], Awaitable[M]]) -> M:
+    """`measure` on two fresh replicas' gates, again on an emptied store while a run had a call
+    the store did not decide (the module docstring); what the first run the store decided whole returned."""
+    for run in range(1, ATTEMPTS + 1):
+        gates = [make_gate(f"a{run}"), make_gate(f"b{run}")]
+        measured = await measure(gates)
+        for gate in gates:
+            await gate.drain()
+        missed = fell_back(gates)
+        if not missed:
+            return measured
+        print(f"run {run}: {missed} store calls timed out or met an open breaker (the machine stalled); measuring again")
+        async with redis.from_url(url) as client:
+            await client.flushdb()
+    pytest.fail(f"in each of {ATTEMPTS} runs some store calls fell back to the local shares: the store or the machine stalls past its timeout")
+
+
 def skewed(count: int, seed: int = 7) -> list[int]:
     """Which replica (0: A, 1: B) each of `count` requests goes to: 80/20."""
     rng = random.Random(seed)
@@ -88,13 +121,16 @@ async def offer(gates: list, t: Tenant, count: int, tokens: int = 0, batch: int 
     return admitted
 
 
-async def test_two_replicas_admit_the_whole_request_rate_under_skew(make_gate: MakeGate) -> None:
+async def test_two_replicas_admit_the_whole_request_rate_under_skew(make_gate: MakeGate, redis_server: RedisServer) -> None:  # noqa: F811
     quota = 200
     t = tenant(rpm=quota)
-    gates = [make_gate("a"), make_gate("b")]
-    started = time.monotonic()
-    admitted = await offer(gates, t, 2 * quota)
-    epsilon = (time.monotonic() - started) / 60.0
+
+    async def measure(gates: list[SharedQuotaGate]) -> tuple[list[tuple[int, Ticket]], float]:
+        started = time.monotonic()
+        admitted = await offer(gates, t, 2 * quota)
+        return admitted, (time.monotonic() - started) / 60.0
+
+    admitted, epsilon = await on_an_answering_store(make_gate, redis_server.url, measure)
     print(f"rpm {quota}: admitted {len(admitted)} of {2 * quota} skewed requests, ε = {epsilon:.4f}")
     assert quota * 0.99 <= len(admitted) <= quota * (1 + epsilon)
     assert all(ticket.in_store for _, ticket in admitted)
@@ -106,27 +142,32 @@ async def test_two_replicas_admit_the_whole_request_rate_under_skew(make_gate: M
     assert on_shares < quota * 0.99
 
 
-async def test_two_replicas_admit_the_whole_token_rate_committing_what_the_engine_reported(make_gate: MakeGate) -> None:
+async def test_two_replicas_admit_the_whole_token_rate_committing_what_the_engine_reported(
+        make_gate: MakeGate, redis_server: RedisServer) -> None:  # noqa: F811
     quota, reserve, used = 20_000, 100, 60
     t = tenant(tpm=quota)
-    gates = [make_gate("a"), make_gate("b")]
-    charged = 0
-    started = time.monotonic()
-    while True:  # rounds: admit, then commit what the engine used (the unused 40 of each flow back)
-        admitted = await offer(gates, t, 100, tokens=reserve)
-        if not admitted:
-            break
-        assert all(ticket.in_store for _, ticket in admitted)
-        for i, ticket in admitted:
-            gates[i].settle(ticket, used, time.time())
-        charged += used * len(admitted)
-        for gate in gates:
-            await gate.drain()
-    epsilon = (time.monotonic() - started) / 60.0
+
+    async def measure(gates: list[SharedQuotaGate]) -> tuple[int, bool, float]:
+        charged, in_store = 0, True
+        started = time.monotonic()
+        while True:  # rounds: admit, then commit what the engine used (the unused 40 of each flow back)
+            admitted = await offer(gates, t, 100, tokens=reserve)
+            if not admitted:
+                break
+            in_store = in_store and all(ticket.in_store for _, ticket in admitted)
+            for i, ticket in admitted:
+                gates[i].settle(ticket, used, time.time())
+            charged += used * len(admitted)
+            for gate in gates:
+                await gate.drain()
+        assert gates[0].in_flight(t.name) == gates[1].in_flight(t.name) == 0
+        return charged, in_store, (time.monotonic() - started) / 60.0
+
+    charged, in_store, epsilon = await on_an_answering_store(make_gate, redis_server.url, measure)
     print(f"tpm {quota}: charged {charged} tokens in {charged // used} requests, ε = {epsilon:.4f}")
+    assert in_store
     # Refused once the bucket holds less than one reservation: within `reserve` of the quota.
     assert max(quota - reserve, quota * 0.99) <= charged <= quota * (1 + epsilon)
-    assert gates[0].in_flight(t.name) == gates[1].in_flight(t.name) == 0
     # Without the refunds, the same quota would have admitted reserve/used fewer requests: the commit is what counted.
     assert charged // used > quota // reserve
 

@@ -324,20 +324,22 @@ def render_quota_skew_live(report: Mapping[str, Any]) -> list[str]:
             continue
         per_pod = {key: [f[key.format(name)] for name in names] for key in ("share_{}", "exact_{}_sent", "exact_{}_refused")}
         admitted = f["exact_sent"] - sum(per_pod["exact_{}_refused"])  # every answer was 200 or 429 (the test checks)
-        rows.append([label, f"{f['window_s']:g} s", f"{f['window_admitted']:,} / {f['window_quota']:g}", f"{f['epsilon']:+.4f}",
+        rows.append([label, f"{f.get('overload_s', setup['overload_s']):g} s", f"{f['window_s']:g} s", f"{f['window_admitted']:,} / {f['window_quota']:g}", f"{f['epsilon']:+.4f}",
                      f"{admitted:,} of {f['exact_sent']:,} ({f['exact_admitted_fraction']:.3f})",
                      " / ".join(f"{n:,}" for n in per_pod["exact_{}_sent"]), " / ".join(f"{n:,}" for n in per_pod["exact_{}_refused"]),
                      " / ".join(f"{share:.2f}" for share in per_pod["share_{}"])])
     pods = " / ".join(f"`{name}`" for name in names)
     failed = report["failed"]
     load = "" if report.get("load_average_end") is None else f"; load average {report['load_average_end']:g} at the end"
+    longer = "" if "max_overload_s" not in setup else \
+        f" or on, up to {setup['max_overload_s']:g} s, until both pods have refused for {setup['min_window_s']:g} s"
     lines = [f"The live test (marked `engine`, {report['duration_s']:,} s with two tiny CPU engine starts{load}): two pods of "
              f"one pool ({pods}), each its own engine and sidecar as the operator rendered them, behind HAProxy weighted {weights}; the operator against the API emulator splits a tenant's "
              f"{quota:,} rpm from both pods' usage. Each mode: an overload at {setup['overload']:g}× the quota for "
-             f"{setup['overload_s']:g} s, ε = admitted / refilled − 1 from the moment both pods have refused to its end; then, "
+             f"{setup['overload_s']:g} s{longer}, ε = admitted / refilled − 1 from the moment both pods have refused to its end; then, "
              f"after {setup['pause_s']:g} s without traffic, exactly the quota for {setup['exact_s']:g} s. "
              + ("Every test of the run passed." if not failed else f"{failed} test(s) of the run FAILED: read these figures as a failure's."), "",
-             *_table(["mode", "window (both pods refusing)", "admitted / refilled", "ε", "exact phase admitted",
+             *_table(["mode", "overload", "window (both pods refusing)", "admitted / refilled", "ε", "exact phase admitted",
                       f"sent per pod ({pods})", "refused per pod", "table shares, rpm"], rows), ""]
     calls = figures.get("store_calls")
     if calls:
