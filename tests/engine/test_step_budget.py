@@ -11,8 +11,11 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from slaq.api.common import Tier
 from slaq.api.pool import SchedulerSpec
 from slaq.engine.config import EngineSchedulerConfig
+from slaq.engine.scheduler import SLAScheduler
 from slaq.engine.step_budget import BatchView, StockStepBudget
-from slaq.engine.tpot_budget import MIN_PREFILL_TOKENS, SAFETY, StepTimeModel, TpotStepBudget
+from slaq.engine.tpot_budget import CREDIT_SHARE, CREDIT_TPOTS, MIN_PREFILL_TOKENS, PACE_SHARE, SAFETY, StepTimeModel, TpotStepBudget
+from slaq.engine.vllm_compat import Request
+from slaq.engine.vllm_compat import running_requests as vc_running
 from slaq.engine.vllm_compat import step_token_budget as vc_step_budget
 
 from tests.engine.harness import Driver, build_scheduler, make_request
@@ -262,6 +265,7 @@ def test_the_engine_tells_the_budget_its_tightest_class_and_keeps_a_tight_prompt
     driver.add(critical)
     view = scheduler._batch_view(None, 0, time.time())
     assert (view.tight_ttft_s, view.tight_prompt_tokens, view.urgent_tokens, view.urgent_tight) == (0.5, 1800, 1800, True)
+    assert view.urgent_slack_s is not None and 0.0 < view.urgent_slack_s <= 0.5  # to its TTFT deadline
     with vc_step_budget(scheduler, 1000):
         driver.step()
     assert critical.is_prefill_chunk and not len(scheduler.waiting_queue)
@@ -270,4 +274,62 @@ def test_the_engine_tells_the_budget_its_tightest_class_and_keeps_a_tight_prompt
     driver.step()
     driver.step()
     view = scheduler._batch_view(None, 0, time.time())
-    assert not view.urgent_tight and view.urgent_tokens == 0
+    assert not view.urgent_tight and view.urgent_tokens == 0 and view.urgent_slack_s is None
+
+
+def test_a_tight_prompt_may_also_spend_the_decoders_credit_and_nothing_else_does() -> None:
+    """The decoders' credit (decision 0028) stretches only a step that then carries the class's whole
+    prompt, when its chunks would miss its deadline: not a chunk of it, not steps for other work, not
+    another tier's urgent prompt."""
+    policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
+    floor = SAFETY * 0.05
+    ahead_s = 0.2 - (1 - SAFETY) * 0.05  # 0.1925 s of slack: 9,124 tokens, short of the decodes and the prompt's 15,010
+    whole = 15_010 + MIN_PREFILL_TOKENS
+    # Its chunks of 9,114 tokens take two steps of 0.1925 s: 0.385 s, past 0.85 x the 0.4 s it has left.
+    late = dict(pace_slack_s=0.2, urgent_tokens=15_000, urgent_tight=True, urgent_slack_s=0.4, **TIGHT)
+    for credit, budget in ((0.1, _tokens_in(ahead_s)), (0.12, whole)):  # 0.2925 s: 14,124 tokens, a chunk; 0.3125 s: 15,124
+        assert policy.budget(BatchView(0.05, 10, 0, pace_credit_s=credit, **late), 32_768, 0.0) == budget, credit
+    # A class with room in its objective (own step 0.31 s of 2 s, under CREDIT_MIN_OWN) is never lent the credit.
+    roomy = late | {"tight_ttft_s": 2.0, "urgent_slack_s": 0.4}
+    assert policy.budget(BatchView(0.05, 10, 0, pace_credit_s=0.12, **roomy), 32_768, 0.0) == _tokens_in(ahead_s)
+    # With 0.5 s left, the chunks make it: no credit spent.
+    assert policy.budget(BatchView(0.05, 10, 0, pace_credit_s=0.12, **(late | {"urgent_slack_s": 0.5})), 32_768, 0.0) == _tokens_in(ahead_s)
+    other = BatchView(0.05, 10, 0, pace_slack_s=0.2, urgent_tokens=15_000, pace_credit_s=0.12, **TIGHT)
+    assert policy.budget(other, 32_768, 0.0) == _tokens_in(floor)
+    assert policy.budget(BatchView(0.05, 10, 0, pace_slack_s=0.2, pace_credit_s=0.12), 32_768, 0.0) == _tokens_in(0.1)
+    # The credit stands in for the reserve (the class's own step less T: 0.2602 s here) and buys no more:
+    # with 0.06 s of slack to spend that reaches the whole prompt (0.3115 s), with none it does not.
+    for ahead, budget in ((0.06, whole), (0.0, _tokens_in(floor))):
+        slack = BatchView(0.05, 10, 0, pace_slack_s=ahead + (1 - SAFETY) * 0.05, urgent_tokens=15_000, urgent_tight=True,
+                          pace_credit_s=1.0, urgent_slack_s=0.4, **TIGHT)
+        assert policy.budget(slack, 32_768, 0.0) == budget, ahead
+
+
+def _decoding(request: Request, steps: int = 3) -> tuple[SLAScheduler, list[Request]]:
+    """A scheduler that has run `request` for `steps` steps, and its running requests."""
+    scheduler = build_scheduler(max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=2048)
+    driver = Driver(scheduler)
+    driver.add(request)
+    for _ in range(steps):
+        driver.step()
+    return scheduler, vc_running(scheduler)
+
+
+def test_each_decoder_is_credited_by_the_output_it_is_still_planned_to_deliver() -> None:
+    """PaceClock's credit: CREDIT_SHARE x T per output token left after the planned step, at most
+    CREDIT_TPOTS x T (T as paced, PACE_SHARE of the objective); it shrinks as a request nears its end."""
+    scheduler, running = _decoding(make_request(Tier.CRITICAL, prompt_tokens=64, max_tokens=1000, tpot_ms=50.0))
+    pace = scheduler.pace.slack(running, scheduler.info_of, time.time(), 0)
+    assert pace is not None and pace.credit_s == pytest.approx(CREDIT_TPOTS * PACE_SHARE * 0.05)  # 1000 tokens planned: the cap
+    short = make_request(Tier.STANDARD, prompt_tokens=64, max_tokens=40, tpot_ms=100.0)
+    scheduler, running = _decoding(short)
+    left = short.max_tokens - short.num_output_tokens - 1
+    assert 0 < left < 40
+    pace = scheduler.pace.slack(running, scheduler.info_of, time.time(), 0)
+    assert pace is not None and pace.credit_s == pytest.approx(CREDIT_SHARE * PACE_SHARE * 0.1 * left)
+    # One more step in flight: one token less to catch up in.
+    in_flight = scheduler.pace.slack(running, scheduler.info_of, time.time(), 1)
+    assert in_flight is not None and in_flight.credit_s == pytest.approx(CREDIT_SHARE * PACE_SHARE * 0.1 * (left - 1))
+    # Nothing with a TPOT objective decodes: no pace.
+    scheduler, running = _decoding(make_request(Tier.BATCH, prompt_tokens=64, max_tokens=100))
+    assert running and scheduler.pace.slack(running, scheduler.info_of, time.time(), 0) is None

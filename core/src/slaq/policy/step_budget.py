@@ -38,6 +38,10 @@ class BatchView:
     tight_ttft_s: float | None = None
     tight_prompt_tokens: int = 0
     urgent_tight: bool = False  # the most urgent waiting request (`urgent_tokens`) is of that class
+    # Seconds beyond `pace_slack_s` a step carrying that request's prompt may take: the least credit a
+    # decoding request has left (slaq.engine.tpot_budget.PaceClock.credit_s).
+    pace_credit_s: float = 0.0
+    urgent_slack_s: float | None = None  # seconds from now to that request's TTFT deadline (None: not of the class)
 
 
 @runtime_checkable

@@ -40,6 +40,11 @@ takes ~0.33 s of a 0.5 s objective, and in steps paced to a 50 ms TPOT it took ~
 - A waiting request of that class (`BatchView.urgent_tight`) may stretch the step over the
   horizon to the whole slack (no TPOT objective running: to its whole prompt); another urgent
   request's prompt stretches it only to the horizon, leaving the reserve.
+- When the slack is short of the class's whole prompt, the step may also spend the decoders'
+  credit (`BatchView.pace_credit_s`: how far each may fall behind its pace, by the output it is
+  still planned to deliver), if that lets the prompt run whole, and never on a chunk: a request
+  that started decoding moments ago has not banked the reserve, and its credit stands in for it
+  (decision 0028).
 
 A class whose own step already exceeds its objective gets neither: holding other work back would
 not save it.
@@ -80,6 +85,7 @@ PAIR_UNIT = 1e7
 PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
 MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
 AHEAD_STEPS = 1  # steps already planned when an arrival is first seen (vLLM's async scheduling): it waits for them and the running one
+CREDIT_MIN_OWN = 0.5  # the decoders lend their credit only to a class whose own step is at least this share of its objective (decision 0028)
 MIN_HORIZON_FIXED = 4.0  # the horizon never holds a step under this many of its fixed cost (steps of overhead alone)
 
 
@@ -198,21 +204,49 @@ class TpotStepBudget:
         cap = math.inf if tight is None else tight[1]
         if batch.pace_slack_s is None:
             return min(floor, cap), min(floor, cap)
-        ahead = batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * tpot
+        ahead = self._ahead_s(batch)
         reserve = 0.0 if tight is None else max(0.0, tight[0] - tpot)
         target = min(max(floor, min(ahead - reserve, self.max_step_tpots * tpot)), cap)
         if batch.urgent_tight:
             return target, max(floor, ahead)
         return target, min(max(floor, ahead - reserve), cap)
 
+    def _ahead_s(self, batch: BatchView) -> float:
+        """The pace slack a step planned now may spend: less the steps in flight and the margin."""
+        assert batch.pace_slack_s is not None and batch.tightest_tpot_s is not None
+        return batch.pace_slack_s - batch.steps_in_flight * self.last_target_s - (1.0 - self.safety) * batch.tightest_tpot_s
+
+    def _credit_buys_whole(self, batch: BatchView, whole: int, reach: int, stretch_s: float, limit: int) -> bool:
+        """Whether the tight class's prompt, in chunks of `reach` tokens (with the decodes) in steps of
+        `stretch_s`, would miss its deadline, and the slack and the decoders' credit, up to the reserve
+        it stands in for, fit it whole in this step."""
+        tight = self.tight_class(batch)
+        if not (batch.urgent_tight and batch.pace_credit_s > 0.0 and batch.pace_slack_s is not None and tight is not None
+                and batch.urgent_slack_s is not None and batch.tight_ttft_s is not None):
+            return False
+        if tight[0] < CREDIT_MIN_OWN * batch.tight_ttft_s:
+            return False  # a class with room in its objective meets it in chunks (decision 0028)
+        chunk = max(reach - batch.running, MIN_PREFILL_TOKENS)
+        chunked_s = batch.steps_in_flight * self.last_target_s + math.ceil(batch.urgent_tokens / chunk) * stretch_s
+        if chunked_s <= self.safety * batch.urgent_slack_s:
+            return False
+        assert batch.tightest_tpot_s is not None
+        credit = min(batch.pace_credit_s, tight[0] - batch.tightest_tpot_s)
+        return credit > 0.0 and self._tokens_within(self._ahead_s(batch) + credit, batch, limit) >= whole
+
     def budget(self, batch: BatchView, limit: int, now: float) -> int | None:
         if batch.tightest_tpot_s is None:
             return self._horizon_budget(batch, limit)
         target, stretch = self.target_s(batch)
         tokens = self._tokens_within(target, batch, limit)
-        if batch.urgent_tokens and stretch > target:
-            # Urgent prefill planning: room for the urgent prompt (after the decodes), as far as the slack allows.
-            tokens = max(tokens, min(self._tokens_within(stretch, batch, limit), batch.running + batch.urgent_tokens + self._beside(batch)))
+        if batch.urgent_tokens:
+            # Urgent prefill planning: room for the urgent prompt (after the decodes), as far as the slack allows;
+            # for the tight class's prompt, as far as the decoders' credit too, when that lets it run whole.
+            whole = batch.running + batch.urgent_tokens + self._beside(batch)
+            reach = self._tokens_within(stretch, batch, limit)
+            if reach < whole and self._credit_buys_whole(batch, whole, reach, stretch, limit):
+                reach = whole
+            tokens = max(tokens, min(reach, whole))
             target = max(target, self.model.predict(tokens, batch.kv_tokens))
         self.last_budget = min(limit, max(batch.running + MIN_PREFILL_TOKENS, tokens))
         self.last_target_s = min(target, self.model.predict(self.last_budget, batch.kv_tokens))

@@ -284,29 +284,31 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             return BatchView(None, len(running), kv_tokens)
         tight_ttft_s, tight_prompt = tight if tight is not None else (None, 0)
         in_flight = len(self._in_flight)
-        urgent_tokens, urgent_tight = self._urgent_prompt(tight_ttft_s)
-        slack = self.pace.slack(running, self.info_of, now, in_flight) if tightest_tpot_s is not None else None
-        return BatchView(tightest_tpot_s, len(running), kv_tokens, slack, in_flight, urgent_tokens,
-                         vc.longest_prefill_context(running), tight_ttft_s, tight_prompt, urgent_tight)
+        urgent_tokens, urgent_tight, urgent_deadline = self._urgent_prompt(tight_ttft_s)
+        pace = self.pace.slack(running, self.info_of, now, in_flight) if tightest_tpot_s is not None else None
+        return BatchView(tightest_tpot_s, len(running), kv_tokens, None if pace is None else pace.slack_s, in_flight, urgent_tokens,
+                         vc.longest_prefill_context(running), tight_ttft_s, tight_prompt, urgent_tight,
+                         0.0 if pace is None else pace.credit_s, None if urgent_deadline is None else urgent_deadline - now)
 
-    def _urgent_prompt(self, tight_ttft_s: float | None) -> tuple[int, bool]:
-        """(prompt tokens left of the most urgent request, whether it is of the tightest TTFT class). A
+    def _urgent_prompt(self, tight_ttft_s: float | None) -> tuple[int, bool, float | None]:
+        """(prompt tokens left of the most urgent request, whether it is of the tightest TTFT class, its
+        TTFT deadline when it is: time.time() clock). A
         request of that class admitted in a step too short for its whole prompt stays the urgent one
         while it prefills: vLLM schedules the running requests' chunks first, and its first token waits
         for the last of them."""
         carried = self._tight_prefill
         if carried is not None:
             if vc.is_prefilling(carried):
-                return vc.prefill_tokens_left(carried), True
+                return vc.prefill_tokens_left(carried), True, self.info_of(carried).deadline
             self._tight_prefill = None
         urgent = self.waiting_queue.urgent_heads(1) if len(self.waiting_queue) else []  # len: the queue's truth is the waiting loop's (queue.py)
         if not urgent:
-            return 0, False
-        ttft_s = self.info_of(urgent[0]).ttft_s
-        tight = ttft_s is not None and tight_ttft_s is not None and ttft_s <= tight_ttft_s
+            return 0, False, None
+        info = self.info_of(urgent[0])
+        tight = info.ttft_s is not None and tight_ttft_s is not None and info.ttft_s <= tight_ttft_s
         if tight:
             self._tight_prefill = urgent[0]
-        return vc.prefill_tokens_left(urgent[0]), tight
+        return vc.prefill_tokens_left(urgent[0]), tight, info.deadline if tight else None
 
     def _preempt_for_urgent(self, now: float, running: list[Request], limit: int) -> set[str]:
         if not len(self.waiting_queue):  # len: the queue's truth is the waiting loop's (queue.py)
