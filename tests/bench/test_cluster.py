@@ -206,3 +206,39 @@ def test_slaq_scales_down_to_the_pods_the_protected_load_needs_and_no_further(pr
     assert min(e["to"] for e in result.scale_events) == 2  # not to minReplicas: 0.3-0.4 per pod of 2 asks for 2 at 0.5
     late = [r for r in result.records if r.arrival_s > 200.0]
     assert late and all(attained(r, DEFAULT_OBJECTIVES[r.tier]) for r in late)
+
+
+class _Pod:
+    """A pod as the router sees it: a name and what its /metrics said at the last scrape."""
+
+    def __init__(self, name: str, pending: int, kv: float) -> None:
+        self.name, self.pending, self.kv, self.scrapes = name, pending, kv, 0
+        self.metrics = None
+
+    def scrape(self):
+        from slaq.bench.cluster_pod import PodMetrics
+
+        self.scrapes += 1
+        self.metrics = PodMetrics(0.0, 0.0, 30, self.kv, 10, 0.5, self.pending)  # scraped at 0 s
+        return self.metrics
+
+
+def test_the_slaq_gateway_steers_from_a_pod_with_a_protected_prompt_pending() -> None:
+    # docs/gateway.md's picker: the queue scorer on slaq_protected_prompts_pending, no KV scorer.
+    busy, full, empty = _Pod("busy", 1, 0.1), _Pod("full", 0, 0.95), _Pod("empty", 0, 0.0)
+    router = make_router("gateway-slaq")
+    picks = [router.pick([busy, full, empty], now=0.0).name for _ in range(6)]
+    assert "busy" not in picks and picks.count("full") == picks.count("empty") == 3  # ties in turn, whatever their KV
+    busy.pending = 0  # its prompt started: the picker sees it at its next metrics refresh, not before
+    assert "busy" not in {router.pick([busy, full, empty], now=0.01).name for _ in range(3)}
+    assert "busy" in {router.pick([busy, full, empty], now=1.0).name for _ in range(3)}
+    # The stock picker's KV scorer would have sent all six to the empty pod.
+    stock = make_router("gateway")
+    assert {stock.pick([busy, full, empty], now=0.0).name for _ in range(6)} == {"empty"}
+
+
+def test_the_slaq_gateway_is_refused_in_front_of_stock_pods(capsys) -> None:
+    from slaq.cli import main
+
+    assert main(["bench", "cluster", "--stock", "--router", "gateway-slaq", "--signals", "static", "--quiet"]) == 2
+    assert "stock vLLM pods do not export" in capsys.readouterr().err

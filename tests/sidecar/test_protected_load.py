@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from slaq.api.common import Tier
@@ -94,3 +96,25 @@ async def test_the_sidecar_exports_it_from_admission_to_settlement_and_never_for
     c.finish(std, output_tokens=None, engine_prompt_tokens=None, status=499, refund=True)
     clock.now += LATER
     assert c.protected_load() == 0.0
+
+
+async def test_protected_prompts_pending_counts_the_first_tokens_still_to_come() -> None:
+    # slaq_protected_prompts_pending, a gateway's queue metric: protected requests queued here or
+    # released and not started; batch never counts, and a first token or a settlement takes one off.
+    c, _ = core(engine_queue_target=1)
+    batch = await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    assert c.protected_prompts_pending() == 0
+    std = await c.admit(c.identify(bearer("std")), "chat", CHAT)  # the engine serves it ahead of the batch request
+    queued = asyncio.create_task(c.admit(c.identify(bearer("std")), "chat", CHAT))
+    await asyncio.sleep(0)
+    assert len(c.queue) == 1 and not queued.done()
+    assert c.protected_prompts_pending() == 2  # one released and not started, one queued in the sidecar
+    assert b"slaq_protected_prompts_pending 2.0" in c.metrics.render()
+    c.first_token(std)
+    await asyncio.sleep(0)
+    assert queued.done() and c.protected_prompts_pending() == 1  # the queued one went to the engine: still pending there
+    c.first_token(batch)
+    assert c.protected_prompts_pending() == 1
+    c.finish(queued.result(), output_tokens=None, engine_prompt_tokens=None, status=499, refund=True)  # cut before its first token
+    assert c.protected_prompts_pending() == 0
+    assert b"slaq_protected_prompts_pending 0.0" in c.metrics.render()

@@ -34,8 +34,8 @@ Targets = Callable[[], Iterable[tuple[str, str, float]]]
 
 class _PodGauges(Collector):
     def __init__(self, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], protected_load: Callable[[], float],
-                 in_flight: Callable[[], int], targets: Targets, pool: Callable[[], str]) -> None:
-        self._depth, self._risk, self._protected_load = depth, risk, protected_load
+                 protected_pending: Callable[[], int], in_flight: Callable[[], int], targets: Targets, pool: Callable[[], str]) -> None:
+        self._depth, self._risk, self._protected_load, self._protected_pending = depth, risk, protected_load, protected_pending
         self._in_flight, self._targets, self._pool = in_flight, targets, pool
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -50,6 +50,9 @@ class _PodGauges(Collector):
                                  "1.0 at capacity, the pool's scaling signal (see sidecar/README.md).", labels=["pool"])
         load.add_metric([self._pool()], self._protected_load())
         yield load
+        yield GaugeMetricFamily("slaq_protected_prompts_pending", "Critical and standard requests on this pod with no first token yet "
+                                "(queued in the sidecar, or released to the engine and not started): a gateway's queue metric (docs/gateway.md).",
+                                value=self._protected_pending())
         yield GaugeMetricFamily("slaq_in_flight_requests", "Requests released to the engine and not finished.", value=self._in_flight())
         targets = GaugeMetricFamily("slaq_attainment_target", "Each tenant's TenantSLA attainmentTarget: the SLO alerts' error budget is 1 minus it.", labels=["tenant", "tier"])
         for tenant, tier, target in self._targets():
@@ -59,7 +62,7 @@ class _PodGauges(Collector):
 
 class SidecarMetrics:
     def __init__(self, *, depth: Callable[[], Mapping[Tier, int]], risk: Callable[[], float], in_flight: Callable[[], int], targets: Targets = lambda: (),
-                 protected_load: Callable[[], float] = lambda: 0.0,
+                 protected_load: Callable[[], float] = lambda: 0.0, protected_pending: Callable[[], int] = lambda: 0,
                  pool: Callable[[], str] = lambda: "", tokenizer_loaded: Callable[[], bool] = lambda: False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -81,7 +84,7 @@ class SidecarMetrics:
         Gauge("slaq_tokenizer_loaded", "1 when the model's tokenizer counts prompt tokens (--tokenizer, loaded), 0 when they are estimated.",
               registry=r).set_function(lambda: float(tokenizer_loaded()))
         self.engine_up = Gauge("slaq_sidecar_engine_up", "1 when the engine answered this scrape's request for its metrics, else 0.", registry=r)
-        r.register(_PodGauges(depth, risk, protected_load, in_flight, targets, pool))
+        r.register(_PodGauges(depth, risk, protected_load, protected_pending, in_flight, targets, pool))
 
     def observe_handover(self, tier: str, pipe_ahead: int, seconds: float) -> None:
         group = next(label for least, label in reversed(PIPE_AHEAD_GROUPS) if pipe_ahead >= least)

@@ -33,7 +33,7 @@ from slaq.sidecar.errors import BadRequest, ConcurrencyExceeded, Draining, Inval
 from slaq.sidecar.metrics import SidecarMetrics
 from slaq.sidecar.payload import BodyLimits, InferencePayload, Kind, ParserPool, parse_payload
 from slaq.sidecar.prediction import OutputLengthPredictor
-from slaq.sidecar.protected_load import ProtectedLoad
+from slaq.sidecar.protected_load import PROTECTED_TIERS, ProtectedLoad
 from slaq.sidecar.queue import Dispatcher, QueuedRequest, RequestQueue
 from slaq.sidecar.release import ReleaseGate
 from slaq.sidecar.quota_store import QuotaStore
@@ -176,7 +176,8 @@ class SidecarCore:
         self._parsing: collections.Counter[str] = collections.Counter()  # per tenant, bodies in the parsing workers
         self._keys = itertools.count()
         self._risk_cache: tuple[float, float] = (-1.0, 0.0)
-        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, protected_load=self.protected_load, in_flight=lambda: self.gate.in_flight,
+        self.metrics = SidecarMetrics(depth=lambda: dict(self.queue.depth_by_tier), risk=self.sla_risk, protected_load=self.protected_load,
+                                      protected_pending=self.protected_prompts_pending, in_flight=lambda: self.gate.in_flight,
                                       targets=self.attainment_targets, pool=self.pool_name, tokenizer_loaded=lambda: self.counter.loaded)
         # With a store, tenants' whole quotas are counted there and `quotas` (the local shares) is its fallback.
         self.shared_quotas = SharedQuotaGate(self.quotas, quota_store, registry=self.metrics.registry) if quota_store is not None else None
@@ -224,6 +225,13 @@ class SidecarCore:
         # requests seen running while the engine had a queue, which a prefill backlog at low load
         # sets far below what the pod holds, and the gauge read 1.0 on a quarter-loaded pod.
         return self.protected.value(self.clock(), self.config.max_num_seqs, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
+
+    def protected_prompts_pending(self) -> int:
+        """The `slaq_protected_prompts_pending` gauge: critical and standard requests on this pod with
+        no first token yet, queued here or released to the engine and not started. A gateway's
+        queue metric (docs/gateway.md, decision 0029): a pod where one is pending would run a new
+        protected prompt after it, and the tightest objectives have room for one prefill, not two."""
+        return sum(self.queue.tiers.depth(tier.rank) + self.gate.not_started_by_rank[tier.rank] for tier in PROTECTED_TIERS)
 
     def current_risk(self) -> float:
         """The projected part only: risk from requests waiting right now. Shedding acts on this,

@@ -33,7 +33,8 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--workload", choices=WORKLOADS, default="wva-ramp", help="named workload (default wva-ramp)")
     cluster.add_argument("--signals", default=",".join(SIGNALS), help=f"comma-separated, from {', '.join(SIGNALS)} (default all)")
     cluster.add_argument("--router", choices=ROUTERS, default="service", help="service (round-robin), least-request, gateway "
-                         "(queue + KV from scraped metrics), gateway-risk (and slaq_sla_risk); default service")
+                         "(queue + KV from scraped metrics), gateway-risk (and slaq_sla_risk), gateway-slaq (queue on "
+                         "slaq_protected_prompts_pending, no KV scorer: docs/gateway.md); default service")
     cluster.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     cluster.add_argument("--fail-pod", type=_nonnegative, default=None, metavar="AT_S",
                          help="fail the busiest ready pod at this simulated second (its requests are lost; it is replaced)")
@@ -74,6 +75,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     names = parse_signals(args.signals)
     if not 1 <= args.min_replicas <= args.max_replicas:
         raise WorkloadError(f"--min-replicas {args.min_replicas} and --max-replicas {args.max_replicas}: need 1 <= min <= max")
+    if args.stock and args.router == "gateway-slaq":
+        raise WorkloadError("--router gateway-slaq reads slaq_protected_prompts_pending, which stock vLLM pods do not export")
     workload = cluster_workload(args.workload, seed=args.seed, time_scale=args.time_scale)
     profile = load_profile(args.profile or workload.profile)
     pending_s = DEFAULT_PENDING_S if args.pending is None else args.pending

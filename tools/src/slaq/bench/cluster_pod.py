@@ -76,6 +76,7 @@ class PodMetrics:
     kv_usage: float | None  # vllm:kv_cache_usage_perc
     running: int | None
     protected_load: float | None = None  # slaq_protected_load (the sidecar; stock pods have none)
+    protected_pending: int | None = None  # slaq_protected_prompts_pending (the sidecar; stock pods have none)
 
 
 class ClusterPod:
@@ -280,14 +281,15 @@ class ClusterPod:
         if self.state is PodState.LOADING:
             core = None if self.front is None else self.front.core
             self.metrics = PodMetrics(now, None if core is None else core.sla_risk(), None, None, None,
-                                      None if core is None else core.protected_load())
+                                      None if core is None else core.protected_load(), None if core is None else core.protected_prompts_pending())
             return self.metrics
         waiting, running, kv_usage, _ = harness.engine_gauges(self.scheduler)
-        risk = protected = None
+        risk = protected = pending = None
         if self.front is not None:
             waiting += self.front.holding()
-            risk, protected = self.front.core.sla_risk(), self.front.core.protected_load()
-        self.metrics = PodMetrics(now, risk, waiting, kv_usage, running, protected)
+            core = self.front.core
+            risk, protected, pending = core.sla_risk(), core.protected_load(), core.protected_prompts_pending()
+        self.metrics = PodMetrics(now, risk, waiting, kv_usage, running, protected, pending)
         return self.metrics
 
     def finalize(self) -> None:

@@ -10,6 +10,11 @@
   score wins, ties round-robin. It reads only the metrics the pods export, each pod's scrape at
   most `scrape_interval_s` old (the picker's metrics refresh, 50 ms by default), never the
   simulator's state.
+- `gateway-slaq`: the same picker configured as docs/gateway.md sets it up for a slaq pool: its
+  queue metric is `slaq_protected_prompts_pending` (the critical and standard requests a pod holds
+  with no first token yet) and its only scorer the queue's, so every request goes to a pod where no
+  protected prompt is pending when there is one (ties round-robin); no KV-cache scorer, which sends
+  a burst to the pod that last freed its cache (decision 0029).
 """
 
 from __future__ import annotations
@@ -69,12 +74,12 @@ class LeastRequestRouter:
 
 
 class GatewayRouter:
-    name = "gateway"
-
     def __init__(self, *, queue_weight: float = 1.0, kv_weight: float = 1.0, risk_weight: float = 0.0,
-                 scrape_interval_s: float = GATEWAY_SCRAPE_S) -> None:
+                 scrape_interval_s: float = GATEWAY_SCRAPE_S, queue_metric: str = "waiting", name: str = "gateway") -> None:
         self.queue_weight, self.kv_weight, self.risk_weight = queue_weight, kv_weight, risk_weight
         self.scrape_interval_s = scrape_interval_s
+        self.queue_metric = queue_metric  # the PodMetrics field the picker's queue scorer reads
+        self.name = name
         self._next = 0
 
     def _metrics(self, pod: ClusterPod, now: float):
@@ -84,13 +89,14 @@ class GatewayRouter:
 
     def pick(self, pods: Sequence[ClusterPod], now: float) -> ClusterPod:
         seen = [(pod, self._metrics(pod, now)) for pod in pods]
-        most_waiting = max((m.waiting or 0 for _, m in seen if m is not None), default=0)
+        queued = {pod.name: getattr(m, self.queue_metric) or 0 for pod, m in seen if m is not None}
+        most_waiting = max(queued.values(), default=0)
         scores = []
         for pod, m in seen:
             if m is None:
                 scores.append(0.0)
                 continue
-            queue = 1.0 - (m.waiting or 0) / most_waiting if most_waiting else 1.0
+            queue = 1.0 - queued[pod.name] / most_waiting if most_waiting else 1.0
             kv = 1.0 - (m.kv_usage or 0.0)
             risk = 1.0 - min(m.sla_risk or 0.0, 1.0)
             scores.append(self.queue_weight * queue + self.kv_weight * kv + self.risk_weight * risk)
@@ -104,7 +110,7 @@ class GatewayRouter:
         pass
 
 
-ROUTERS = ("service", "least-request", "gateway", "gateway-risk")
+ROUTERS = ("service", "least-request", "gateway", "gateway-risk", "gateway-slaq")
 
 
 def make_router(name: str) -> Router:
@@ -115,5 +121,7 @@ def make_router(name: str) -> Router:
     if name == "gateway":
         return GatewayRouter()
     if name == "gateway-risk":
-        return GatewayRouter(risk_weight=1.0)
+        return GatewayRouter(risk_weight=1.0, name=name)
+    if name == "gateway-slaq":
+        return GatewayRouter(kv_weight=0.0, queue_metric="protected_pending", name=name)
     raise WorkloadError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
