@@ -160,6 +160,8 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
 
     assert main(["bench", "cluster", "--signals", "slaq,cpu", "--quiet"]) == 2
     assert "unknown signal(s) cpu" in capsys.readouterr().err
+    assert main(["bench", "cluster", "--signals", "slaq", "--target-protected-load", "3", "--quiet"]) == 2
+    assert "--target-protected-load must be in (0, 2]" in capsys.readouterr().err
     out = tmp_path / "report.json"
     assert main(["bench", "cluster", "--workload", "wva-ramp-tiers", "--time-scale", "0.02", "--signals", "static",
                  "--max-replicas", "2", "--quiet", "--out", str(out)]) == 0
@@ -167,6 +169,7 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     static = report["signals"]["static"]
     assert set(static["tiers"]) == {"critical", "standard", "batch"}
     assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
+    assert report["target_protected_load"] == 0.5  # the CRD's default
     assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
     # The report carries its envelope and schema, and docs/results.md renders it.
     from slaq.bench.results import check_report, render_section
@@ -235,6 +238,24 @@ def test_the_slaq_gateway_steers_from_a_pod_with_a_protected_prompt_pending() ->
     # The stock picker's KV scorer would have sent all six to the empty pod.
     stock = make_router("gateway")
     assert {stock.pick([busy, full, empty], now=0.0).name for _ in range(6)} == {"empty"}
+
+
+def test_behind_the_slaq_gateway_a_critical_prompt_does_not_queue_behind_another(profile) -> None:
+    # Two warm pods. A critical request, a batch one, then a second critical request while the first
+    # one's 4,000-token prefill (~0.3 s here) still runs: a Service's round-robin sends the second to
+    # the first one's pod, where it waits for that prefill; the picker on slaq_protected_prompts_pending
+    # sends it to the other pod.
+    requests = [BenchRequest("c1", 1.0, 4000, 50, "critical-0", Tier.CRITICAL), BenchRequest("b1", 1.01, 500, 50, "batch-0", Tier.BATCH),
+                BenchRequest("c2", 1.15, 4000, 50, "critical-0", Tier.CRITICAL)]
+    ttft = {}
+    for router in ("service", "gateway-slaq"):
+        sim = ClusterSimulator(requests, DEFAULT_OBJECTIVES, make_signal("static", bench_pool(2)), make_router(router), _options(profile))
+        result = sim.run()
+        routes = {rid: sim.routed_to[rid] for rid in ("c1", "c2")}
+        ttft[router] = {r.request_id: r.ttft_s for r in result.records if r.tier is Tier.CRITICAL}
+        assert (routes["c1"] == routes["c2"]) is (router == "service")
+    assert ttft["gateway-slaq"]["c2"] < ttft["service"]["c2"] - 0.1  # it no longer waits for c1's prefill
+    assert ttft["gateway-slaq"]["c1"] == pytest.approx(ttft["service"]["c1"])
 
 
 def test_the_slaq_gateway_is_refused_in_front_of_stock_pods(capsys) -> None:

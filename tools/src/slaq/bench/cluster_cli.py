@@ -42,6 +42,8 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--time-scale", type=float, default=1.0, help="shorten every stage of the ramp (0.1: a tenth; default 1)")
     cluster.add_argument("--min-replicas", type=int, default=1, help="the pool's spec.replicas.min (default 1)")
     cluster.add_argument("--max-replicas", type=int, default=8, help="the pool's spec.replicas.max, also the static size (default 8)")
+    cluster.add_argument("--target-protected-load", type=float, default=None, metavar="X",
+                         help="the pool's spec.autoscaling.targetProtectedLoad, the slaq signal's target (default: the CRD's, 0.5)")
     cluster.add_argument("--pending", type=_nonnegative, default=None, metavar="SECONDS", help="cold start: seconds Pending (default 30)")
     cluster.add_argument("--loading", type=_nonnegative, default=None, metavar="SECONDS",
                          help="cold start: seconds Running but not Ready while the engine loads (default 120)")
@@ -65,6 +67,7 @@ def _cluster(args: argparse.Namespace) -> int:
 def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_report import format_table
     from slaq.bench.cluster_signals import parse_signals
+    from slaq.bench.cluster_signals import DEFAULT_TARGET_PROTECTED_LOAD
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.envelope import envelope, with_envelope
@@ -84,10 +87,13 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     print(f"{len(workload.requests)} requests ({workload.name}, seed {args.seed}, time scale {args.time_scale:g}); profile {profile.name}; "
           f"pods {'stock vLLM (priority)' if args.stock else 'slaq (sidecar core + SLAScheduler)'}; router {args.router}; "
           f"cold start {pending_s:g} s pending + {loading_s:g} s loading; replicas {args.min_replicas}..{args.max_replicas}")
+    target = DEFAULT_TARGET_PROTECTED_LOAD if args.target_protected_load is None else args.target_protected_load
+    if not 0 < target <= 2:  # the CRD's bounds
+        raise WorkloadError(f"--target-protected-load must be in (0, 2] (spec.autoscaling.targetProtectedLoad), got {target:g}")
     if args.jobs < 1:
         raise WorkloadError(f"--jobs must be 1 or more, got {args.jobs}")
     jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
-             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1) for name in names]
+             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target) for name in names]
     if args.jobs == 1:
         results = [simulate_signal(*job) for job in jobs]
     else:
@@ -112,6 +118,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "router": args.router,
         "cold_start_s": {"pending": pending_s, "loading": loading_s},
         "replicas": {"min": args.min_replicas, "max": args.max_replicas},
+        "target_protected_load": target,
         "simulated": True,
         "signals": signals,
     }
@@ -124,7 +131,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 
 def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float, max_replicas: int, min_replicas: int, profile_name: str,
-                    stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool) -> dict[str, Any]:
+                    stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool,
+                    target_protected_load: float | None = None) -> dict[str, Any]:
     """One signal's run and figures (a top-level function of plain arguments, so a worker process can run it)."""
     from slaq.bench.cluster_report import signal_figures
     from slaq.bench.cluster_router import make_router
@@ -138,7 +146,9 @@ def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float,
     workload = cluster_workload(workload_name, seed=seed, time_scale=time_scale)
     options = ClusterOptions(spec=policy("priority" if stock else "slaq"), profile=load_profile(profile_name),
                              pending_s=pending_s, loading_s=loading_s, fail_at_s=fail_at_s)
-    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas))
+    pool = bench_pool(max_replicas, min_replicas=min_replicas) if target_protected_load is None else \
+        bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load)
+    signal = make_signal(name, pool)
     bar = ProgressBar(name) if show_progress else None
     started = time.perf_counter()
     result = ClusterSimulator(workload.requests, workload.objectives, signal, make_router(router), options, progress=bar).run()

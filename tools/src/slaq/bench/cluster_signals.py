@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from slaq.api.pool import InferencePool
+from slaq.api.pool import AutoscalingSpec, InferencePool
 from slaq.bench.cluster_hpa import HorizontalController, HpaConfig, PodPhase, PodSample
 from slaq.bench.errors import WorkloadError
 
@@ -40,9 +40,10 @@ if TYPE_CHECKING:  # the pod simulation imports vLLM: `slaq --help` must not
 
 SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
+DEFAULT_TARGET_PROTECTED_LOAD: float = AutoscalingSpec.model_fields["target_protected_load"].default  # the CRD's
 
 
-def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = 0.5,
+def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = DEFAULT_TARGET_PROTECTED_LOAD,
                scale_down_stabilization_s: int = 300, drain_timeout: str = "120s") -> InferencePool:
     """The InferencePool the cluster benchmark's HPA is rendered from: Qwen3-32B, TP=2."""
     return InferencePool.model_validate({
