@@ -379,6 +379,12 @@ def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
             f"{saturated['slaq']} of slaq's.", "", *_table(["figure", "min / median / max"], rows)]
 
 
+def _target(report: Mapping[str, Any]) -> str:
+    """The slaq signal's HPA target, when the report names it (reports before the flag used the CRD's 0.5)."""
+    target = report.get("target_protected_load")
+    return "" if target is None else f", `targetProtectedLoad` {target:g}"
+
+
 def render_cluster(report: Mapping[str, Any]) -> list[str]:
     """Per signal: attainment (all, per tier), replicas (mean, peak), GPU-hours, scale events, lost requests, the run's wall
     clock (the simulator's speed on the machine that ran it, with what else ran there), a failure's cost."""
@@ -386,8 +392,8 @@ def render_cluster(report: Mapping[str, Any]) -> list[str]:
     stages = ", ".join(f"{s['rate_rps']:g}" for s in workload["stages"])
     lines = [f"`slaq bench cluster`, simulated (not hardware): {workload['requests']:,} requests of `{workload['name']}` (seed "
              f"{workload['seed']}, time scale {workload['time_scale']:g}; stages of {stages} requests/s) on `{report['profile']}`; "
-             f"{report['pods']} pods behind the `{report['router']}` router, replicas {report['replicas']['min']}..{report['replicas']['max']}, "
-             f"cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.", ""]
+             f"{report['pods']} pods behind the `{report['router']}` router, replicas {report['replicas']['min']}..{report['replicas']['max']}"
+             f"{_target(report)}, cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.", ""]
     tiers = [t for t in TIERS if any(t in f.get("tiers", {}) for f in report["signals"].values())]
     rows = []
     for name, f in report["signals"].items():
