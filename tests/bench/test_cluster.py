@@ -215,13 +215,12 @@ class _Pod:
     """A pod as the router sees it: a name and what its /metrics said at the last scrape."""
 
     def __init__(self, name: str, pending: int, kv: float) -> None:
-        self.name, self.pending, self.kv, self.scrapes = name, pending, kv, 0
+        self.name, self.pending, self.kv = name, pending, kv
         self.metrics = None
 
     def scrape(self):
         from slaq.bench.cluster_pod import PodMetrics
 
-        self.scrapes += 1
         self.metrics = PodMetrics(0.0, 0.0, 30, self.kv, 10, 0.5, self.pending)  # scraped at 0 s
         return self.metrics
 

@@ -66,8 +66,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_report import format_table
-    from slaq.bench.cluster_signals import parse_signals
-    from slaq.bench.cluster_signals import DEFAULT_TARGET_PROTECTED_LOAD
+    from slaq.bench.cluster_signals import DEFAULT_TARGET_PROTECTED_LOAD, parse_signals
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.envelope import envelope, with_envelope
@@ -78,6 +77,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     names = parse_signals(args.signals)
     if not 1 <= args.min_replicas <= args.max_replicas:
         raise WorkloadError(f"--min-replicas {args.min_replicas} and --max-replicas {args.max_replicas}: need 1 <= min <= max")
+    target = DEFAULT_TARGET_PROTECTED_LOAD if args.target_protected_load is None else args.target_protected_load
+    if not 0 < target <= 2:  # the CRD's bounds
+        raise WorkloadError(f"--target-protected-load must be in (0, 2] (spec.autoscaling.targetProtectedLoad), got {target:g}")
     if args.stock and args.router == "gateway-slaq":
         raise WorkloadError("--router gateway-slaq reads slaq_protected_prompts_pending, which stock vLLM pods do not export")
     workload = cluster_workload(args.workload, seed=args.seed, time_scale=args.time_scale)
@@ -87,9 +89,6 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     print(f"{len(workload.requests)} requests ({workload.name}, seed {args.seed}, time scale {args.time_scale:g}); profile {profile.name}; "
           f"pods {'stock vLLM (priority)' if args.stock else 'slaq (sidecar core + SLAScheduler)'}; router {args.router}; "
           f"cold start {pending_s:g} s pending + {loading_s:g} s loading; replicas {args.min_replicas}..{args.max_replicas}")
-    target = DEFAULT_TARGET_PROTECTED_LOAD if args.target_protected_load is None else args.target_protected_load
-    if not 0 < target <= 2:  # the CRD's bounds
-        raise WorkloadError(f"--target-protected-load must be in (0, 2] (spec.autoscaling.targetProtectedLoad), got {target:g}")
     if args.jobs < 1:
         raise WorkloadError(f"--jobs must be 1 or more, got {args.jobs}")
     jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
@@ -132,7 +131,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float, max_replicas: int, min_replicas: int, profile_name: str,
                     stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool,
-                    target_protected_load: float | None = None) -> dict[str, Any]:
+                    target_protected_load: float) -> dict[str, Any]:
     """One signal's run and figures (a top-level function of plain arguments, so a worker process can run it)."""
     from slaq.bench.cluster_report import signal_figures
     from slaq.bench.cluster_router import make_router
@@ -146,9 +145,7 @@ def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float,
     workload = cluster_workload(workload_name, seed=seed, time_scale=time_scale)
     options = ClusterOptions(spec=policy("priority" if stock else "slaq"), profile=load_profile(profile_name),
                              pending_s=pending_s, loading_s=loading_s, fail_at_s=fail_at_s)
-    pool = bench_pool(max_replicas, min_replicas=min_replicas) if target_protected_load is None else \
-        bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load)
-    signal = make_signal(name, pool)
+    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load))
     bar = ProgressBar(name) if show_progress else None
     started = time.perf_counter()
     result = ClusterSimulator(workload.requests, workload.objectives, signal, make_router(router), options, progress=bar).run()

@@ -278,17 +278,14 @@ class ClusterPod:
         now = self.clock.now
         if self.state in (PodState.PENDING, PodState.GONE, PodState.FAILED):
             return None
+        core = None if self.front is None else self.front.core
+        risk, protected, pending = (None, None, None) if core is None else (core.sla_risk(), core.protected_load(), core.protected_prompts_pending())
         if self.state is PodState.LOADING:
-            core = None if self.front is None else self.front.core
-            self.metrics = PodMetrics(now, None if core is None else core.sla_risk(), None, None, None,
-                                      None if core is None else core.protected_load(), None if core is None else core.protected_prompts_pending())
+            self.metrics = PodMetrics(now, risk, None, None, None, protected, pending)
             return self.metrics
         waiting, running, kv_usage, _ = harness.engine_gauges(self.scheduler)
-        risk = protected = pending = None
         if self.front is not None:
             waiting += self.front.holding()
-            core = self.front.core
-            risk, protected, pending = core.sla_risk(), core.protected_load(), core.protected_prompts_pending()
         self.metrics = PodMetrics(now, risk, waiting, kv_usage, running, protected, pending)
         return self.metrics
 

@@ -90,13 +90,13 @@ class GatewayRouter:
     def pick(self, pods: Sequence[ClusterPod], now: float) -> ClusterPod:
         seen = [(pod, self._metrics(pod, now)) for pod in pods]
         queued = {pod.name: getattr(m, self.queue_metric) or 0 for pod, m in seen if m is not None}
-        most_waiting = max(queued.values(), default=0)
+        most_queued = max(queued.values(), default=0)
         scores = []
         for pod, m in seen:
             if m is None:
                 scores.append(0.0)
                 continue
-            queue = 1.0 - queued[pod.name] / most_waiting if most_waiting else 1.0
+            queue = 1.0 - queued[pod.name] / most_queued if most_queued else 1.0
             kv = 1.0 - (m.kv_usage or 0.0)
             risk = 1.0 - min(m.sla_risk or 0.0, 1.0)
             scores.append(self.queue_weight * queue + self.kv_weight * kv + self.risk_weight * risk)
