@@ -16,7 +16,8 @@ from slaq.api.common import Tier
 from slaq.cli import build_parser, main, repo_root
 from slaq.local import loadgen
 from slaq.local.demo import (
-    SCENARIO, VIP_SAMPLES, Calibration, DemoOptions, Unloaded, demo_engine_args, load_plan, loaded_workload, mix_burst, scaled_tenant,
+    SCENARIO, VIP_SAMPLES, Calibration, DemoOptions, Unloaded, demo_engine_args, describe_objectives, load_plan, loaded_workload, mix_burst,
+    scaled_tenant,
 )
 from slaq.local.demo_report import (
     TenantFigures, bucket_delta, buckets_by_label, client_late_ms, demo_json, histogram_quantile, load_table, order_text, refusal_lines, scenario_block, write_png,
@@ -97,6 +98,14 @@ def test_objectives_are_the_report_scaled_by_three_times_the_vip_p90_and_never_u
     assert calibration.objective_s(free) is None
     slow_b = Calibration({"stock": Unloaded(stock.p50_s, {**stock.p90_s, "B": 0.15})}, 5.0)
     assert slow_b.objective_s(standard) == pytest.approx(0.45)  # 3 × its own p90 is larger
+
+
+def test_a_fast_machine_never_tightens_the_reports_objectives() -> None:
+    vip, standard, _ = SCENARIO
+    fast = Calibration({"stock": Unloaded({"A": 0.006, "B": 0.02, "C": 0.005}, {"A": 0.009, "B": 0.03, "C": 0.008})}, 5.0)
+    assert fast.scale == 1.0  # 3 × 9 ms / 50 ms would be 0.54
+    assert fast.objective_s(vip) == pytest.approx(0.050) and fast.objective_s(standard) == pytest.approx(0.200)
+    assert "max(1, 3 × 9 ms" in describe_objectives(fast, {"A": 0.050, "B": 0.200, "C": None})
 
 
 def test_objectives_leave_the_slower_system_its_margin_too() -> None:
