@@ -130,6 +130,32 @@ async def test_saturation_sheds_batch_fills_queue_and_refuses_unreachable_deadli
     assert len(c.queue) == 0
 
 
+async def test_a_late_request_already_in_the_engine_does_not_shed_batch_one_held_here_does() -> None:
+    """The design report's scenario 4.5: B waits in the engine for KV it cannot have yet; C, which
+    fits beside A, is served, not shed. A late protected request still held by the sidecar sheds."""
+    c, clock = core(engine_queue_target=1)
+    warm = await c.admit(c.identify(bearer("std")), "chat", CHAT)
+    clock.now += 0.3  # the standard tier's first tokens come 300 ms after release (objective 200 ms)
+    c.first_token(warm)
+    c.finish(warm, output_tokens=1, engine_prompt_tokens=None, status=200)
+    in_engine = await c.admit(c.identify(bearer("std")), "chat", CHAT)  # released at once, due 100 ms late
+    clock.now += 0.11  # past the guard's 100 ms cache
+    assert c.risk.projected(clock.now) == pytest.approx(1.5) and c.current_risk() == 0.0
+    free = asyncio.create_task(c.admit(c.identify(bearer("free")), "chat", CHAT))  # served: it waits its turn
+    await asyncio.sleep(0)
+    assert not free.done() and len(c.queue) == 1
+    held = asyncio.create_task(c.admit(c.identify(bearer("std")), "chat", CHAT))  # held here behind the pipe
+    await asyncio.sleep(0)
+    clock.now += 0.11  # past the guard's 100 ms cache
+    assert c.current_risk() >= 1.5 - 1e-9
+    with pytest.raises(Shedding):
+        await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    c.first_token(in_engine)
+    for task in (free, held):
+        task.cancel()
+    await asyncio.gather(free, held, return_exceptions=True)
+
+
 async def test_draining_refuses_new_work() -> None:
     c, _ = core()
     c.draining = True

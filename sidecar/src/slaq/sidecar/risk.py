@@ -100,10 +100,14 @@ class SlaRisk:
         index = min(len(ratios) - 1, max(0, math.ceil(self.quantile * len(ratios)) - 1))
         return ratios[index]
 
-    def projected(self, now: float) -> float:
+    def projected(self, now: float, *, queued_only: bool = False) -> float:
+        """`queued_only`: over the requests still queued here, not those released to the engine
+        (what shedding reads: see `SidecarCore.current_risk`)."""
         worst = 0.0
         for w in self._waiting.values():
             release = None if w.entry is None else w.entry.release_time
+            if queued_only and release is not None:
+                continue
             engine = self.engine_ttft(w.tier)
             first_token = now + engine if release is None else max(now, release + engine)
             worst = max(worst, (first_token - w.arrival) / w.ttft_s)

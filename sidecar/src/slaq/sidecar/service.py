@@ -234,14 +234,18 @@ class SidecarCore:
         return sum(self.queue.tiers.depth(tier.rank) + self.gate.not_started_by_rank[tier.rank] for tier in PROTECTED_TIERS)
 
     def current_risk(self) -> float:
-        """The projected part only: risk from requests waiting right now. Shedding acts on this,
-        not on the observed history: when nothing waits, refusing batch work saves nobody (an
-        engine that is slow for the objectives is a capacity problem for the HPA, not a reason
-        to refuse work on an idle pod). Cached for 100 ms: it scans the waiting requests."""
+        """The projected part only, over the requests still queued here: what shedding acts on.
+        Not the observed history: when nothing waits, refusing batch work saves nobody (an engine
+        that is slow for the objectives is a capacity problem for the HPA, not a reason to refuse
+        work on an idle pod). Not the requests already released: the engine orders them ahead of
+        any batch request and gives a batch request only room they cannot use (the design report's
+        scenario 4.5: C beside A while B waits for the KV cache; refusing C there saves nobody
+        either). A protected request held here is what batch work in flight delays: the handover
+        budget it takes. Cached for 100 ms: it scans the waiting requests."""
         now = self.clock()
         stamp, value = self._risk_cache
         if now - stamp > 0.1 or now < stamp:
-            value = self.risk.projected(now)
+            value = self.risk.projected(now, queued_only=True)
             self._risk_cache = (now, value)
         return value
 
