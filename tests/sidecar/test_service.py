@@ -130,30 +130,48 @@ async def test_saturation_sheds_batch_fills_queue_and_refuses_unreachable_deadli
     assert len(c.queue) == 0
 
 
-async def test_a_late_request_already_in_the_engine_does_not_shed_batch_one_held_here_does() -> None:
-    """The design report's scenario 4.5: B waits in the engine for KV it cannot have yet; C, which
-    fits beside A, is served, not shed. A late protected request still held by the sidecar sheds."""
-    c, clock = core(engine_queue_target=1)
+async def standard_first_tokens_after(c: SidecarCore, clock, seconds: float) -> None:
     warm = await c.admit(c.identify(bearer("std")), "chat", CHAT)
-    clock.now += 0.3  # the standard tier's first tokens come 300 ms after release (objective 200 ms)
+    clock.now += seconds
     c.first_token(warm)
     c.finish(warm, output_tokens=1, engine_prompt_tokens=None, status=200)
+
+
+async def test_a_late_request_in_the_engine_sheds_batch_only_while_batch_holds_part_of_the_engine() -> None:
+    """The design report's scenario 4.5: B waits in the engine for KV held by its own tier's work;
+    C, which fits beside A, is served, not shed (decision 0030). Once batch work is in the engine,
+    refusing more of it is what helps the late request."""
+    c, clock = core()
+    await standard_first_tokens_after(c, clock, 0.3)  # the standard tier's objective: 200 ms
     in_engine = await c.admit(c.identify(bearer("std")), "chat", CHAT)  # released at once, due 100 ms late
     clock.now += 0.11  # past the guard's 100 ms cache
     assert c.risk.projected(clock.now) == pytest.approx(1.5) and c.current_risk() == 0.0
-    free = asyncio.create_task(c.admit(c.identify(bearer("free")), "chat", CHAT))  # served: it waits its turn
+    free = await c.admit(c.identify(bearer("free")), "chat", CHAT)  # no batch work in the engine: served
+    clock.now += 0.11
+    assert c.current_risk() == pytest.approx(1.5)
+    with pytest.raises(Shedding):
+        await c.admit(c.identify(bearer("free")), "chat", CHAT)
+    for flight in (in_engine, free):
+        c.first_token(flight)
+        c.finish(flight, output_tokens=1, engine_prompt_tokens=None, status=200)
+    clock.now += 0.11
+    assert c.current_risk() == 0.0
+
+
+async def test_a_late_request_held_by_the_sidecar_sheds_batch() -> None:
+    c, clock = core(engine_queue_target=1)
+    await standard_first_tokens_after(c, clock, 0.3)
+    in_engine = await c.admit(c.identify(bearer("std")), "chat", CHAT)  # takes the engine window
+    held = asyncio.create_task(c.admit(c.identify(bearer("std")), "chat", CHAT))  # held here
     await asyncio.sleep(0)
-    assert not free.done() and len(c.queue) == 1
-    held = asyncio.create_task(c.admit(c.identify(bearer("std")), "chat", CHAT))  # held here behind the pipe
-    await asyncio.sleep(0)
-    clock.now += 0.11  # past the guard's 100 ms cache
+    assert len(c.queue) == 1 and not any(c.gate.in_flight_by_rank[2:])
+    clock.now += 0.11
     assert c.current_risk() >= 1.5 - 1e-9
     with pytest.raises(Shedding):
         await c.admit(c.identify(bearer("free")), "chat", CHAT)
     c.first_token(in_engine)
-    for task in (free, held):
-        task.cancel()
-    await asyncio.gather(free, held, return_exceptions=True)
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
 
 
 async def test_draining_refuses_new_work() -> None:

@@ -212,7 +212,7 @@ class PodPressure:
 
     queue_depth: int
     max_queue_depth: int
-    waiting_risk: float  # the projected SLA risk of requests queued here now (risk.py, `SidecarCore.current_risk`)
+    waiting_risk: float  # the projected SLA risk of protected requests waiting now (`SidecarCore.current_risk`)
 
 
 @dataclass
@@ -220,8 +220,8 @@ class PodGuard:
     """Pod-level refusals, decided before any tenant quota is charged.
 
     - Shedding: the batch tier is refused while the pod is saturated (queue filled beyond
-      `shed_queue_fraction`, or the projected SLA risk of requests queued here at or above `shed_risk`), so the capacity goes to
-      tiers with promises.
+      `shed_queue_fraction`, or the projected SLA risk of waiting requests at or above `shed_risk`: `SidecarCore.current_risk`),
+      so the capacity goes to tiers with promises.
     - Queue full: nobody is queued beyond `max_queue_depth`.
     - Deadline: a request whose TTFT objective is shorter than the wait predicted for it is
       refused now rather than served late (a gateway can retry it elsewhere).

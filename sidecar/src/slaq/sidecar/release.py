@@ -60,6 +60,7 @@ class ReleaseGate:
         self.handover_target = handover_target
         self.max_in_flight = max_in_flight
         self.in_flight = 0
+        self.in_flight_by_rank = [0] * len(Tier)  # released and unfinished, by tier rank
         self.not_started_by_rank = [0] * len(Tier)  # released, no first byte yet, by tier rank
         self.engine_waiting: int | None = None
         self.engine_waiting_by_rank: tuple[int, ...] | None = None  # the engine's waiting requests per tier rank, when exported
@@ -129,6 +130,7 @@ class ReleaseGate:
 
     def on_release(self, tier_rank: int) -> None:
         self.in_flight += 1
+        self.in_flight_by_rank[tier_rank] += 1
         self.not_started_by_rank[tier_rank] += 1
         self.released_by_rank[tier_rank] += 1
 
@@ -137,6 +139,7 @@ class ReleaseGate:
 
     def on_finish(self, started: bool, tier_rank: int) -> None:
         self.in_flight = max(0, self.in_flight - 1)
+        self.in_flight_by_rank[tier_rank] = max(0, self.in_flight_by_rank[tier_rank] - 1)
         if not started:
             self.on_first_byte(tier_rank)
 

@@ -102,7 +102,7 @@ class SlaRisk:
 
     def projected(self, now: float, *, queued_only: bool = False) -> float:
         """`queued_only`: over the requests still queued here, not those released to the engine
-        (what shedding reads: see `SidecarCore.current_risk`)."""
+        (what shedding reads while no batch work is in the engine: `SidecarCore.current_risk`)."""
         worst = 0.0
         for w in self._waiting.values():
             release = None if w.entry is None else w.entry.release_time

@@ -234,18 +234,21 @@ class SidecarCore:
         return sum(self.queue.tiers.depth(tier.rank) + self.gate.not_started_by_rank[tier.rank] for tier in PROTECTED_TIERS)
 
     def current_risk(self) -> float:
-        """The projected part only, over the requests still queued here: what shedding acts on.
-        Not the observed history: when nothing waits, refusing batch work saves nobody (an engine
-        that is slow for the objectives is a capacity problem for the HPA, not a reason to refuse
-        work on an idle pod). Not the requests already released: the engine orders them ahead of
-        any batch request and gives a batch request only room they cannot use (the design report's
-        scenario 4.5: C beside A while B waits for the KV cache; refusing C there saves nobody
-        either). A protected request held here is what batch work in flight delays: the handover
-        budget it takes. Cached for 100 ms: it scans the waiting requests."""
+        """What shedding acts on: the projected risk of the protected requests waiting now, those
+        released to the engine only while the shed tiers hold part of it. Not the observed history:
+        when nothing waits, refusing batch work saves nobody (an engine that is slow for the
+        objectives is a capacity problem for the HPA, not a reason to refuse work on an idle pod).
+        A request held here waits for the pipe to the engine, which batch work in flight takes. A
+        released one is in the engine's priority queue ahead of any batch request: refusing batch
+        work helps it only while batch work holds slots, KV cache or step time there; with none,
+        it waits on its own tiers' work, and a batch request that fits beside is the design
+        report's answer (scenario 4.5: C beside A while B waits for the KV cache; decision 0030).
+        Cached for 100 ms: it scans the waiting requests."""
         now = self.clock()
         stamp, value = self._risk_cache
         if now - stamp > 0.1 or now < stamp:
-            value = self.risk.projected(now, queued_only=True)
+            shed_held = any(self.gate.in_flight_by_rank[tier.rank] for tier in self.guard.shed_tiers)
+            value = self.risk.projected(now, queued_only=not shed_held)
             self._risk_cache = (now, value)
         return value
 
