@@ -8,9 +8,10 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.bench.cluster_router import make_router
-from slaq.bench.cluster_signals import bench_pool, make_signal
+from slaq.bench.cluster_signals import SIGNALS, bench_pool, make_signal, parse_signals
 from slaq.bench.cluster_sim import ClusterOptions, ClusterSimulator
 from slaq.bench.cluster_workloads import cluster_workload
+from slaq.bench.errors import WorkloadError
 from slaq.bench.metrics import attained
 from slaq.bench.pod import PodConfig
 from slaq.bench.policies import policy
@@ -262,3 +263,32 @@ def test_the_slaq_gateway_is_refused_in_front_of_stock_pods(capsys) -> None:
 
     assert main(["bench", "cluster", "--stock", "--router", "gateway-slaq", "--signals", "static", "--quiet"]) == 2
     assert "stock vLLM pods do not export" in capsys.readouterr().err
+
+
+def test_the_clairvoyant_bound_orders_pods_a_lead_ahead_and_scales_down_when_a_stage_ends() -> None:
+    stages = ((0.0, 100.0, 2.0), (100.0, 200.0, 6.0), (200.0, 300.0, 1.0))
+    bound = make_signal("clairvoyant", bench_pool(8), stages=stages, lead_s=30.0, pod_rps=1.25)
+    assert bound.initial_replicas == 2  # 2 requests/s at 1.25 a pod
+    assert [bound.sync(t, 0, [], None) for t in (69.0, 71.0, 150.0, 199.0, 200.0, 400.0)] == [2, 5, 5, 5, 1, 1]
+    assert make_signal("clairvoyant", bench_pool(8), stages=stages, lead_s=0.0, pod_rps=0.5).sync(150.0, 0, [], None) == 8  # max
+    assert make_signal("clairvoyant", bench_pool(8, min_replicas=3), stages=stages, lead_s=0.0).sync(250.0, 0, [], None) == 3
+    with pytest.raises(WorkloadError, match="--clairvoyant-pod-rps must be positive"):
+        make_signal("clairvoyant", bench_pool(8), stages=stages, pod_rps=0.0)
+    assert "clairvoyant" in parse_signals("slaq,clairvoyant") and "clairvoyant" not in SIGNALS  # named, never by default
+
+
+def test_the_cli_reports_the_clairvoyant_bound_with_its_pod_rate_and_lead(tmp_path, capsys) -> None:
+    import json
+
+    from slaq.bench.results import render_section
+    from slaq.cli import main
+
+    assert main(["bench", "cluster", "--signals", "clairvoyant", "--clairvoyant-pod-rps", "0", "--quiet"]) == 2
+    assert "--clairvoyant-pod-rps must be positive" in capsys.readouterr().err
+    out = tmp_path / "report.json"
+    assert main(["bench", "cluster", "--time-scale", "0.02", "--signals", "clairvoyant", "--pending", "1", "--loading", "2",
+                 "--clairvoyant-pod-rps", "5", "--quiet", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["clairvoyant"] == {"pod_rps": 5.0, "lead_s": 18.0}  # the cold start and a sync period
+    assert report["signals"]["clairvoyant"]["replicas"]["peak"] == 2  # 10 requests/s at 5 a pod
+    assert "`clairvoyant` is a bound, not a scaler" in "\n".join(render_section("cluster-bound", report))

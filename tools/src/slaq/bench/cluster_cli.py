@@ -31,7 +31,8 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
                     "vLLM pods with --stock) behind a router, scaled by the Kubernetes HPA algorithm on each signal in turn, "
                     "on the same workload; report per-tier attainment, replicas, GPU-hours and scale events.")
     cluster.add_argument("--workload", choices=WORKLOADS, default="wva-ramp", help="named workload (default wva-ramp)")
-    cluster.add_argument("--signals", default=",".join(SIGNALS), help=f"comma-separated, from {', '.join(SIGNALS)} (default all)")
+    cluster.add_argument("--signals", default=",".join(SIGNALS), help=f"comma-separated, from {', '.join(SIGNALS)} (default all), "
+                         "and the bound clairvoyant (named only: it knows the ramp; cluster_signals.py)")
     cluster.add_argument("--router", choices=ROUTERS, default="service", help="service (round-robin), least-request, gateway "
                          "(queue + KV from scraped metrics), gateway-risk (and slaq_sla_risk), gateway-slaq (queue on "
                          "slaq_protected_prompts_pending, no KV scorer: docs/gateway.md); default service")
@@ -44,6 +45,10 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--max-replicas", type=int, default=8, help="the pool's spec.replicas.max, also the static size (default 8)")
     cluster.add_argument("--target-protected-load", type=float, default=None, metavar="X",
                          help="the pool's spec.autoscaling.targetProtectedLoad, the slaq signal's target (default: the CRD's, 0.5)")
+    cluster.add_argument("--clairvoyant-pod-rps", type=float, default=None, metavar="RPS",
+                         help="the clairvoyant bound's requests/s per pod (default 1.25: the static pool's load per pod at the peak)")
+    cluster.add_argument("--clairvoyant-lead", type=_nonnegative, default=None, metavar="SECONDS",
+                         help="how far ahead of a stage the clairvoyant bound orders its pods (default: the cold start and a sync period)")
     cluster.add_argument("--pending", type=_nonnegative, default=None, metavar="SECONDS", help="cold start: seconds Pending (default 30)")
     cluster.add_argument("--loading", type=_nonnegative, default=None, metavar="SECONDS",
                          help="cold start: seconds Running but not Ready while the engine loads (default 120)")
@@ -66,7 +71,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_report import format_table
-    from slaq.bench.cluster_signals import DEFAULT_TARGET_PROTECTED_LOAD, parse_signals
+    from slaq.bench.cluster_hpa import SYNC_PERIOD_S
+    from slaq.bench.cluster_signals import DEFAULT_CLAIRVOYANT_POD_RPS, DEFAULT_TARGET_PROTECTED_LOAD, parse_signals
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.envelope import envelope, with_envelope
@@ -91,8 +97,13 @@ def run_cluster_command(args: argparse.Namespace) -> int:
           f"cold start {pending_s:g} s pending + {loading_s:g} s loading; replicas {args.min_replicas}..{args.max_replicas}")
     if args.jobs < 1:
         raise WorkloadError(f"--jobs must be 1 or more, got {args.jobs}")
+    pod_rps = DEFAULT_CLAIRVOYANT_POD_RPS if args.clairvoyant_pod_rps is None else args.clairvoyant_pod_rps
+    lead_s = pending_s + loading_s + SYNC_PERIOD_S if args.clairvoyant_lead is None else args.clairvoyant_lead
+    if not pod_rps > 0:
+        raise WorkloadError(f"--clairvoyant-pod-rps must be positive, got {pod_rps:g}")
     jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
-             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target) for name in names]
+             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target, pod_rps, lead_s)
+            for name in names]
     if args.jobs == 1:
         results = [simulate_signal(*job) for job in jobs]
     else:
@@ -118,6 +129,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "cold_start_s": {"pending": pending_s, "loading": loading_s},
         "replicas": {"min": args.min_replicas, "max": args.max_replicas},
         "target_protected_load": target,
+        **({"clairvoyant": {"pod_rps": pod_rps, "lead_s": lead_s}} if "clairvoyant" in names else {}),
         "simulated": True,
         "signals": signals,
     }
@@ -131,7 +143,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float, max_replicas: int, min_replicas: int, profile_name: str,
                     stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool,
-                    target_protected_load: float) -> dict[str, Any]:
+                    target_protected_load: float, pod_rps: float, lead_s: float) -> dict[str, Any]:
     """One signal's run and figures (a top-level function of plain arguments, so a worker process can run it)."""
     from slaq.bench.cluster_report import signal_figures
     from slaq.bench.cluster_router import make_router
@@ -145,7 +157,8 @@ def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float,
     workload = cluster_workload(workload_name, seed=seed, time_scale=time_scale)
     options = ClusterOptions(spec=policy("priority" if stock else "slaq"), profile=load_profile(profile_name),
                              pending_s=pending_s, loading_s=loading_s, fail_at_s=fail_at_s)
-    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load))
+    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load),
+                         stages=workload.stages, lead_s=lead_s, pod_rps=pod_rps)
     bar = ProgressBar(name) if show_progress else None
     started = time.perf_counter()
     result = ClusterSimulator(workload.requests, workload.objectives, signal, make_router(router), options, progress=bar).run()

@@ -18,6 +18,14 @@ Prometheus and its adapter would serve it, or a fixed size.
   replicas spread over one fewer still leaves both spares at or above their triggers. The
   recommendation goes through the same HPA behaviour (WVA publishes it for an HPA to follow).
 - `static`: `maxReplicas` pods from the start, no controller.
+- `clairvoyant` (a bound, never in the default list): no metric and no controller; it knows the
+  workload's stages and keeps ceil(rate / pod rate) pods for the highest rate due within a cold
+  start and a sync period, so the pods for a stage are ready when it starts, and it scales down the
+  moment a stage ends. What a scaler that sees the ramp coming could reach at best with pods of
+  that size (`--clairvoyant-pod-rps`; by default 1.25 requests/s, the static pool's load per pod at
+  the ramp's peak, 10 requests/s on 8 pods, where every objective is met). With
+  `--clairvoyant-lead 0` its pods are ordered the moment a stage starts and still take their cold
+  start: the bound of a reactive scaler with no lag of its own.
 
 Every autoscaled signal starts at `minReplicas` ready pods and uses the operator's behaviour
 (scale-up 2 pods / 60 s, scale-down 1 pod / 60 s after a 300 s window), so only the metric differs.
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -39,6 +48,8 @@ if TYPE_CHECKING:  # the pod simulation imports vLLM: `slaq --help` must not
     from slaq.bench.cluster_pod import PodMetrics
 
 SIGNALS = ("slaq", "queue-depth", "kv", "saturation", "static")
+BOUNDS = ("clairvoyant",)  # named explicitly: not a scaler anyone can deploy
+DEFAULT_CLAIRVOYANT_POD_RPS = 1.25
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
 DEFAULT_TARGET_PROTECTED_LOAD: float = AutoscalingSpec.model_fields["target_protected_load"].default  # the CRD's
 
@@ -197,7 +208,35 @@ class StaticSignal:
         return self.replicas
 
 
-def make_signal(name: str, pool: InferencePool) -> HpaSignal | SaturationSignal | StaticSignal:
+class ClairvoyantSignal:
+    """The bound of the module doc: `stages` (start s, end s, rate requests/s) known in advance."""
+
+    name = "clairvoyant"
+
+    def __init__(self, stages: Sequence[tuple[float, float, float]], pod_rps: float, lead_s: float, min_replicas: int, max_replicas: int) -> None:
+        if not pod_rps > 0:
+            raise WorkloadError(f"--clairvoyant-pod-rps must be positive, got {pod_rps:g}")
+        if not lead_s >= 0:
+            raise WorkloadError(f"--clairvoyant-lead must be 0 or more seconds, got {lead_s:g}")
+        self.stages, self.pod_rps, self.lead_s = tuple(stages), pod_rps, lead_s
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+
+    def desired(self, now: float) -> int:
+        due = [rate for start, end, rate in self.stages if end > now and start <= now + self.lead_s]
+        pods = math.ceil(max(due, default=0.0) / self.pod_rps - 1e-9)
+        return max(self.min_replicas, min(self.max_replicas, pods))
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.desired(0.0)
+
+    def sync(self, now: float, current: int, pods: Sequence[PodView], prometheus: Prometheus) -> int:
+        return self.desired(now)
+
+
+def make_signal(name: str, pool: InferencePool, *, stages: Sequence[tuple[float, float, float]] = (), lead_s: float = 0.0,
+                pod_rps: float = DEFAULT_CLAIRVOYANT_POD_RPS) -> HpaSignal | SaturationSignal | StaticSignal | ClairvoyantSignal:
+    """`stages`, `lead_s` (how far ahead it orders pods) and `pod_rps`: the clairvoyant bound's only."""
     from slaq.operator.children import render_hpa  # the operator's rendering; imported late: `slaq --help` stays light
 
     hpa = render_hpa(pool)
@@ -213,14 +252,16 @@ def make_signal(name: str, pool: InferencePool) -> HpaSignal | SaturationSignal 
         return SaturationSignal(HpaConfig.from_manifest(hpa))
     if name == "static":
         return StaticSignal(pool.spec.replicas.max)
-    raise WorkloadError(f"unknown signal {name!r} (known: {', '.join(SIGNALS)})")
+    if name == "clairvoyant":
+        return ClairvoyantSignal(stages, pod_rps, lead_s, pool.spec.replicas.min, pool.spec.replicas.max)
+    raise WorkloadError(f"unknown signal {name!r} (known: {', '.join(SIGNALS + BOUNDS)})")
 
 
 def parse_signals(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SIGNALS]
+    unknown = [n for n in names if n not in SIGNALS + BOUNDS]
     if not names or unknown:
-        raise WorkloadError(f"unknown signal(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(SIGNALS)})")
+        raise WorkloadError(f"unknown signal(s) {', '.join(unknown) or '(none given)'} (known: {', '.join(SIGNALS + BOUNDS)})")
     return names
 
 

@@ -385,6 +385,13 @@ def _target(report: Mapping[str, Any]) -> str:
     return "" if target is None else f", `targetProtectedLoad` {target:g}"
 
 
+def _clairvoyant(report: Mapping[str, Any]) -> str:
+    bound = report.get("clairvoyant")
+    return "" if bound is None else (f" `clairvoyant` is a bound, not a scaler: it knows the stages, keeps one pod per "
+                                     f"{bound['pod_rps']:g} requests/s of the highest rate due within {bound['lead_s']:g} s, "
+                                     f"and scales down when a stage ends.")
+
+
 def render_cluster(report: Mapping[str, Any]) -> list[str]:
     """Per signal: attainment (all, per tier), replicas (mean, peak), GPU-hours, scale events, lost requests, the run's wall
     clock (the simulator's speed on the machine that ran it, with what else ran there), a failure's cost."""
@@ -393,7 +400,7 @@ def render_cluster(report: Mapping[str, Any]) -> list[str]:
     lines = [f"`slaq bench cluster`, simulated (not hardware): {workload['requests']:,} requests of `{workload['name']}` (seed "
              f"{workload['seed']}, time scale {workload['time_scale']:g}; stages of {stages} requests/s) on `{report['profile']}`; "
              f"{report['pods']} pods behind the `{report['router']}` router, replicas {report['replicas']['min']}..{report['replicas']['max']}"
-             f"{_target(report)}, cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.", ""]
+             f"{_target(report)}, cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.{_clairvoyant(report)}", ""]
     tiers = [t for t in TIERS if any(t in f.get("tiers", {}) for f in report["signals"].values())]
     rows = []
     for name, f in report["signals"].items():
