@@ -387,9 +387,11 @@ def _target(report: Mapping[str, Any]) -> str:
 
 def _clairvoyant(report: Mapping[str, Any]) -> str:
     bound = report.get("clairvoyant")
-    return "" if bound is None else (f" `clairvoyant` is a bound, not a scaler: it knows the stages, keeps one pod per "
-                                     f"{bound['pod_rps']:g} requests/s of the highest rate due within {bound['lead_s']:g} s, "
-                                     f"and scales down when a stage ends.")
+    if bound is None:
+        return ""
+    due = "of the stage running, ordered when it starts" if bound["lead_s"] == 0 else f"of the highest rate due within {bound['lead_s']:g} s"
+    return (f" `clairvoyant` is a bound, not a scaler: it knows the stages, keeps one pod per {bound['pod_rps']:g} requests/s "
+            f"{due}, and scales down when a stage ends.")
 
 
 def render_cluster(report: Mapping[str, Any]) -> list[str]:
