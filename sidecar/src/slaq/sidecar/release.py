@@ -59,7 +59,6 @@ class ReleaseGate:
         self.engine_queue_target = engine_queue_target
         self.handover_target = handover_target
         self.max_in_flight = max_in_flight
-        self.in_flight = 0
         self.in_flight_by_rank = [0] * len(Tier)  # released and unfinished, by tier rank
         self.not_started_by_rank = [0] * len(Tier)  # released, no first byte yet, by tier rank
         self.engine_waiting: int | None = None
@@ -69,6 +68,10 @@ class ReleaseGate:
         self.released_by_rank = [0] * len(Tier)
         self._released_at_scrape = 0
         self._released_by_rank_at_scrape = [0] * len(Tier)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.in_flight_by_rank)
 
     @property
     def not_started(self) -> int:
@@ -129,7 +132,6 @@ class ReleaseGate:
         return bound is None or self.pipe_estimate(tier_rank) < bound
 
     def on_release(self, tier_rank: int) -> None:
-        self.in_flight += 1
         self.in_flight_by_rank[tier_rank] += 1
         self.not_started_by_rank[tier_rank] += 1
         self.released_by_rank[tier_rank] += 1
@@ -138,7 +140,6 @@ class ReleaseGate:
         self.not_started_by_rank[tier_rank] = max(0, self.not_started_by_rank[tier_rank] - 1)
 
     def on_finish(self, started: bool, tier_rank: int) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
         self.in_flight_by_rank[tier_rank] = max(0, self.in_flight_by_rank[tier_rank] - 1)
         if not started:
             self.on_first_byte(tier_rank)
