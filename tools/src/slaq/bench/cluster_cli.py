@@ -72,7 +72,7 @@ def _cluster(args: argparse.Namespace) -> int:
 def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_report import format_table
     from slaq.bench.cluster_hpa import SYNC_PERIOD_S
-    from slaq.bench.cluster_signals import DEFAULT_CLAIRVOYANT_POD_RPS, DEFAULT_TARGET_PROTECTED_LOAD, parse_signals
+    from slaq.bench.cluster_signals import DEFAULT_CLAIRVOYANT_POD_RPS, DEFAULT_TARGET_PROTECTED_LOAD, ClairvoyantSignal, parse_signals
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.envelope import envelope, with_envelope
@@ -99,8 +99,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         raise WorkloadError(f"--jobs must be 1 or more, got {args.jobs}")
     pod_rps = DEFAULT_CLAIRVOYANT_POD_RPS if args.clairvoyant_pod_rps is None else args.clairvoyant_pod_rps
     lead_s = pending_s + loading_s + SYNC_PERIOD_S if args.clairvoyant_lead is None else args.clairvoyant_lead
-    if not pod_rps > 0:
-        raise WorkloadError(f"--clairvoyant-pod-rps must be positive, got {pod_rps:g}")
+    ClairvoyantSignal.check(pod_rps, lead_s)
     jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
              args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target, pod_rps, lead_s)
             for name in names]

@@ -214,12 +214,17 @@ class ClairvoyantSignal:
     name = "clairvoyant"
 
     def __init__(self, stages: Sequence[tuple[float, float, float]], pod_rps: float, lead_s: float, min_replicas: int, max_replicas: int) -> None:
+        self.check(pod_rps, lead_s)
+        self.stages, self.pod_rps, self.lead_s = tuple(stages), pod_rps, lead_s
+        self.min_replicas, self.max_replicas = min_replicas, max_replicas
+
+    @staticmethod
+    def check(pod_rps: float, lead_s: float) -> None:
+        """Refuse the bound's parameters before a run starts (the CLI) or a signal is built."""
         if not pod_rps > 0:
             raise WorkloadError(f"--clairvoyant-pod-rps must be positive, got {pod_rps:g}")
         if not lead_s >= 0:
             raise WorkloadError(f"--clairvoyant-lead must be 0 or more seconds, got {lead_s:g}")
-        self.stages, self.pod_rps, self.lead_s = tuple(stages), pod_rps, lead_s
-        self.min_replicas, self.max_replicas = min_replicas, max_replicas
 
     def desired(self, now: float) -> int:
         due = [rate for start, end, rate in self.stages if end > now and start <= now + self.lead_s]
