@@ -188,6 +188,22 @@ def test_request_fields_block_manager_usage_and_lookup_follow_one_request() -> N
     assert vc.request_by_id(scheduler, request.request_id) is None
 
 
+def test_most_tokens_per_request_is_the_longest_sampled_list_of_a_model_output() -> None:
+    from slaq.engine.vllm_compat import offline
+
+    assert vc.most_tokens_per_request(offline.model_runner_output(["a", "b", "c"], [[7], [], [7, 8, 9]])) == 3
+    assert vc.most_tokens_per_request(offline.model_runner_output(["a"], [[]])) == 0
+    assert vc.most_tokens_per_request(offline.model_runner_output([], [])) == 0
+    scheduler = _stock()
+    request = make_request(Tier.BATCH, prompt_tokens=20, max_tokens=5)
+    scheduler.add_request(request)
+    output = scheduler.schedule()
+    before = vc.output_tokens(request)
+    runner_output = offline.model_runner_output([request.request_id], [[7]])
+    scheduler.update_from_output(output, runner_output)
+    assert vc.output_tokens(request) - before == vc.most_tokens_per_request(runner_output) == 1  # what the output appended
+
+
 def test_step_token_budget_caps_one_step_and_restores() -> None:
     scheduler = _stock(max_num_batched_tokens=512)
     driver = Driver(scheduler)

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from slaq.api.common import Tier
 from slaq.engine.sla import TIER_NAMES, RequestInfo
 from slaq.engine import vllm_compat as vc
+from slaq.engine.finishers import SoonestFinishers
 from slaq.engine.vllm_compat import Request
 from slaq.engine.vllm_compat.kv_cache_manager import BudgetedKVCacheManager, VllmArgs
 
@@ -99,10 +100,13 @@ class RoomForecast:
     are read once, when a question first needs them; the batch is sorted by when its requests
     finish (O(batch) Python) only for a question short of blocks: one short of slots alone (a full
     batch, blocks to spare: every step of a backlog with an urgent request waiting) is answered by
-    the soonest finishers' steps, sorted in C."""
+    the soonest finishers' steps, sorted in C, or, given `soonest` (the k-th smallest steps left
+    before the floor of 1, None when fewer than k run: `SoonestFinishers.kth_steps_left`, kept
+    across steps for the same plan as `output_left`), without reading the batch at all."""
 
-    def __init__(self, running: Sequence[Request], block_size: int, output_left: OutputLeft = max_tokens_left) -> None:
-        self._running, self._block_size, self._output_left = running, block_size, output_left
+    def __init__(self, running: Sequence[Request], block_size: int, output_left: OutputLeft = max_tokens_left,
+                 soonest: Callable[[int], int | None] | None = None) -> None:
+        self._running, self._block_size, self._output_left, self._kth = running, block_size, output_left, soonest
         self._steps: list[int] | None = None  # steps left, in batch order (before the floor of 1)
         self._soonest: list[int] | None = None  # the same, soonest first
         self._finishing: list[tuple[int, int]] | None = None  # (steps left, blocks held), soonest first
@@ -110,6 +114,9 @@ class RoomForecast:
     def steps_until(self, need_blocks: int, free_blocks: int, free_slots: int = 1) -> float:
         if free_slots >= 1 and free_blocks >= need_blocks:
             return 0
+        if free_blocks >= need_blocks and self._kth is not None:  # only slots are short, and the soonest finishers are kept
+            steps = self._kth(1 - free_slots)
+            return math.inf if steps is None else max(1, steps)
         if self._steps is None:
             output_left = self._output_left
             # The plan's steps before their floor of 1, which is applied on the way out: the requests
@@ -198,6 +205,7 @@ class SLABlockManager(BudgetedKVCacheManager):
     _slaq_max_model_len: int
     _slaq_low_water: int  # free uncached blocks below which eviction is near: a step's worth of allocation
     _slaq_noted: dict[int, tuple[Any, Any]]  # block id -> (block, its cache key when freed): batch-tier prefixes not yet moved
+    finishers: SoonestFinishers  # the requests holding blocks (the running ones), by when their plans end
 
     @classmethod
     def adopt(
@@ -222,6 +230,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         # A step allocates at most its token budget in new blocks plus one block per running request.
         manager._slaq_low_water = -(-vc.step_token_limit(scheduler) // manager._slaq_block_size) + vc.active_request_limit(scheduler)
         manager._slaq_noted = {}
+        manager.finishers = SoonestFinishers(info_of)
         return manager
 
     def admission_refusal(self, request: Request, scheduler: Any) -> str | None:
@@ -327,6 +336,7 @@ class SLABlockManager(BudgetedKVCacheManager):
             if info.tpot_s is not None:
                 ledger.running_by_tpot[info.tpot_s] += 1
             ledger.holdings[vc.request_id(request)] = holding
+            self.finishers.admitted(request)
             ledger.requests_by_tier[info.tier_rank] += 1
             ledger.running_by_tenant[(info.tier_rank, info.tenant)] += 1
             ledger.reserved_by_tenant[info.tenant] += footprint
@@ -384,6 +394,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         if holding is None:
             return False
         del self.slaq_decode_room[request_id]
+        self.finishers.released(request_id)
         ledger = self._slaq_ledger
         ledger.blocks_by_tier[holding.tier_rank] -= holding.blocks
         ledger.requests_by_tier[holding.tier_rank] -= 1

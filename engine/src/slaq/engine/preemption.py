@@ -99,6 +99,9 @@ class ResourceView:
     # The predicted step that carries a prompt of n tokens beside the running decodes (the step-time model's);
     # None: not known, the wait share alone bounds the wait.
     prompt_step_s: Callable[[int], float] | None = None
+    # The k-th smallest planned steps left among the running requests, kept across steps (`SoonestFinishers`);
+    # None: read from the running batch.
+    soonest_finisher: Callable[[int], int | None] | None = None
 
 
 def frees_in_time(info: RequestInfo, room: RoomForecast, need_blocks: int,
@@ -139,7 +142,7 @@ class UrgentPreemption:
         ):
             return []  # room for all of them: the common case costs no scan of the running batch
         victims: list[Request] | None = None  # ordered when first needed: urgent requests that wait for room need none
-        room = RoomForecast(running, resources.block_size, PlannedOutputLeft(info_of))  # sorted once, if asked
+        room = RoomForecast(running, resources.block_size, PlannedOutputLeft(info_of), resources.soonest_finisher)  # sorted once, if asked
         plan: list[Preemption] = []
         taken: set[str] = set()
         slots, blocks = resources.free_slots, resources.free_blocks

@@ -329,6 +329,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
             step_s=self._trusted_step_s(),
             wait_share=self.step_spec.wait_share,
             prompt_step_s=self._prompt_step_s(len(running)),
+            soonest_finisher=self.block_manager.finishers.kth_steps_left,
         )
         plan = self.preemption.plan(urgent, running, resources, self.info_of)
         for preemption in plan:
@@ -383,6 +384,7 @@ class SLAScheduler(vc.ReportsFreedRequests, vc.RecomputesLoadFailures):
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
+        self.block_manager.finishers.tick(vc.most_tokens_per_request(model_runner_output))
         self._observe_step(scheduler_output)
         return result
 

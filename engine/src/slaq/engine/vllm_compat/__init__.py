@@ -267,6 +267,12 @@ def total_scheduled_tokens(output: SchedulerOutput) -> int:
     return output.total_num_scheduled_tokens
 
 
+def most_tokens_per_request(model_runner_output: Any) -> int:
+    """The most tokens any request received in one model output (1 without speculative decoding; 0
+    when none did): what a request's delivered output can grow by between two outputs. C-speed."""
+    return max(map(len, model_runner_output.sampled_token_ids or ()), default=0)
+
+
 def preempted_ids(output: SchedulerOutput) -> set[str]:
     """Every request preempted in the step that produced `output` (slaq's and vLLM's own)."""
     return output.preempted_req_ids or set()
