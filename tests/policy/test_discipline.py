@@ -297,3 +297,50 @@ def test_a_heap_whose_shares_did_not_move_is_not_refreshed_again() -> None:
     calls.clear()
     queue.begin(NOW + 4, POOL, versions())
     assert len(calls) == policy.discipline.rekey_head  # an entry left: the next ones are refreshed
+
+
+@given(
+    arrivals=st.lists(st.tuples(st.sampled_from(list(Tier)), st.floats(0.0, 90.0), st.sampled_from([None, 500.0, 2000.0]),
+                                st.integers(1, 6000)), min_size=1, max_size=30),
+    verbs=st.lists(st.sampled_from(["take", "take", "pass", "push", "ahead"]), max_size=40),
+    lead_s=st.sampled_from([None, 0.05, 0.8]),
+)
+def test_heads_ranked_once_between_begins_choose_as_heads_ranked_afresh(arrivals, verbs, lead_s) -> None:
+    """Between two `begin` calls a head's Choice (its rank class) is built once: a queue that begins
+    once chooses, takes, passes over and pushes exactly as one that begins again (same clock,
+    nothing to refresh) before every choice, and reads fewer views."""
+    views = [RequestView(tier, NOW - waited, None if tier is Tier.BATCH else ttft, prompt, 100) for tier, waited, ttft, prompt in arrivals]
+    read = {"once": 0, "afresh": 0}
+
+    def counted(name: str):
+        def view_of(view: RequestView) -> RequestView:
+            read[name] += 1
+            return view
+        return view_of
+
+    policy = PodPolicy.from_spec(SchedulerSpec())
+    once: TieredQueue[RequestView] = TieredQueue(policy.ranking, policy.discipline, counted("once"), id)
+    afresh: TieredQueue[RequestView] = TieredQueue(policy.ranking, policy.discipline, counted("afresh"), id)
+    tokens = [0] * len(Tier)  # nothing a key is computed from moves
+    for queue in (once, afresh):
+        queue.lead = None if lead_s is None else (lambda view: first_token_lead(lead_s, view.prompt_tokens, 2048))
+        for view in views:
+            queue.push(view)
+        queue.begin(NOW, POOL, tokens)
+    pushed = 0
+    for verb in [*verbs, *["take"] * (len(views) + len(verbs))]:
+        afresh.begin(NOW, POOL, tokens)
+        if verb in ("push", "ahead"):
+            view = views[pushed % len(views)]
+            pushed += 1
+            for queue in (once, afresh):
+                queue.push(view) if verb == "push" else queue.put_back_ahead(view)
+            continue
+        choices = [queue.choose() for queue in (once, afresh)]
+        assert (choices[0] is None) == (choices[1] is None)
+        if choices[0] is None:
+            break
+        assert (choices[0].item, choices[0].rank_class, choices[0].missed) == (choices[1].item, choices[1].rank_class, choices[1].missed)
+        for queue, choice in zip((once, afresh), choices):
+            queue.take(choice) if verb == "take" else queue.pass_over(choice)
+    assert len(once) == len(afresh) and read["once"] <= read["afresh"]

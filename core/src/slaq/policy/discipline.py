@@ -137,7 +137,7 @@ class TieredQueue(Generic[T]):
         self._now = 0.0
         self._pool = PoolView(load=0.0, max_length_tokens=1, aging_bound_s=60.0)
         self._seq = itertools.count()
-        self._classes: dict[int, int] = {}
+        self._choices: dict[int, Choice[T]] = {}  # seq -> the head's Choice, rank class included (between `begin` calls)
         self._ranks: dict[int, Rank] = {}
         # id(heap) -> the key token its head was last refreshed at, while no live entry has left the
         # heap since (`begin`: such a head's keys are what a refresh would compute again)
@@ -282,7 +282,7 @@ class TieredQueue(Generic[T]):
         refreshed again: its head is what that refresh found, plus what was pushed since, keyed at the
         same token, so the refresh would change nothing. Without them every head is refreshed."""
         self._now, self._pool = now, pool
-        self._classes.clear()
+        self._choices.clear()
         self._ranks.clear()
         fresh = self._fresh
         for tier_rank in range(len(TIERS)):
@@ -349,7 +349,9 @@ class TieredQueue(Generic[T]):
 
     # -- the choice --------------------------------------------------------------------------
     def _settle_missed(self, tier_rank: int) -> None:
-        """Move the tier's waiting heads that can no longer make their TTFT deadline to its missed heap."""
+        """Move the tier's waiting heads that can no longer make their TTFT deadline to its missed heap.
+        Asked again at every choice, not once per `begin`: the host's lead may change in between (the
+        engine's depends on the step's token limit, which its step budget lowers for vLLM's waiting loop)."""
         if tier_rank >= LOWEST_RANK:
             return  # the lowest tier has no attainable class
         heap = self._heaps[tier_rank]
@@ -377,14 +379,17 @@ class TieredQueue(Generic[T]):
                 entry = self._head(heap)
                 if entry is None:
                     continue
-                missed = heap is self._missed[tier_rank]
-                rank_class = self._classes.get(entry.seq)
-                if rank_class is None:
-                    rank_class = self.ranking.rank_class(self.view_of(entry.item), self._now, self._pool)
-                    if rank_class != STARVING_CLASS and missed:
-                        rank_class = MISSED_CLASS  # moved for its lead, its deadline not yet passed
-                    self._classes[entry.seq] = rank_class
-                heads.append(Choice(rank_class, tier_rank, entry, heap, missed))
+                choice = self._choices.get(entry.seq)  # the same until `begin`, unless the entry moved to the missed heap
+                if choice is None or choice._heap is not heap:
+                    missed = heap is self._missed[tier_rank]
+                    if choice is not None:
+                        rank_class = choice.rank_class  # its class as first ranked since `begin`
+                    else:
+                        rank_class = self.ranking.rank_class(self.view_of(entry.item), self._now, self._pool)
+                        if rank_class != STARVING_CLASS and missed:
+                            rank_class = MISSED_CLASS  # moved for its lead, its deadline not yet passed
+                    choice = self._choices[entry.seq] = Choice(rank_class, tier_rank, entry, heap, missed)
+                heads.append(choice)
         return heads
 
     def choose(self, heads: list[Choice[T]] | None = None) -> Choice[T] | None:
