@@ -4,7 +4,9 @@ across steps answer as the batch read each step does (issue 37, item 5: the sche
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from vllm.v1.request import RequestStatus
 
 from slaq.api.common import Tier
 from slaq.engine import vllm_compat as vc
@@ -18,6 +20,7 @@ class _Running:
     request_id: str
     num_output_tokens: int
     planned_output: int
+    status: RequestStatus = field(default=RequestStatus.RUNNING)
 
 
 def _finishers() -> SoonestFinishers:
@@ -38,6 +41,17 @@ def test_a_request_that_falls_behind_its_pace_is_read_where_it_now_ends() -> Non
     assert [finishers.kth_steps_left(k) for k in (1, 2, 3)] == [4, 5, 6]
     finishers.released("late")
     assert [finishers.kth_steps_left(k) for k in (1, 2, 3)] == [5, 6, None]
+
+
+def test_a_request_holding_blocks_outside_the_running_batch_is_passed_over() -> None:
+    """A connector that loads KV asynchronously holds a request's blocks before it runs: it frees no slot."""
+    finishers = _finishers()
+    loading, running = _Running("loading", 0, 2, RequestStatus.WAITING_FOR_REMOTE_KVS), _Running("running", 0, 8)
+    finishers.admitted(loading)
+    finishers.admitted(running)
+    assert [finishers.kth_steps_left(k) for k in (1, 2)] == [8, None]
+    loading.status = RequestStatus.RUNNING  # its KV arrived
+    assert [finishers.kth_steps_left(k) for k in (1, 2)] == [2, 8]
 
 
 def test_outputs_of_several_tokens_move_the_clock_by_the_most_any_request_received() -> None:

@@ -42,11 +42,11 @@ def test_is_preempted_and_is_decoding_follow_the_request_lifecycle() -> None:
     driver = Driver(scheduler)
     request = make_request(Tier.BATCH, prompt_tokens=40, max_tokens=50)
     driver.add(request)
-    assert not vc.is_decoding(request) and not vc.is_preempted(request)
+    assert not vc.is_decoding(request) and not vc.is_preempted(request) and not vc.is_running(request)
     driver.step()
-    assert vc.is_decoding(request)  # whole prompt scheduled; async: computed tokens include in-flight ones
+    assert vc.is_decoding(request) and vc.is_running(request)  # whole prompt scheduled; async: computed tokens include in-flight ones
     vc.preempt(scheduler, request, 0.0)
-    assert vc.is_preempted(request) and not vc.is_decoding(request)
+    assert vc.is_preempted(request) and not vc.is_decoding(request) and not vc.is_running(request)
 
 
 def test_decoded_tokens_counts_delivered_outputs_only_while_decoding() -> None:

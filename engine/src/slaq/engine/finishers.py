@@ -4,9 +4,10 @@ Urgent preemption asks every step of a backlog whether a running request finishi
 frees a slot in time for an urgent waiting one (preemption.py, `frees_in_time`): the k-th smallest
 of the running requests' planned steps left (`RequestInfo.planned_output` less the tokens
 delivered, before its floor of 1). Read from the whole batch, that is a pass over every running
-request each step, which at 256 requests cost more than any other part of slaq's step (~100 µs of
-~500 in `sched_overhead.py`'s `churn`, most of it memory reads of requests vLLM's own loop had just
-left). Kept here instead, it costs O(log n) per admission and per question.
+request each step: at 256 running requests 170–310 µs of a 2.5–2.9 ms step, timed in place in
+`sched_overhead.py`'s `churn` (the same call repeated in a microbenchmark: 41 µs; in place it is the
+step's first read of the batch's fields from memory). Kept here instead, it costs O(log n) per
+admission and per question.
 
 The key of a running request is the output clock (`tick`: the most tokens any request received in a
 model output, summed over outputs) at which its plan ends if it gets a token in every output from
@@ -17,6 +18,10 @@ preemption and resumption) ends later than its key, so every key is a lower boun
 true one. Only the keys at the top of the heap are read again, and a key found stale moves down:
 the first k keys found true are the k smallest, exactly what the batch pass answers
 (tests/engine/test_finishers.py compares the two on a driven scheduler).
+
+The requests are those that hold blocks (the block manager's admissions and releases). One that
+holds blocks outside the running batch (a KV connector loading its KV asynchronously; slaq's own
+connector loads synchronously) is passed over: it frees no slot.
 """
 
 from __future__ import annotations
@@ -67,19 +72,23 @@ class SoonestFinishers:
             return None
         heap, live, clock = self._heap, self._live, self._clock
         found: list[tuple[int, int, str]] = []
-        while len(found) < k:
+        aside: list[tuple[int, int, str]] = []  # holding blocks outside the running batch
+        while len(found) < k and heap:
             key, entry, request_id = heapq.heappop(heap)
             current = live.get(request_id)
             if current is None or current[1] != entry:
                 continue  # stale: it stopped running, or runs under a later entry
+            if not vc.is_running(current[0]):
+                aside.append((key, entry, request_id))
+                continue
             true_key = clock + self._steps_left(current[0])
             if true_key > key:
                 heapq.heappush(heap, (true_key, entry, request_id))  # it fell behind its plan's pace: further down
                 continue
             found.append((true_key, entry, request_id))
-        for item in found:
+        for item in found + aside:
             heapq.heappush(heap, item)
-        return found[-1][0] - clock
+        return found[-1][0] - clock if len(found) == k else None
 
     def _compact(self) -> None:
         """Drop the stale entries (those of requests no longer running): the heap's size stays O(running)."""

@@ -70,6 +70,11 @@ def is_preempted(request: Request) -> bool:
     return request.status == RequestStatus.PREEMPTED
 
 
+def is_running(request: Request) -> bool:
+    """In the running batch (not waiting, preempted, loading its KV from a connector, or finished)."""
+    return request.status == RequestStatus.RUNNING
+
+
 def is_decoding(request: Request) -> bool:
     """Running and past its prompt. With async scheduling num_computed_tokens includes in-flight tokens."""
     return (
