@@ -24,7 +24,7 @@ class _Running:
 
 
 def _finishers() -> SoonestFinishers:
-    return SoonestFinishers(lambda request: request)  # the fake request is its own info (planned_output)
+    return SoonestFinishers(PlannedOutputLeft(lambda request: request).unfloored_one)  # the fake request is its own info (planned_output)
 
 
 def test_a_request_that_falls_behind_its_pace_is_read_where_it_now_ends() -> None:

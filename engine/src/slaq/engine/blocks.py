@@ -79,7 +79,11 @@ class PlannedOutputLeft:
         self._info_of = info_of
 
     def __call__(self, request: Request) -> int:
-        return max(1, self._info_of(request).planned_output - vc.output_tokens(request))
+        return max(1, self.unfloored_one(request))
+
+    def unfloored_one(self, request: Request) -> int:
+        """The request's planned output less what it delivered, before the floor of 1 (`SoonestFinishers` keys on it)."""
+        return self._info_of(request).planned_output - vc.output_tokens(request)
 
     def unfloored(self, running: Sequence[Request]) -> Iterator[int]:
         """Each request's planned output less what it delivered, before the floor of 1, for a whole
@@ -230,7 +234,7 @@ class SLABlockManager(BudgetedKVCacheManager):
         # A step allocates at most its token budget in new blocks plus one block per running request.
         manager._slaq_low_water = -(-vc.step_token_limit(scheduler) // manager._slaq_block_size) + vc.active_request_limit(scheduler)
         manager._slaq_noted = {}
-        manager.finishers = SoonestFinishers(info_of)
+        manager.finishers = SoonestFinishers(PlannedOutputLeft(info_of).unfloored_one)
         return manager
 
     def admission_refusal(self, request: Request, scheduler: Any) -> str | None:

@@ -30,13 +30,14 @@ import heapq
 from typing import Callable
 
 from slaq.engine import vllm_compat as vc
-from slaq.engine.sla import RequestInfo
 from slaq.engine.vllm_compat import Request
 
 
 class SoonestFinishers:
-    def __init__(self, info_of: Callable[[Request], RequestInfo]) -> None:
-        self._info_of = info_of
+    def __init__(self, steps_left: Callable[[Request], int]) -> None:
+        """`steps_left`: a running request's planned steps left before the floor of 1, the plan the
+        batch read uses (`blocks.PlannedOutputLeft.unfloored_one`)."""
+        self._steps_left = steps_left
         self._clock = 0
         self._heap: list[tuple[int, int, str]] = []  # (key, entry number, request id), stale entries included
         self._live: dict[str, tuple[Request, int]] = {}  # request id -> (request, its current entry's number)
@@ -44,9 +45,6 @@ class SoonestFinishers:
 
     def __len__(self) -> int:
         return len(self._live)
-
-    def _steps_left(self, request: Request) -> int:
-        return self._info_of(request).planned_output - vc.output_tokens(request)
 
     def admitted(self, request: Request) -> None:
         """`request` runs (admitted, or resumed after a preemption)."""
