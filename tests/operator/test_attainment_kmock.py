@@ -102,3 +102,35 @@ async def test_attainment_and_at_risk_follow_the_sidecars_counters(kube: KubeEmu
         # Tenants the pod reports nothing for are not judged.
         standard = next(c for c in kube.read(TENANTS, None, "standard")["status"]["conditions"] if c["type"] == "AtRisk")
         assert standard["status"] == "Unknown"
+
+
+class SlowUsage(CountingUsage):
+    """A read that takes time after its snapshot, as an HTTP scrape does; `during` runs once, at
+    the given poll, between the snapshot and the read's return."""
+
+    def __init__(self, observations: dict[str, list[PodObservation]], at_poll: int, during: Any) -> None:
+        super().__init__(observations)
+        self.at_poll, self.during = at_poll, during
+
+    async def observe(self, pool: Any) -> list[PodObservation]:
+        seen = list(self.observations.get(f"{pool.metadata.namespace}/{pool.metadata.name}", []))
+        if self.polls + 1 == self.at_poll:
+            await asyncio.sleep(0.1)
+            self.during()
+        await asyncio.sleep(0.2)
+        self.polls += 1
+        return seen
+
+
+async def test_a_series_created_while_a_read_is_under_way_counts(kube: KubeEmulator) -> None:
+    """The race e2e met once: vip's first request missed its TTFT while the operator's read was
+    under way, so the `ttft_missed` series was created after the read but before the tick's stamp.
+    The tick is stamped when its read begins, so the next tick sees the series as new and counts it."""
+    created = {"met": time.time() - 3600}
+    usage = SlowUsage({POOL: pod_reports(5000, 0, created)}, at_poll=2, during=lambda: None)
+    usage.during = lambda: usage.observations.__setitem__(POOL, pod_reports(5100, 100, created))  # created now: mid-read
+    async with operator(kube, usage, interval=0.2):
+        await seed(kube)
+        await eventually(lambda: usage.polls >= 3, what="the read after the one the series was created during")
+        await eventually(lambda: (kube.read(TENANTS, None, "vip").get("status") or {}).get("attainment") == 0.5,
+                         what="status.attainment 0.5 (100 met, 100 missed since the baseline)")

@@ -140,7 +140,10 @@ class AttainmentLedger:
     _log: dict[str, deque[tuple[float, Outcomes]]] = field(default_factory=dict)
 
     def record(self, pool: str, readings: Iterable[tuple[str, Mapping[SeriesKey, OutcomeCounter]]], now: float) -> None:
-        """One tick of a pool: (pod name, its outcome counters) for every pod that answered."""
+        """One tick of a pool: (pod name, its outcome counters) for every pod that answered; `now`
+        is when the tick's read began, no later: a series is new at the next tick when its
+        `_created` is at or after this, so a stamp taken after the read would lose a series
+        created between the read and the stamp."""
         if self.started_at is None:
             self.started_at = now
         pods = self._pods.setdefault(pool, {})

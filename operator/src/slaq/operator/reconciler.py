@@ -231,13 +231,17 @@ class Reconciler:
         pool = parse_pool(body)
         key = pool_key(pool)
         bound = set(self.books.pools.entries(key))  # a pod's report counts only for the tenants this pool serves
+        # The tick's time is taken before the read: a counter series created while the read was
+        # under way is then seen first at the next tick with `_created` after this time, and counts
+        # (stamped after the read, it fell between the read and the stamp and became baseline).
+        read_at = self.clock()
         observations = [bound_only(o, bound) for o in await self.usage_source.observe(pool)]
         record = self.books.pools.record(key)
         before, record.usage = record.usage, sum_usage(observations)
         moved = set(before) | set(record.usage)  # active tenants: their split keeps moving toward demand (quotas.py smoothing)
         judged = {series[0] for o in observations for series in o.outcomes}
         record.risk = mean_sla_risk(observations)
-        self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], self.clock())
+        self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], read_at)
         if any(outcome is not None and not outcome.ok for outcome in (record.gateway, record.objectives)):
             await self.objects.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         if pool.spec.autoscaling.enabled and await self.objects.rival_autoscaler(pool, body) != self.books.pools.record(key).rival:
