@@ -282,6 +282,25 @@ def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
         ('sum(slaq_protected_load{namespace="team-a",pool="llama"})', "0.8"), ('sum(slaq_sla_risk{namespace="team-a",pool="llama"})', "0.8")]
 
 
+def test_keda_scales_with_the_behaviour_of_the_operators_hpa() -> None:
+    """Whichever autoscaler a pool uses, it scales as `slaq bench cluster` measured: the chart's
+    ScaledObject carries the operator's HPA behaviour (its policies and scale-down window), not the
+    HPA defaults (every replica removed at once after the window, max(4 pods, 100 %) added per 15 s)."""
+    from pathlib import Path
+
+    from slaq.api.pool import InferencePool
+    from slaq.operator.children import render_hpa
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "examples" / "pool-gpu.yaml").read_text())
+    for window in (300, 120):
+        example["spec"]["autoscaling"]["scaleDownStabilizationSeconds"] = window
+        hpa = render_hpa(InferencePool.model_validate(example))
+        pool = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}
+        (scaled,) = of_kind(render({"autoscaling": {"keda": {"enabled": True, "scaleDownStabilizationSeconds": window, "pools": [pool]}}}),
+                            "ScaledObject")
+        assert scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["spec"]["behavior"]
+
+
 def test_keda_refuses_min_above_max() -> None:
     from tests.helm.chart import render_failure
 
