@@ -80,6 +80,35 @@ def test_ledger_window_spans_pods_and_pools_and_forgets_old_ticks() -> None:
     assert ledger.outcomes("nobody", 1045.0) == Outcomes()
 
 
+def test_a_series_created_before_a_tick_its_pod_missed_counts_at_its_next_reading() -> None:
+    """New since the pod's own previous reading, not the pool's last tick: vip's first miss on a-0
+    (created at 1020) came before the tick at 1030 that a-0 did not answer; it is not history."""
+    ledger = AttainmentLedger(window_s=600.0)
+    met, miss = ("vip", "critical", "met"), ("vip", "critical", "ttft_missed")
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(500, 1.0)})], now=1000.0)
+    ledger.record("ns/a", [("a-1", {met: OutcomeCounter(7, 1.0)})], now=1030.0)  # a-0 silent (a-1: first seen, baseline)
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(510, 1.0), miss: OutcomeCounter(1, 1020.0)}),
+                           ("a-1", {met: OutcomeCounter(7, 1.0)})], now=1045.0)
+    assert ledger.outcomes("vip", 1045.0) == Outcomes(met=10, missed=1)
+    # A series a pod had before its previous reading, seen now for the first time (its tenant was
+    # just bound to the pool), is history: baseline.
+    other = ("newly-bound", "standard", "met")
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(510, 1.0), miss: OutcomeCounter(1, 1020.0), other: OutcomeCounter(900, 2.0)})], now=1060.0)
+    assert ledger.outcomes("newly-bound", 1060.0) == Outcomes()
+
+
+def test_a_pod_whose_metrics_could_not_be_read_keeps_its_reading() -> None:
+    """Outcomes None (its /metrics failed, its usage answered): what the pod counts meanwhile is
+    counted at its next reading. Read as empty instead, every series would be first seen then, and
+    its 40 met and 5 missed would have become baseline."""
+    ledger = AttainmentLedger(window_s=600.0)
+    met, miss = ("vip", "critical", "met"), ("vip", "critical", "ttft_missed")
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(500, 1.0), miss: OutcomeCounter(5, 2.0)})], now=1000.0)
+    ledger.record("ns/a", [("a-0", None)], now=1015.0)
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(540, 1.0), miss: OutcomeCounter(10, 2.0)})], now=1030.0)
+    assert ledger.outcomes("vip", 1030.0) == Outcomes(met=40, missed=5)
+
+
 def test_ledger_warms_for_one_window_after_start() -> None:
     ledger = AttainmentLedger(window_s=600.0)
     assert ledger.warming(0.0)

@@ -59,7 +59,7 @@ async def test_an_oversized_answer_is_refused_not_held(kube: KubeEmulator) -> No
     report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=12.0)})
     flood = METRICS + "".join(f'slaq_slo_outcomes_total{{outcome="met",tenant="t{i}",tier="batch"}} 1.0\n' for i in range(2000))
     [observation] = await observe_stand_in(kube, report, flood, max_metrics_bytes=len(METRICS) + 1000)
-    assert observation.usage == report and observation.sla_risk is None and observation.outcomes == {}  # metrics refused
+    assert observation.usage == report and observation.sla_risk is None and observation.outcomes is None  # metrics refused: not read, not empty
     assert await observe_stand_in(kube, report, METRICS, max_usage_bytes=20) == []  # the usage report refused: no observation
 
 
@@ -78,3 +78,65 @@ def test_pool_usage_is_the_sum_over_pods_and_risk_the_mean() -> None:
     assert sum_usage(observations)["a"] == TenantUsage(requests_per_minute=6.0, concurrency=3)
     assert mean_sla_risk(observations) == 0.75 and mean_sla_risk([]) is None
     assert parse_sla_risk(METRICS) == 0.75 and parse_sla_risk("other_metric 1\n") is None
+
+
+async def test_a_running_pod_that_misses_reads_keeps_its_last_demand_for_two_reads(kube: KubeEmulator) -> None:
+    """A read that times out (the busiest pod is the likeliest to) does not take the pod's demand
+    away at once: its last usage is carried, with no risk and outcomes None (not read), for
+    CARRY_READS reads; then it drops out; it is fresh again when it answers."""
+    from slaq.operator.usage import CARRY_READS
+
+    report = UsageReport(pool="default/tiny-cpu", tenants={"vip": TenantUsage(requests_per_minute=80.0)})
+    answering = {"usage": True}
+
+    async def usage(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response(report.to_wire()) if answering["usage"] else aiohttp.web.Response(status=503)
+
+    app = aiohttp.web.Application()
+    app.router.add_get(USAGE_PATH, usage)
+    app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=METRICS))
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    api = KubeClient(Connection(server=str(kube.url).rstrip("/")))
+    try:
+        pool = InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text()))
+        pool.spec.sidecar.metrics_port = site._server.sockets[0].getsockname()[1]
+        labels = {"app.kubernetes.io/name": "slaq", "slaq.dev/pool": "tiny-cpu"}
+        resp = await kube.post("/api/v1/namespaces/default/pods",
+                               json={"metadata": {"name": "busy", "labels": labels}, "status": {"phase": "Running", "podIP": "127.0.0.1"}})
+        assert resp.status in (201, 409)
+        source = HttpUsageSource(api)
+        [fresh] = await source.observe(pool)
+        assert not fresh.carried and fresh.sla_risk == 0.75 and fresh.outcomes
+        answering["usage"] = False
+        for _ in range(CARRY_READS):
+            [carried] = await source.observe(pool)
+            assert (carried.pod, carried.usage, carried.carried, carried.sla_risk, carried.outcomes) == ("busy", report, True, None, None)
+        assert await source.observe(pool) == []  # silent past the carry: its share goes to the others
+        answering["usage"] = True
+        [again] = await source.observe(pool)
+        assert not again.carried and again.usage == report
+        answering["usage"] = False
+        source.forget_pool("default/tiny-cpu")  # the pool was deleted: nothing of it is carried
+        assert await source.observe(pool) == []
+    finally:
+        await api.close()
+        await runner.cleanup()
+
+
+def test_what_the_carry_keeps_a_pod_that_missed_a_read_from_losing() -> None:
+    """Why a silent pod is carried: 100 requests/min over three pods, routing skewed onto a; a's
+    share follows its demand. Were a left out of one read, it would fall to the pool's unnamed
+    replicas' share, with no demand: from 80 to under 10. Carried, it keeps its share."""
+    from slaq.operator.quotas import Slot, split_quota
+
+    skewed = Slot("ns/p", 3, pods={"a": 80.0, "b": 1.0, "c": 1.0})
+    previous = split_quota(100, [skewed], unit=1000, min_floor_units=1)
+    before = previous.pods["ns/p"].get("a", previous.units["ns/p"])
+    assert before >= 70_000
+    carried = split_quota(100, [skewed], unit=1000, min_floor_units=1, previous=previous)
+    assert carried.pods["ns/p"].get("a", carried.units["ns/p"]) >= before - 1000
+    dropped = split_quota(100, [Slot("ns/p", 3, pods={"b": 1.0, "c": 1.0})], unit=1000, min_floor_units=1, previous=previous)
+    assert dropped.pods["ns/p"].get("a", dropped.units["ns/p"]) < 10_000

@@ -8,9 +8,15 @@ increase between two ticks counts each finished request exactly once.
 How an increase is taken, per series on one pod (`increase`):
 - seen at the previous tick: `value - previous`; a counter that went down or whose `_created`
   changed was restarted (sidecar restart), so its whole value is new;
-- first seen: its whole value when the series began since the pool's previous tick (its
-  `_created`, or, without one, the pod was already known), else nothing: its history is of
-  unknown age (an operator restart, a pod first seen) and becomes the baseline.
+- first seen: its whole value when the series began since the pod's previous reading (its
+  `_created`; a pod first seen: since the pool's previous tick; without `_created`: the pod was
+  already known), else nothing: its history is of unknown age (an operator restart, a pod first
+  seen, a tenant just bound to the pool) and becomes the baseline. Since the pod's own reading,
+  not the pool's last tick: a series created just before a tick the pod missed is still new.
+
+A pod whose metrics could not be read at a tick (its usage answered, `/metrics` did not: outcomes
+None) keeps its last reading, as a pod that missed the tick does: read as empty, every series
+would be first seen at its next reading and what it counted in between would become baseline.
 
 The ledger sums increases over all pods of all pools per tenant, stamped with the tick's time;
 attainment is met / (met + missed) over the last `window_s` seconds (default 10 minutes).
@@ -139,17 +145,20 @@ class AttainmentLedger:
     _ticks: dict[str, float] = field(default_factory=dict)
     _log: dict[str, deque[tuple[float, Outcomes]]] = field(default_factory=dict)
 
-    def record(self, pool: str, readings: Iterable[tuple[str, Mapping[SeriesKey, OutcomeCounter]]], now: float) -> None:
-        """One tick of a pool: (pod name, its outcome counters) for every pod that answered; `now`
-        is when the tick's read began, no later: a series is new at the next tick when its
-        `_created` is at or after this, so a stamp taken after the read would lose a series
-        created between the read and the stamp."""
+    def record(self, pool: str, readings: Iterable[tuple[str, Mapping[SeriesKey, OutcomeCounter] | None]], now: float) -> None:
+        """One tick of a pool: (pod name, its outcome counters, None when they could not be read)
+        for every pod that answered; `now` is when the tick's read began, no later: a series is
+        new at the pod's next reading when its `_created` is at or after this, so a stamp taken
+        after the read would lose a series created between the read and the stamp."""
         if self.started_at is None:
             self.started_at = now
         pods = self._pods.setdefault(pool, {})
-        new_since = self._ticks.get(pool)
+        pool_tick = self._ticks.get(pool)
         for pod, series in readings:
+            if series is None:
+                continue  # not read: the pod keeps its last reading (module doc)
             before = pods.get(pod)
+            new_since = before.seen_at if before is not None else pool_tick
             for tenant, grown in pod_increases(before.series if before else None, series, new_since).items():
                 self._log.setdefault(tenant, deque()).append((now, grown))
             pods[pod] = _PodReading(dict(series), now)

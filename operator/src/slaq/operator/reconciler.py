@@ -239,7 +239,7 @@ class Reconciler:
         record = self.books.pools.record(key)
         before, record.usage = record.usage, sum_usage(observations)
         moved = set(before) | set(record.usage)  # active tenants: their split keeps moving toward demand (quotas.py smoothing)
-        judged = {series[0] for o in observations for series in o.outcomes}
+        judged = {series[0] for o in observations for series in o.outcomes or ()}
         record.risk = mean_sla_risk(observations)
         self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], read_at)
         if any(outcome is not None and not outcome.ok for outcome in (record.gateway, record.objectives)):
@@ -251,7 +251,7 @@ class Reconciler:
         self.books.pools.record(key).observed_replicas = max(running, len(observations))
         await self.refresh(tenants=moved, pools=[key], force=True, status=judged)
         fresh = found.body if (found := self.view.pool(key)) is not None else body  # the index holds the latest status
-        await self.writer.write_pool_status(pool, fresh, deployment, observed_pods=len(observations))
+        await self.writer.write_pool_status(pool, fresh, deployment, observed_pods=sum(not o.carried for o in observations))
 
     def forget_pool(self, namespace: str, name: str) -> None:
         """The pool was deleted: every trace of it goes, and the tenants its table held are planned
@@ -260,3 +260,5 @@ class Reconciler:
         for tenant in self.books.pools.forget(key):
             self.marks.tenant(tenant, True)
         self.attainment.forget_pool(key)
+        if (forget := getattr(self.usage_source, "forget_pool", None)) is not None:
+            forget(key)

@@ -20,6 +20,7 @@ from slaq.operator.events import NORMAL, WARNING
 from slaq.operator.names import pool_selector_labels, selector_string
 from slaq.operator.quota_status import render_pool_quota_condition, render_quota_condition
 from slaq.operator.tables import Refusal, TenantSplits, pool_key
+from slaq.operator.usage import CARRY_READS
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
@@ -133,7 +134,8 @@ def pool_status(pool: InferencePool, body: Mapping[str, Any], deployment: Mappin
         degraded_reason, degraded_message = "TenantKeysMissing", "; ".join(key_problems[t][1] for t in missing)
     elif observed_pods is not None and observed_pods < ready:
         degraded_reason = "UsageUnavailable"
-        degraded_message = f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; their demand is not counted"
+        degraded_message = (f"{ready - observed_pods} of {ready} ready pod(s) did not report usage; the demand of their last "
+                            f"report counts for {CARRY_READS} reads, then none")
     rival = record.rival if pool.spec.autoscaling.enabled else None
     if degraded_reason == "AsExpected" and rival is not None:
         degraded_reason = "ScaledByAnother"

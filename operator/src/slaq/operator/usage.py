@@ -32,7 +32,9 @@ class PodObservation:
     pod: str
     usage: UsageReport
     sla_risk: float | None = None
-    outcomes: Mapping[SeriesKey, OutcomeCounter] = field(default_factory=dict)  # slaq_slo_outcomes_total
+    # slaq_slo_outcomes_total; None: /metrics could not be read (attainment keeps the pod's last reading)
+    outcomes: Mapping[SeriesKey, OutcomeCounter] | None = field(default_factory=dict)
+    carried: bool = False  # the pod did not answer: `usage` is its last answer's (HttpUsageSource)
 
 
 class UsageSource(Protocol):
@@ -45,8 +47,9 @@ def bound_only(observation: PodObservation, tenants: set[str]) -> PodObservation
     """What a pod reports of the tenants its pool serves: demand or SLO outcomes it reports for any
     other tenant name are dropped (a pod cannot steer another pool's tenants' quotas or attainment)."""
     usage = observation.usage.model_copy(update={"tenants": {t: u for t, u in observation.usage.tenants.items() if t in tenants}})
-    outcomes = {series: counter for series, counter in observation.outcomes.items() if series[0] in tenants}
-    return PodObservation(observation.pod, usage, observation.sla_risk, outcomes)
+    outcomes = None if observation.outcomes is None else {
+        series: counter for series, counter in observation.outcomes.items() if series[0] in tenants}
+    return PodObservation(observation.pod, usage, observation.sla_risk, outcomes, observation.carried)
 
 
 class PoolUsage(dict[str, TenantUsage]):
@@ -132,15 +135,32 @@ async def read_capped(http: httpx.AsyncClient, url: str, limit: int) -> bytes:
         return bytes(body)
 
 
+# Reads for which a running pod that does not answer keeps its last answer's demand.
+CARRY_READS = 2
+
+
 class HttpUsageSource:
     """Reads USAGE_PATH and METRICS_PATH from every running pod of a pool (metrics port), concurrently,
-    each answer capped in size (a pod that sends more adds nothing)."""
+    each answer capped in size (a pod that sends more adds nothing).
+
+    A pod still running that does not answer (a read timed out: the busiest pod is the likeliest
+    to) is observed with its last answer's usage for up to `carry_reads` reads in a row (`carried`;
+    no risk, outcomes None). Left out at once, it would join its pool's unnamed replicas in the
+    quota split with no demand, and a tenant routed mostly to it would lose most of its share
+    there for the ticks the split takes to give it back (quotas.py smoothing). A pod that stays
+    silent, or stops running, or is being deleted, drops out and its share goes to the others."""
 
     def __init__(self, api: KubeClient, *, timeout_s: float = 3.0, max_usage_bytes: int = MAX_USAGE_BYTES,
-                 max_metrics_bytes: int = MAX_METRICS_BYTES) -> None:
+                 max_metrics_bytes: int = MAX_METRICS_BYTES, carry_reads: int = CARRY_READS) -> None:
         self._api = api
         self._timeout = timeout_s
         self._max_usage, self._max_metrics = max_usage_bytes, max_metrics_bytes
+        self._carry_reads = carry_reads
+        self._last: dict[str, dict[str, tuple[UsageReport, int]]] = {}  # pool key -> pod -> (last usage, reads missed since)
+
+    def forget_pool(self, key: str) -> None:
+        """The pool was deleted: its pods' last answers go."""
+        self._last.pop(key, None)
 
     async def observe(self, pool: InferencePool) -> Sequence[PodObservation]:
         pods = await self._api.list("pods", pool.metadata.namespace,
@@ -150,7 +170,19 @@ class HttpUsageSource:
                    and not p["metadata"].get("deletionTimestamp")}
         async with httpx.AsyncClient(timeout=self._timeout) as http:
             results = await asyncio.gather(*(self._one(http, name, ip, pool.spec.sidecar.metrics_port) for name, ip in targets.items()))
-        return [r for r in results if r is not None]
+        key = f"{pool.metadata.namespace}/{pool.metadata.name}"
+        last, kept = self._last.get(key, {}), {}
+        observations: list[PodObservation] = []
+        for name, result in zip(targets, results):
+            if result is not None:
+                kept[name] = (result.usage, 0)
+                observations.append(result)
+            elif name in last and last[name][1] < self._carry_reads:
+                usage, missed = last[name]
+                kept[name] = (usage, missed + 1)
+                observations.append(PodObservation(name, usage, None, None, carried=True))
+        self._last[key] = kept  # pods no longer running drop out here
+        return observations
 
     async def _one(self, http: httpx.AsyncClient, pod: str, ip: str, port: int) -> PodObservation | None:
         base = f"http://{ip}:{port}"
@@ -162,7 +194,7 @@ class HttpUsageSource:
             text = (await read_capped(http, base + METRICS_PATH, self._max_metrics)).decode("utf-8")
             risk, outcomes = parse_sla_risk(text), parse_slo_outcomes(text)
         except (httpx.HTTPError, ValueError):
-            risk, outcomes = None, {}
+            risk, outcomes = None, None
         return PodObservation(pod, usage, risk, outcomes)
 
 
