@@ -134,3 +134,18 @@ async def test_a_series_created_while_a_read_is_under_way_counts(kube: KubeEmula
         await eventually(lambda: usage.polls >= 3, what="the read after the one the series was created during")
         await eventually(lambda: (kube.read(TENANTS, None, "vip").get("status") or {}).get("attainment") == 0.5,
                          what="status.attainment 0.5 (100 met, 100 missed since the baseline)")
+
+
+async def test_a_verdict_is_judged_again_when_its_window_empties_with_no_pod_reporting_the_tenant(kube: KubeEmulator) -> None:
+    """vip's pod restarted and vip sent nothing since: no pod reports its series. Its misses still
+    age out of the window, and AtRisk follows (TooFewRequests) instead of standing forever."""
+    created = {"met": time.time() - 3600}
+    usage = CountingUsage({POOL: pod_reports(5000, 0, created)})
+    async with operator(kube, usage, interval=0.2, attainment_window_s=3.0):
+        await seed(kube)
+        await eventually(lambda: usage.polls >= 1, what="the operator's first usage poll (the baseline)")
+        usage.observations[POOL] = pod_reports(5100, 100, created)
+        await eventually(lambda: (c := at_risk(kube)) and c["status"] == "True", what="AtRisk True")
+        usage.observations[POOL] = [PodObservation("llama3-8b-0", UsageReport(pool=POOL), sla_risk=0.0, outcomes={})]  # restarted, idle
+        cleared = await eventually(lambda: (c := at_risk(kube)) and c["status"] != "True" and c, what="AtRisk judged on an empty window")
+        assert (cleared["status"], cleared["reason"]) == ("Unknown", "TooFewRequests") and "0 request(s)" in cleared["message"]

@@ -145,11 +145,15 @@ class AttainmentLedger:
     _ticks: dict[str, float] = field(default_factory=dict)
     _log: dict[str, deque[tuple[float, Outcomes]]] = field(default_factory=dict)
 
-    def record(self, pool: str, readings: Iterable[tuple[str, Mapping[SeriesKey, OutcomeCounter] | None]], now: float) -> None:
+    def record(self, pool: str, readings: Iterable[tuple[str, Mapping[SeriesKey, OutcomeCounter] | None]], now: float) -> set[str]:
         """One tick of a pool: (pod name, its outcome counters, None when they could not be read)
         for every pod that answered; `now` is when the tick's read began, no later: a series is
         new at the pod's next reading when its `_created` is at or after this, so a stamp taken
-        after the read would lose a series created between the read and the stamp."""
+        after the read would lose a series created between the read and the stamp.
+
+        Returns the tenants whose window lost increases as it moved on: their attainment changed
+        though no pod may report them any more (their traffic stopped, their pods restarted), so
+        the caller judges them again rather than leave a verdict of an empty window standing."""
         if self.started_at is None:
             self.started_at = now
         pods = self._pods.setdefault(pool, {})
@@ -166,8 +170,12 @@ class AttainmentLedger:
         for pod in [p for p, r in pods.items() if now - r.seen_at > self.window_s]:
             del pods[pod]
         self._ticks[pool] = now
+        aged: set[str] = set()
         for tenant in list(self._log):  # deleted tenants are asked no more: their increases age out here
-            self._prune(tenant, now)
+            before = len(self._log[tenant])
+            if len(self._prune(tenant, now)) < before:
+                aged.add(tenant)
+        return aged
 
     def _prune(self, tenant: str, now: float) -> deque[tuple[float, Outcomes]]:
         log = self._log.get(tenant, deque())

@@ -239,9 +239,9 @@ class Reconciler:
         record = self.books.pools.record(key)
         before, record.usage = record.usage, sum_usage(observations)
         moved = set(before) | set(record.usage)  # active tenants: their split keeps moving toward demand (quotas.py smoothing)
-        judged = {series[0] for o in observations for series in o.outcomes or ()}
+        judged = {series[0] for o in observations for series in o.outcomes or ()}  # and, below, those whose window moved on
         record.risk = mean_sla_risk(observations)
-        self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], read_at)
+        judged |= self.attainment.record(key, [(o.pod, o.outcomes) for o in observations], read_at)
         if any(outcome is not None and not outcome.ok for outcome in (record.gateway, record.objectives)):
             await self.objects.apply_gateway_pool(pool, body)  # the CRDs may have been installed since
         if pool.spec.autoscaling.enabled and await self.objects.rival_autoscaler(pool, body) != self.books.pools.record(key).rival:
