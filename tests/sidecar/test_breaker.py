@@ -46,6 +46,23 @@ def test_half_open_lets_one_probe_through_and_its_outcome_decides() -> None:
     assert breaker.state is BreakerState.CLOSED and breaker.allow() and breaker.allow()
 
 
+def test_an_abandoned_probe_frees_the_half_open_place_and_counts_nothing() -> None:
+    """A probe whose task was cancelled (its client disconnected) reports no outcome: the next call
+    probes. Held, the place would leave the breaker half-open, refusing every call for good."""
+    clock = Clock()
+    breaker = CircuitBreaker(failure_threshold=1, reset_after_s=1.0, clock=clock)
+    breaker.failed()
+    clock.now = 1.0
+    assert breaker.allow() and not breaker.allow()
+    breaker.abandoned()
+    assert breaker.state is BreakerState.HALF_OPEN and breaker.openings == 1
+    assert breaker.allow()  # the next call is the probe
+    breaker.succeeded()
+    assert breaker.state is BreakerState.CLOSED
+    breaker.abandoned()  # closed: nothing changes
+    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+
+
 def test_store_settings_name_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="scheme must be one of"):
         StoreSettings(url="http://redis:6379")

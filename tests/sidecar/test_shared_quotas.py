@@ -342,6 +342,30 @@ async def test_a_store_that_dies_or_stalls_falls_back_to_the_local_shares_and_re
         await asyncio.gather(*runners, return_exceptions=True)
 
 
+async def test_a_probe_cancelled_by_its_client_does_not_keep_the_breaker_half_open(
+        make_gate: MakeGate, redis_server: RedisServer) -> None:  # noqa: F811
+    """Under load the half-open probe is a request's own store call; a client that disconnects
+    cancels it mid-call. The breaker must close once the store answers again, not stay half-open
+    (every call refused, heartbeats stopped, this replica on its local shares until it restarts).
+    No background task runs here, so the request's call is the only probe."""
+    t = tenant(concurrency=10, rpm=10_000)
+    gate = make_gate("a", timeout_s=0.5, lease_s=2.0, probe_after_s=0.3)
+    assert (await attempt(gate, t)) is not None
+    redis_server.pause()
+    while gate.breaker.state is BreakerState.CLOSED:
+        await attempt(gate, t)  # each call waits out the timeout; two in a row open the breaker
+    await asyncio.sleep(0.35)
+    assert gate.breaker.state is BreakerState.HALF_OPEN
+    probe = asyncio.create_task(attempt(gate, t))  # the probe: the store is paused, so it waits
+    await asyncio.sleep(0.1)
+    probe.cancel()  # the client went away mid-call
+    await asyncio.gather(probe, return_exceptions=True)
+    assert probe.cancelled()
+    redis_server.resume()
+    ticket = await attempt(gate, t)  # the next call probes the store, which answers
+    assert ticket is not None and ticket.in_store and gate.breaker.state is BreakerState.CLOSED
+
+
 def test_two_sidecars_over_http_share_the_request_rate(start_sidecar, fake_upstream, redis_server: RedisServer) -> None:  # noqa: F811
     """The real sidecar app (`slaq sidecar --quota-store`), twice, in front of the fake engine: the
     tenant's 10 requests/min hold across both, wherever its requests land; without the store, the share."""

@@ -4,8 +4,9 @@
     open ──(reset_after_s passed)──▶ half_open: one call goes through as a probe
     half_open ──probe succeeds──▶ closed;  ──probe fails──▶ open (for another reset_after_s)
 
-The caller asks `allow()` before each call and reports `succeeded()` or `failed()` after it;
-a refused call is the caller's cue to use its fallback. One event loop, no locks.
+The caller asks `allow()` before each call and reports `succeeded()` or `failed()` after it,
+or `abandoned()` when the call ended with no outcome (its task was cancelled: a client that
+disconnected); a refused call is the caller's cue to use its fallback. One event loop, no locks.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class CircuitBreaker:
     def succeeded(self) -> None:
         self._failures = 0
         self._opened_at = None
+        self._probing = False
+
+    def abandoned(self) -> None:
+        """The call allowed last ended with no outcome (cancelled). Nothing is counted; a probe's
+        place is free again, so the next call probes: left taken, the breaker would stay
+        half-open and refuse every call for good."""
         self._probing = False
 
     def failed(self) -> None:

@@ -198,6 +198,9 @@ class SharedQuotaGate:
                 log.warning("quota store unreachable (%s: %s); deciding on this replica's shares until it answers",
                             type(error).__name__, error)
             return FAILED
+        except BaseException:  # cancelled (the client went away): no outcome, and a probe's place freed
+            self.breaker.abandoned()
+            raise
         self.metrics.latency.labels(operation).observe(time.perf_counter() - started)
         if was is not BreakerState.CLOSED:
             log.info("quota store answers again; deciding on the whole quotas")
