@@ -340,11 +340,22 @@ def test_notes_tenant_example_is_a_valid_tenant_sla() -> None:
     assert spec.api_key_secret_ref.namespace == NAMESPACE
 
 
-def test_chart_refuses_clusters_without_cel_validation() -> None:
-    # The CRDs carry x-kubernetes-validations (CEL), which Kubernetes serves from 1.25 on.
-    refused = run_helm("template", "slaq", str(CHART), "--kube-version", "1.24.0", *REQUIRED_SET, check=False)
-    assert refused.returncode != 0 and "requires kubeVersion" in refused.stderr
-    assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.25.0", *REQUIRED_SET).stdout.count("kind: CustomResourceDefinition") == 2
+def test_chart_refuses_clusters_older_than_what_its_objects_use() -> None:
+    # The CRDs carry x-kubernetes-validations (CEL, served from 1.25 on), and the operator's pods
+    # stop through a preStop sleep action (pod.py), on by default from 1.30 on.
+    from pathlib import Path
+
+    from slaq.api.pool import InferencePool
+    from slaq.operator.pod import render_pod_template
+    from tests.support.images import TEST_IMAGES
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "examples" / "pool-gpu.yaml").read_text())
+    pod = render_pod_template(TEST_IMAGES.resolve(InferencePool.model_validate(example)))
+    assert all("sleep" in c["lifecycle"]["preStop"] for c in pod["spec"]["containers"])
+    for old in ("1.24.0", "1.29.9"):
+        refused = run_helm("template", "slaq", str(CHART), "--kube-version", old, *REQUIRED_SET, check=False)
+        assert refused.returncode != 0 and "requires kubeVersion" in refused.stderr
+    assert run_helm("template", "slaq", str(CHART), "--kube-version", "1.30.0", *REQUIRED_SET).stdout.count("kind: CustomResourceDefinition") == 2
 
 
 def test_keda_refuses_a_pool_listed_twice() -> None:
