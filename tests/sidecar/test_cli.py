@@ -71,3 +71,51 @@ def test_sigterm_drains_in_flight_then_exits(tmp_path: Path, fake_upstream) -> N
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_request_cut_when_the_drain_runs_out_ends_before_the_sidecar_closes_its_clients(tmp_path: Path, fake_upstream) -> None:
+    """uvicorn cancels the requests still running when its graceful shutdown times out and goes on
+    to the app's shutdown without waiting for them. The request's work must end there, its flight
+    finished (quota settled, line logged), before the engine client and the quota store close: an
+    orphaned work would finish later, against closed clients, or never."""
+    import io
+
+    from slaq.sidecar.server import SidecarOptions, build_app
+    from tests.sidecar.conftest import SidecarThread
+    from tests.support.access_log import access_lines
+
+    table = tmp_path / "tenants.json"
+    write_table(table, abc_table())
+    app = build_app(SidecarOptions(host="127.0.0.1", port=0, engine_url=fake_upstream[1], tenant_table=table, served_model_name="fake-model"))
+    buffer = io.StringIO()
+    app.access.attach(buffer)
+    at_close: list[int] = []
+    close_engine = app.engine.aclose
+
+    async def aclose() -> None:
+        at_close.append(app.core.gate.in_flight)
+        await close_engine()
+
+    app.engine.aclose = aclose  # type: ignore[method-assign]
+    thread = SidecarThread(app)
+    thread.config.timeout_graceful_shutdown = 1
+    thread.start()
+    try:
+        body = {"model": "fake-model", "prompt": "x", "max_tokens": 50, "stream": True, "user": fake_user(delay_ms=200)}
+        with httpx.stream("POST", thread.url + "/v1/completions", json=body, headers=bearer("std"), timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            app.core.draining = True
+            thread.server.should_exit = True  # SIGTERM's effect; the stream needs 10 s, the drain allows 1
+            try:
+                for _ in lines:
+                    pass
+            except httpx.HTTPError:
+                pass  # cut
+        thread.thread.join(30)
+        assert not thread.thread.is_alive()
+    finally:
+        thread.stop()
+    assert at_close == [0]  # the cut request had ended when the engine client closed
+    assert [(line["tenant"], line["status"], line["reason"]) for line in access_lines(buffer)] == [("std", 503, "drain_timeout")]
+    assert access_lines(buffer)[0]["output_tokens"] > 0  # charged what went out before the cut

@@ -74,6 +74,7 @@ INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "c
 ENGINE_ERROR_BODY_LIMIT = 1024 * 1024
 PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})  # kubelet asks every few seconds: not audited
 CLIENT_CLOSED = 499
+DRAIN_TIMEOUT = "drain_timeout"  # the access log's reason for a request cut when the drain ran out (503)
 # Headers read as one value: a second copy would be resolved by order (the last one wins in
 # `_headers`), so a request carrying one twice is refused instead.
 SINGLETON_HEADERS = frozenset({b"authorization", b"content-type", b"content-length", b"host",
@@ -186,6 +187,7 @@ class SidecarApp:
         self.auth_failures = auth_failures if auth_failures is not None else AuthFailures()
         self.metrics_app = MetricsApp(core, engine)
         self._tasks: list[asyncio.Task] = []
+        self._works: set[asyncio.Task] = set()  # each request's work (`_inference`), until it ends
 
     # ASGI entry ----------------------------------------------------------------------------
 
@@ -242,6 +244,13 @@ class SidecarApp:
             self._tasks.append(asyncio.create_task(self.core.shared_quotas.run()))  # heartbeats, and probes of a lost store
 
     async def shutdown(self) -> None:
+        # Requests still at work when the server's drain ran out (uvicorn cancels their tasks and
+        # goes on without waiting): each ends here, its quota settled and its line logged, before
+        # the engine client and the quota store close under it.
+        works = list(self._works)
+        for work in works:
+            work.cancel()
+        await asyncio.gather(*works, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -335,8 +344,17 @@ class SidecarApp:
         # The client may go away while queued or streaming: stop the work (which frees the queue
         # slot, or closes the engine connection so vLLM aborts the request) instead of finishing it.
         work = asyncio.ensure_future(self._serve(scope, send, entry, identity, kind, headers, raw))
+        self._works.add(work)
+        work.add_done_callback(self._works.discard)
         gone = asyncio.ensure_future(_disconnected(receive))
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server cancels this request (its drain ran out): the work ends with it
+            entry.reason = DRAIN_TIMEOUT
+            work.cancel()
+            gone.cancel()
+            await asyncio.gather(work, gone, return_exceptions=True)
+            raise
         if work.done():
             gone.cancel()
             try:
@@ -376,13 +394,17 @@ class SidecarApp:
             if observer.answered:
                 status = HTTPStatus.OK.value
                 entry.status, entry.reason = status, None
+            elif entry.reason == DRAIN_TIMEOUT:  # not the client: the pod's drain ran out (`_inference`)
+                status = entry.status = HTTPStatus.SERVICE_UNAVAILABLE.value
             raise
         finally:
             self.core.finish(
                 flight,
-                # A stream cut after tokens went past (the client left before the usage chunk, or the
-                # engine broke) is charged what the sidecar counted; an engine refusal carries none.
-                output_tokens=observer.output_tokens() if status < 400 or status in (CLIENT_CLOSED, 502) else None,
+                # A stream cut after tokens went past (the client left before the usage chunk, the
+                # engine broke, the drain ran out) is charged what the sidecar counted; an engine
+                # refusal carries none.
+                output_tokens=(observer.output_tokens() if status < 400 or status in (CLIENT_CLOSED, 502) or entry.reason == DRAIN_TIMEOUT
+                               else None),
                 engine_prompt_tokens=observer.prompt_tokens(),
                 status=status,
                 refund=refund,
