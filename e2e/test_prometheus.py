@@ -171,3 +171,41 @@ def _recording_and_alert_rules_evaluate(chart: dict, prometheus: PrometheusServe
                      "every rule evaluated once", poll_s=0.5)
     assert len(rules) == sum(len(g["rules"]) for g in chart["groups"])
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+
+
+def test_a_pod_scraped_twice_counts_once_and_no_series_is_no_value(chart: dict) -> None:
+    """A cluster may scrape a pod by its prometheus.io/* annotations and by the chart's PodMonitor at
+    once: the KEDA query counts the pod once (a plain sum would double the pool's load, and KEDA its
+    replicas). A pool with no series gives no value at all (not 0), which `ignoreNullValues: "false"`
+    turns into the HPA holding its replicas."""
+    import http.server
+
+    class Gauge(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = f'slaq_protected_load{{pool="{POOL}"}} 0.7\n'.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gauge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        both = PrometheusServer(chart["groups"]).start([ScrapeJob("pods-by-annotation", [target], {"namespace": NAMESPACE, "pod": POD}),
+                                                        ScrapeJob("pods-by-podmonitor", [target], {"namespace": NAMESPACE, "pod": POD, "pool": POOL})])
+        try:
+            wait_for(lambda: len(both.query("slaq_protected_load")) == 2, QUERY_TIMEOUT_S, "both jobs' series of the one pod", poll_s=0.5)
+            assert [value(s) for s in both.query(chart["keda"])] == [0.7]
+            assert [value(s) for s in both.query(chart["keda"].replace(POOL, "no-such-pool"))] == []
+        finally:
+            both.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+

@@ -275,11 +275,14 @@ def test_keda_scaled_objects_one_per_pool_on_the_scale_subresource() -> None:
     (trigger,) = first["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["threshold"] == "0.8"
-    assert trigger["metadata"]["query"] == 'sum(slaq_protected_load{namespace="team-a",pool="llama"})'
+    assert trigger["metadata"]["query"] == 'sum(max by (pod) (slaq_protected_load{namespace="team-a",pool="llama"}))'
+    assert trigger["metadata"]["ignoreNullValues"] == "false"  # no series: the HPA holds, not a scale-down to min
     # A pool that still names the deprecated targetSlaRisk gets a second trigger on the risk.
     (old,) = of_kind(render({"autoscaling": {"keda": {"enabled": True, "pools": [{**pools[0], "targetSlaRisk": 0.8}]}}}), "ScaledObject")
     assert [(t["metadata"]["query"], t["metadata"]["threshold"]) for t in old["spec"]["triggers"]] == [
-        ('sum(slaq_protected_load{namespace="team-a",pool="llama"})', "0.8"), ('sum(slaq_sla_risk{namespace="team-a",pool="llama"})', "0.8")]
+        ('sum(max by (pod) (slaq_protected_load{namespace="team-a",pool="llama"}))', "0.8"),
+        ('sum(max by (pod) (slaq_sla_risk{namespace="team-a",pool="llama"}))', "0.8")]
+    assert all(t["metadata"]["ignoreNullValues"] == "false" for t in old["spec"]["triggers"])
 
 
 def test_keda_scales_with_the_behaviour_of_the_operators_hpa() -> None:
