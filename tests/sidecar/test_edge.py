@@ -290,9 +290,15 @@ def test_a_hung_engine_gets_new_requests_answered_503_and_recovers(start_sidecar
         print(f"a new request to a pod whose engine is stopped: answered in {time.monotonic() - started:.3f} s")
         refusal(later, 503, "engine_unavailable")
         assert sidecar.app.core.gate.in_flight == 0 and sidecar.app.core.quotas.in_flight("vip") == 0  # reservations refunded
+        # The scaling gauge keeps its capacity estimate while the engine is down (protected_load.py).
+        assert sidecar.app.core.engine_ready is False
+        capacity = sidecar.app.core.protected.capacity
+        sidecar.app.core.protected_load()
+        assert sidecar.app.core.protected.capacity == capacity
 
         process.send_signal(signal.SIGCONT)
         wait_for(lambda: client.get("/ready").status_code == 200, what="ready again once the engine answers")
+        assert sidecar.app.core.engine_ready is True
         assert client.post("/v1/chat/completions", json=CHAT, headers=bearer("vip")).status_code == 200
     finally:
         client.close()

@@ -69,6 +69,19 @@ def test_without_engine_gauges_the_released_requests_over_the_load() -> None:
     assert load.value(LATER, 64, None, None, 16, 0.5) == pytest.approx(8 / 32)
 
 
+def test_while_the_engine_is_not_ready_the_capacity_stays_its_last_estimate() -> None:
+    """The engine went down with 3 requests in flight and its KV usage last seen at 0.5: estimated
+    from those, the pod would hold 6 requests at load 1.0 instead of 40, and the gauge (and the
+    HPA) would jump for a few minutes on a dead engine's figures."""
+    load = ProtectedLoad(slot_limit=64)
+    for _ in range(8):
+        load.admitted(Tier.STANDARD, 0.0)
+    assert load.value(LATER, 64, 20, 0.5, 16, 0.5) == pytest.approx(8 / 40)  # the engine's gauges: 40 fill it
+    assert load.value(LATER, 64, None, 0.5, 3, 0.5, engine_ready=False) == pytest.approx(8 / 40)
+    assert load.capacity == 40
+    assert load.value(LATER, 64, None, 0.5, 3, 0.5) == pytest.approx(8 / 6)  # what the estimate would have made of it
+
+
 def test_bad_parameters_are_named() -> None:
     with pytest.raises(ValueError, match="slot_limit"):
         ProtectedLoad(slot_limit=0)

@@ -84,6 +84,7 @@ class EngineMonitor:
     def _set_ready(self, ready: bool, asked: float) -> None:
         if ready:
             self.last_ok = max(self.last_ok, asked)
+        self.core.engine_ready = ready
         if ready != self.ready:
             self.ready = ready
             changed, self._changed = self._changed, asyncio.Event()

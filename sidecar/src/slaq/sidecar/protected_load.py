@@ -12,8 +12,10 @@
   `vllm:kv_cache_usage_perc`, as the sidecar last scraped them), at most its batch limit
   (`maxNumSeqs`); without
   those gauges, the requests released and unfinished over the pod's load (`SidecarCore.load`); the
-  last estimate while the engine is idle, and the batch slot limit before the first. Requests
-  waiting in the engine's own queue hold no KV and are not counted as capacity.
+  last estimate while the engine is idle or not ready (down, restarting: what is still in flight
+  then, over a KV usage last seen before it went down, says nothing of its capacity), and the
+  batch slot limit before the first. Requests waiting in the engine's own queue hold no KV and
+  are not counted as capacity.
 
 The figure is proportional to the protected tiers' arrival rate (Little's law: requests held =
 rate x time in the pod), so an HPA's `AverageValue` rule, ceil(sum over pods / target), gives the
@@ -63,12 +65,15 @@ class ProtectedLoad:
             self._advance(now)
             self.held = max(0, self.held - 1)
 
-    def value(self, now: float, slots: int, running: int | None, kv_usage: float | None, in_flight: int, load: float) -> float:
+    def value(self, now: float, slots: int, running: int | None, kv_usage: float | None, in_flight: int, load: float,
+              engine_ready: bool = True) -> float:
         """The gauge at `now`: `slots` the engine's batch limit, `running` and `kv_usage` its last
         scraped gauges (None: not exported), `in_flight` the requests released and unfinished,
-        `load` the pod's load."""
+        `load` the pod's load; `engine_ready` False: the capacity is not estimated again."""
         self._advance(now)
-        if running and kv_usage:
+        if not engine_ready:
+            pass
+        elif running and kv_usage:
             self.capacity = min(float(slots), running / kv_usage)
         elif running is None and in_flight > 0 and load > 0.0:
             self.capacity = in_flight / load

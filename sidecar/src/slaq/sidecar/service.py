@@ -168,6 +168,7 @@ class SidecarCore:
         self.step_s = 0.0  # the engine's mean step time as the sidecar sees it: its streams' token intervals
         self._intervals_seen = 0
         self.engine_kv_usage: float | None = None
+        self.engine_ready = True  # the engine answered its last health check (monitor.EngineMonitor)
         self.draining = False
         self.parsers = ParserPool()  # large bodies are parsed off the event loop
         self._counting: ThreadPoolExecutor | None = None  # and long prompts counted (started on first use)
@@ -224,7 +225,8 @@ class SidecarCore:
         # The configured batch limit, not the gate's learned `engine_capacity`: that is the most
         # requests seen running while the engine had a queue, which a prefill backlog at low load
         # sets far below what the pod holds, and the gauge read 1.0 on a quarter-loaded pod.
-        return self.protected.value(self.clock(), self.config.max_num_seqs, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load())
+        return self.protected.value(self.clock(), self.config.max_num_seqs, self.gate.engine_running, self.engine_kv_usage, self.gate.in_flight, self.load(),
+                                    engine_ready=self.engine_ready)
 
     def protected_prompts_pending(self) -> int:
         """The `slaq_protected_prompts_pending` gauge: critical and standard requests on this pod with
