@@ -97,6 +97,17 @@ def test_a_series_created_before_a_tick_its_pod_missed_counts_at_its_next_readin
     assert ledger.outcomes("newly-bound", 1060.0) == Outcomes()
 
 
+def test_a_series_from_a_sidecar_whose_clock_lags_still_counts() -> None:
+    """a-0's node runs 1.5 s behind the operator: vip's first miss, created just after the read
+    stamped 1000 (at 1000.2 operator time), carries `_created` 998.7. Within CLOCK_MARGIN_S it
+    is new, not history."""
+    ledger = AttainmentLedger(window_s=600.0)
+    met, miss = ("vip", "critical", "met"), ("vip", "critical", "ttft_missed")
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(500, 1.0)})], now=1000.0)
+    ledger.record("ns/a", [("a-0", {met: OutcomeCounter(500, 1.0), miss: OutcomeCounter(1, 998.7)})], now=1015.0)
+    assert ledger.outcomes("vip", 1015.0) == Outcomes(missed=1)
+
+
 def test_a_pod_whose_metrics_could_not_be_read_keeps_its_reading() -> None:
     """Outcomes None (its /metrics failed, its usage answered): what the pod counts meanwhile is
     counted at its next reading. Read as empty instead, every series would be first seen then, and

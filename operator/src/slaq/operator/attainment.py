@@ -14,6 +14,11 @@ How an increase is taken, per series on one pod (`increase`):
   seen, a tenant just bound to the pool) and becomes the baseline. Since the pod's own reading,
   not the pool's last tick: a series created just before a tick the pod missed is still new.
 
+`_created` is the sidecar's clock, the tick's time the operator's: a series counts as new when
+it began at most `CLOCK_MARGIN_S` before that time, so a sidecar's node whose clock runs a little
+behind the operator's (more than the read takes to reach it) does not lose a series created just
+after a read. Counted whole then is at most what a series of that age holds.
+
 A pod whose metrics could not be read at a tick (its usage answered, `/metrics` did not: outcomes
 None) keeps its last reading, as a pod that missed the tick does: read as empty, every series
 would be first seen at its next reading and what it counted in between would become baseline.
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from slaq.api.tenant import TenantSLA
 
 WINDOW_S = 600.0
+CLOCK_MARGIN_S = 5.0  # how far a sidecar's clock may lag the operator's (module doc)
 MIN_REQUESTS = 20  # fewer finished requests with objectives in the window: no verdict (Unknown)
 MET = "met"  # every other outcome label (ttft_missed, tpot_missed, e2e_missed) is a miss
 
@@ -163,6 +169,8 @@ class AttainmentLedger:
                 continue  # not read: the pod keeps its last reading (module doc)
             before = pods.get(pod)
             new_since = before.seen_at if before is not None else pool_tick
+            if new_since is not None:
+                new_since -= CLOCK_MARGIN_S
             for tenant, grown in pod_increases(before.series if before else None, series, new_since).items():
                 self._log.setdefault(tenant, deque()).append((now, grown))
             pods[pod] = _PodReading(dict(series), now)
