@@ -289,15 +289,13 @@ def test_keda_scales_with_the_behaviour_of_the_operators_hpa() -> None:
     """Whichever autoscaler a pool uses, it scales as `slaq bench cluster` measured: the chart's
     ScaledObject carries the operator's HPA behaviour (its policies and scale-down window), not the
     HPA defaults (every replica removed at once after the window, max(4 pods, 100 %) added per 15 s)."""
-    from pathlib import Path
-
-    from slaq.api.pool import InferencePool
     from slaq.operator.children import render_hpa
+    from tests.operator.test_render import example
 
-    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "examples" / "pool-gpu.yaml").read_text())
+    gpu_pool = example("pool-gpu.yaml")
     for window in (300, 120):
-        example["spec"]["autoscaling"]["scaleDownStabilizationSeconds"] = window
-        hpa = render_hpa(InferencePool.model_validate(example))
+        gpu_pool.spec.autoscaling.scale_down_stabilization_seconds = window
+        hpa = render_hpa(gpu_pool)
         pool = {"name": "llama", "namespace": "team-a", "minReplicas": 1, "maxReplicas": 4, "targetProtectedLoad": 0.8}
         (scaled,) = of_kind(render({"autoscaling": {"keda": {"enabled": True, "scaleDownStabilizationSeconds": window, "pools": [pool]}}}),
                             "ScaledObject")
@@ -346,14 +344,10 @@ def test_notes_tenant_example_is_a_valid_tenant_sla() -> None:
 def test_chart_refuses_clusters_older_than_what_its_objects_use() -> None:
     # The CRDs carry x-kubernetes-validations (CEL, served from 1.25 on), and the operator's pods
     # stop through a preStop sleep action (pod.py), on by default from 1.30 on.
-    from pathlib import Path
-
-    from slaq.api.pool import InferencePool
     from slaq.operator.pod import render_pod_template
-    from tests.support.images import TEST_IMAGES
+    from tests.operator.test_render import example
 
-    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" / "examples" / "pool-gpu.yaml").read_text())
-    pod = render_pod_template(TEST_IMAGES.resolve(InferencePool.model_validate(example)))
+    pod = render_pod_template(example("pool-gpu.yaml"))
     assert all("sleep" in c["lifecycle"]["preStop"] for c in pod["spec"]["containers"])
     for old in ("1.24.0", "1.29.9"):
         refused = run_helm("template", "slaq", str(CHART), "--kube-version", old, *REQUIRED_SET, check=False)

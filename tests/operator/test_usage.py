@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp.web
@@ -20,10 +22,13 @@ METRICS = ("# HELP slaq_sla_risk Per-pod SLA risk.\n# TYPE slaq_sla_risk gauge\n
            "slaq_slo_outcomes_created{outcome=\"met\",tenant=\"vip\",tier=\"critical\"} 1.7e+09\n")
 
 
-async def observe_stand_in(kube: KubeEmulator, report: UsageReport, metrics: str, **limits: int) -> list[PodObservation]:
-    """HttpUsageSource over one Running pod (and two it must skip) whose sidecar answers `report` and `metrics`."""
+@contextlib.asynccontextmanager
+async def stand_in_pool(kube: KubeEmulator, usage: Callable[[aiohttp.web.Request], Awaitable[aiohttp.web.StreamResponse]],
+                        metrics: str) -> AsyncIterator[tuple[KubeClient, InferencePool]]:
+    """The example CPU pool with one Running pod (and two a source must skip) whose sidecar answers
+    `usage` and `metrics` on the pool's metrics port; the API client and the pool."""
     app = aiohttp.web.Application()
-    app.router.add_get(USAGE_PATH, lambda _: aiohttp.web.json_response(report.to_wire()))
+    app.router.add_get(USAGE_PATH, usage)
     app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=metrics))
     runner = aiohttp.web.AppRunner(app)
     await runner.setup()
@@ -41,10 +46,16 @@ async def observe_stand_in(kube: KubeEmulator, report: UsageReport, metrics: str
             status = {"phase": phase, **({"podIP": ip} if ip else {})}
             resp = await kube.post("/api/v1/namespaces/default/pods", json={"metadata": {"name": name, "labels": pod_labels}, "status": status})
             assert resp.status in (201, 409)  # 409: a second observation in the same emulator
-        return list(await HttpUsageSource(api, **limits).observe(pool))
+        yield api, pool
     finally:
         await api.close()
         await runner.cleanup()
+
+
+async def observe_stand_in(kube: KubeEmulator, report: UsageReport, metrics: str, **limits: int) -> list[PodObservation]:
+    """HttpUsageSource over `stand_in_pool`, whose sidecar answers `report` and `metrics`."""
+    async with stand_in_pool(kube, lambda _: aiohttp.web.json_response(report.to_wire()), metrics) as (api, pool):
+        return list(await HttpUsageSource(api, **limits).observe(pool))
 
 
 async def test_http_source_reads_running_pods_of_the_pool(kube: KubeEmulator) -> None:
@@ -92,28 +103,14 @@ async def test_a_running_pod_that_misses_reads_keeps_its_last_demand_for_two_rea
     async def usage(_: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.json_response(report.to_wire()) if answering["usage"] else aiohttp.web.Response(status=503)
 
-    app = aiohttp.web.Application()
-    app.router.add_get(USAGE_PATH, usage)
-    app.router.add_get(METRICS_PATH, lambda _: aiohttp.web.Response(text=METRICS))
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api = KubeClient(Connection(server=str(kube.url).rstrip("/")))
-    try:
-        pool = InferencePool.model_validate(yaml.safe_load((EXAMPLES / "pool-cpu.yaml").read_text()))
-        pool.spec.sidecar.metrics_port = site._server.sockets[0].getsockname()[1]
-        labels = {"app.kubernetes.io/name": "slaq", "slaq.dev/pool": "tiny-cpu"}
-        resp = await kube.post("/api/v1/namespaces/default/pods",
-                               json={"metadata": {"name": "busy", "labels": labels}, "status": {"phase": "Running", "podIP": "127.0.0.1"}})
-        assert resp.status in (201, 409)
+    async with stand_in_pool(kube, usage, METRICS) as (api, pool):
         source = HttpUsageSource(api)
         [fresh] = await source.observe(pool)
         assert not fresh.carried and fresh.sla_risk == 0.75 and fresh.outcomes
         answering["usage"] = False
         for _ in range(CARRY_READS):
             [carried] = await source.observe(pool)
-            assert (carried.pod, carried.usage, carried.carried, carried.sla_risk, carried.outcomes) == ("busy", report, True, None, None)
+            assert (carried.pod, carried.usage, carried.carried, carried.sla_risk, carried.outcomes) == ("ready", report, True, None, None)
         assert await source.observe(pool) == []  # silent past the carry: its share goes to the others
         answering["usage"] = True
         [again] = await source.observe(pool)
@@ -121,9 +118,6 @@ async def test_a_running_pod_that_misses_reads_keeps_its_last_demand_for_two_rea
         answering["usage"] = False
         source.forget_pool("default/tiny-cpu")  # the pool was deleted: nothing of it is carried
         assert await source.observe(pool) == []
-    finally:
-        await api.close()
-        await runner.cleanup()
 
 
 def test_what_the_carry_keeps_a_pod_that_missed_a_read_from_losing() -> None:

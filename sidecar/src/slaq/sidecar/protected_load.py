@@ -71,10 +71,9 @@ class ProtectedLoad:
         scraped gauges (None: not exported), `in_flight` the requests released and unfinished,
         `load` the pod's load; `engine_ready` False: the capacity is not estimated again."""
         self._advance(now)
-        if not engine_ready:
-            pass
-        elif running and kv_usage:
-            self.capacity = min(float(slots), running / kv_usage)
-        elif running is None and in_flight > 0 and load > 0.0:
-            self.capacity = in_flight / load
+        if engine_ready:
+            if running and kv_usage:
+                self.capacity = min(float(slots), running / kv_usage)
+            elif running is None and in_flight > 0 and load > 0.0:
+                self.capacity = in_flight / load
         return self.mean_held / self.capacity
