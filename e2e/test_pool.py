@@ -262,18 +262,24 @@ async def _spend_the_burst(url: str, key: str) -> int:
 
 async def test_sidecar_sigterm_lets_in_flight_requests_finish(pod: PodSpecRun) -> None:
     sidecar = pod.children["sidecar"]
-    async with client() as http:
-        started = asyncio.Event()
-        tasks = [asyncio.create_task(stream_completion(http, pod.url, KEYS["standard"], max_tokens=128, seed=i, first_token=started))
-                 for i in range(4)]
-        await asyncio.wait_for(started.wait(), 60)
-        sidecar.signal(signal.SIGTERM)
-        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)
-    assert [(o.status, o.done, o.tokens) for o in outcomes] == [(200, True, 128)] * 4, [o.error for o in outcomes]
-    assert await asyncio.to_thread(sidecar.process.wait, 40) == 0
-    # The next test needs the pod whole again: the kubelet would restart the container.
-    restarted = pod.start("sidecar")
-    await asyncio.to_thread(wait_ready, [restarted], 60.0)
+    try:
+        async with client() as http:
+            # SIGTERM once every stream is in flight (its first token came): CI once signalled at the
+            # first stream's first token while the fourth request had not reached the sidecar yet,
+            # and that one was refused (503 draining), as a request arriving during a drain must be.
+            started = [asyncio.Event() for _ in range(4)]
+            tasks = [asyncio.create_task(stream_completion(http, pod.url, KEYS["standard"], max_tokens=128, seed=i, first_token=started[i]))
+                     for i in range(4)]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
+            sidecar.signal(signal.SIGTERM)
+            outcomes = await asyncio.wait_for(asyncio.gather(*tasks), HANG_LIMIT_S)
+        assert [(o.status, o.done, o.tokens) for o in outcomes] == [(200, True, 128)] * 4, [o.error for o in outcomes]
+        assert await asyncio.to_thread(sidecar.process.wait, 40) == 0
+    finally:
+        # The next test needs the pod whole again, whatever this one found: the kubelet would restart the container.
+        await asyncio.to_thread(sidecar.stop)
+        restarted = pod.start("sidecar")
+        await asyncio.to_thread(wait_ready, [restarted], 60.0)
 
 
 async def _kill_under_load(pod: PodSpecRun, http: httpx.AsyncClient) -> list:
