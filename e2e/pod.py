@@ -131,7 +131,8 @@ class PodSpecRun:
         argv, env = self.command(name)
         self.commands[name] = argv
         ready = f"{self.url}{READY_PATH}" if name == "sidecar" else f"{self.engine_url}{HEALTH_PATH}"
-        child = start_child(name, argv, self.root / f"{name}.log", ready, env=env, stop_timeout_s=40.0)
+        # A restarted container's log goes on in the same file: a test that fails after a restart keeps what came before it.
+        child = start_child(name, argv, self.root / f"{name}.log", ready, env=env, stop_timeout_s=40.0, append_log=True)
         self.children[name] = child
         return child
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from slaq.sse import DONE, sse_data
+from slaq.sse import DONE, alines, sse_data
 
 MODEL = "slaq-tiny"
 
@@ -52,7 +52,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, key: str, *, pr
             if response.status_code != 200:
                 outcome.error = (await response.aread()).decode("utf-8", "replace")[:200]
                 return outcome
-            async for line in response.aiter_lines():
+            async for line in alines(response.aiter_bytes()):
                 data = sse_data(line)
                 if data is None:
                     continue

@@ -51,3 +51,26 @@ def test_a_request_without_slaq_xargs_is_served_as_standard(slaq_engine) -> None
     assert response.status_code == 200
     metrics = httpx.get(slaq_engine.base_url + "/metrics", timeout=10.0).text
     assert metric_sum(metrics, "slaq_engine_prefix_cache_query_tokens_total", tier="standard", tenant="anonymous") > 0
+
+
+@pytest.mark.parametrize("character", ["\u0085", "\u2028"])
+def test_a_token_whose_text_is_a_unicode_line_break_streams_in_one_line(slaq_engine, character: str) -> None:
+    """vLLM writes a token's text unescaped into its chunk's JSON. NEL and U+2028 end a line for
+    str.splitlines() (and httpx's aiter_lines, which an e2e run cut a chunk with), not for an event
+    stream: `slaq.sse.lines` keeps the chunk whole. The prompt ends with the character's first UTF-8
+    byte(s) and a logit bias makes its last byte the one token generated."""
+    from transformers import AutoTokenizer
+
+    from slaq.engine.tiny_model import ensure_tiny_model
+    from slaq.sse import lines, sse_data
+
+    ids = AutoTokenizer.from_pretrained(str(ensure_tiny_model())).encode(character, add_special_tokens=False)
+    assert len(ids) >= 2, ids  # byte tokens: the character needs more than one
+    body = {"model": slaq_engine.model, "prompt": [50, 60, *ids[:-1]], "max_tokens": 1, "stream": True, "logit_bias": {str(ids[-1]): 100}}
+    with httpx.stream("POST", slaq_engine.base_url + "/v1/completions", json=body, timeout=120.0) as response:
+        assert response.status_code == 200
+        raw = response.read()
+    assert character.encode() in raw  # unescaped, as the docstring says
+    assert any(character in line for line in raw.decode().splitlines()) is False  # where splitlines cuts
+    events = [sse_data(line) for line in lines([raw]) if line.startswith("data: {")]
+    assert len(events) == 1 and events[0]["choices"][0]["text"].endswith(character)

@@ -24,7 +24,7 @@ import pytest
 
 from slaq.api.common import Tier
 from slaq.api.contract import RequestSLA
-from slaq.sse import DONE, sse_data
+from slaq.sse import DONE, lines, sse_data
 from tests.support.engine import EngineHandle, metric_sum, running_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]  # an engine start (up to 420 s on a loaded machine) and the test
@@ -87,7 +87,7 @@ def _streamed(engine: EngineHandle, tenant: str, tier: Tier, prompt: list[int], 
     text, finish = [], None
     with httpx.stream("POST", engine.base_url + "/v1/completions", json=body, timeout=300.0) as response:
         assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
+        for line in lines(response.iter_bytes()):
             data = sse_data(line)
             if data is None or data is DONE:
                 continue

@@ -22,7 +22,7 @@ from slaq.api.common import Tier
 from slaq.bench.errors import LiveError
 from slaq.bench.simulator import RequestRecord, RunResult
 from slaq.bench.workload import BenchRequest, TierObjectives
-from slaq.sse import DONE, sse_data
+from slaq.sse import DONE, alines, sse_data
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ async def _one(client: Any, request: BenchRequest, credential: TenantCredential,
                     outcome.error = (await response.aread()).decode("utf-8", "replace")[:300]
                     return outcome
                 chunks, usage_tokens = 0, None
-                async for line in response.aiter_lines():
+                async for line in alines(response.aiter_bytes()):
                     data = sse_data(line)
                     if data is None:
                         continue

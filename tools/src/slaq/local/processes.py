@@ -89,9 +89,10 @@ class Child:
 
 
 def start_child(name: str, command: Sequence[str], log_path: Path, ready_url: str,
-                env: Mapping[str, str] | None = None, stop_timeout_s: float = 20.0) -> Child:
+                env: Mapping[str, str] | None = None, stop_timeout_s: float = 20.0, append_log: bool = False) -> Child:
+    """`append_log`: a restarted child adds to its predecessor's log instead of replacing it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=dict(os.environ if env is None else env), start_new_session=True)
     return Child(name, process, log_path, ready_url, stop_timeout_s)
