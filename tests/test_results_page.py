@@ -277,3 +277,11 @@ def test_the_page_shows_the_operators_tenant_statuses_and_key_rotation() -> None
             "hash instead of the old one, API calls for it: 1 (") in render({"operator": report})
     del report["statuses_s"]
     assert f"| {report['table_secrets']:,} | 10.87 s | — | {report['change_s']:g} s |" in render({"operator": report})
+
+
+def test_the_page_says_whether_a_sidecar_latency_run_paired_its_two_paths() -> None:
+    report = copy.deepcopy(_a_report("sidecar-latency-1x300"))
+    report.pop("paired", None)
+    assert "through the real sidecar, one path after the other," in "\n".join(results.render_sidecar_latency(report))
+    report["paired"] = True
+    assert "through the real sidecar, alternately (one request each way, in turn)," in "\n".join(results.render_sidecar_latency(report))

@@ -230,8 +230,10 @@ def render_sidecar_latency(report: Mapping[str, Any]) -> list[str]:
     if report.get("prompt_tokens"):  # reports from before 2026-12-05 hold no prompt (the default, 'hello ' x 50)
         counted = f"counted by the sidecar with the `{report['tokenizer']}` tokenizer" if report.get("tokenizer") else "estimated by the sidecar (no tokenizer)"
         prompt = f", a prompt of {report['prompt_tokens']:,} tokens ({report['prompt_chars']:,} characters) {counted}"
+    # Reports from before 2026-12-07 ran every request straight to the engine, then every one through the sidecar.
+    order = "alternately (one request each way, in turn)" if report.get("paired") else "one path after the other"
     return [f"TTFT straight to a fake engine ({report['tokens']} tokens, the first after {report['token_delay_ms']:g} ms{prompt}) and "
-            f"through the real sidecar, {report['requests_per_stream']} requests per stream; {report['cpus']} CPUs, load "
+            f"through the real sidecar, {order}, {report['requests_per_stream']} requests per stream each way; {report['cpus']} CPUs, load "
             f"average {report['load_average_before']:.1f} before the run (wall clock: other processes add to both columns).", "",
             *_table(["streams", "requests", "direct p50 / p99 ms", "through the sidecar p50 / p99 ms", "added p50 / p99 ms",
                      "sidecar's own work p50 / p99 ms (`slaq_sidecar_added_seconds`)"], rows)]

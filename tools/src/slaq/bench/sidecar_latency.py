@@ -3,10 +3,13 @@
 A fast fake engine (tools/src/slaq/testing/fake_engine.py: vLLM's SSE format, `--tokens` tokens, the
 first after `--token-delay-ms`) runs in its own process; `slaq sidecar` runs in another, in front
 of it. A load generator (this process) keeps C streams busy, each sending streaming completions
-back to back, first straight to the engine and then through the sidecar, and measures TTFT as the
-time from sending the request to the first SSE event carrying a token. The added TTFT is the
-difference of the two distributions' percentiles. The load generator shares the machine's CPUs
-with both servers, so at high C its own overhead is part of both columns.
+back to back, alternately straight to the engine and through the sidecar (which goes first swaps
+from pair to pair), and measures TTFT as the time from sending the request to the first SSE event
+carrying a token. The added TTFT is the difference of the two distributions' percentiles. Pairing
+the two paths request by request means a change in the machine's load during the run (another
+process, a CPU's frequency) lands on both columns alike instead of on whichever ran at the time.
+The load generator shares the machine's CPUs with both servers, so at high C its own overhead is
+part of both columns.
 
     python tools/src/slaq/bench/sidecar_latency.py [--streams 1 50 200] [--requests-per-stream 20]
         [--prompt-tokens 4096 [--tokenizer PATH_OR_ID|tiny]] [--out FILE]
@@ -34,6 +37,7 @@ import httpx
 
 from slaq.api.table import TenantEntry, TenantTable, derive_cache_salt, hash_api_key
 from slaq.local.processes import free_port
+from slaq.sse import alines
 from slaq.testing.fake_engine import fake_user
 
 KEY = "sk-bench-0123456789"
@@ -61,7 +65,7 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str], body
         if response.status_code != 200:
             raise RuntimeError(f"{url}: {response.status_code} {await response.aread()!r}")
         ttft = None
-        async for line in response.aiter_lines():
+        async for line in alines(response.aiter_bytes()):
             if ttft is None and line.startswith("data: {") and '"text"' in line:
                 ttft = time.perf_counter() - start
     if ttft is None:
@@ -69,24 +73,30 @@ async def one(client: httpx.AsyncClient, url: str, headers: dict[str, str], body
     return ttft
 
 
-async def run_level(base: str, streams: int, per_stream: int, headers: dict[str, str], body: dict) -> list[float]:
+async def run_level(direct: str, sidecar: str, streams: int, per_stream: int, headers: dict[str, str],
+                    body: dict) -> tuple[list[float], list[float]]:
+    """TTFTs (s) straight to the engine and through the sidecar: each of `streams` streams sends
+    `per_stream` pairs back to back, one request each way, the first way alternating."""
     limits = httpx.Limits(max_connections=streams + 8, max_keepalive_connections=streams + 8)
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
-        await asyncio.gather(*(one(client, "/v1/completions", headers, body) for _ in range(streams)))  # warm connections
-        samples: list[float] = []
+    async with httpx.AsyncClient(base_url=direct, timeout=60, limits=limits) as straight, \
+            httpx.AsyncClient(base_url=sidecar, timeout=60, limits=limits) as through:
+        await asyncio.gather(*(one(client, "/v1/completions", headers, body) for client in (straight, through) for _ in range(streams)))  # warm connections
+        samples: dict[httpx.AsyncClient, list[float]] = {straight: [], through: []}
         errors: list[str] = []
 
-        async def worker() -> None:
-            for _ in range(per_stream):
-                try:
-                    samples.append(await one(client, "/v1/completions", headers, body))
-                except (httpx.HTTPError, RuntimeError) as exc:  # counted and shown, not fatal
-                    errors.append(f"{type(exc).__name__}: {exc}"[:200])
+        async def worker(first: int) -> None:
+            for i in range(per_stream):
+                pair = (straight, through) if (first + i) % 2 == 0 else (through, straight)
+                for client in pair:
+                    try:
+                        samples[client].append(await one(client, "/v1/completions", headers, body))
+                    except (httpx.HTTPError, RuntimeError) as exc:  # counted and shown, not fatal
+                        errors.append(f"{client.base_url}: {type(exc).__name__}: {exc}"[:200])
 
-        await asyncio.gather(*(worker() for _ in range(streams)))
+        await asyncio.gather(*(worker(first) for first in range(streams)))
         if errors:
-            print(f"  {base} at {streams} streams: {len(errors)} failed requests, e.g. {errors[0]}")
-        return samples
+            print(f"  at {streams} streams: {len(errors)} failed requests, e.g. {errors[0]}")
+        return samples[straight], samples[through]
 
 
 def added_buckets(metrics: str) -> dict[float, float]:
@@ -194,9 +204,8 @@ def main() -> None:
         own = []
         rows: list[dict] = []
         for streams in args.streams:
-            d = asyncio.run(run_level(direct, streams, args.requests_per_stream, headers, body))
             before = added_buckets(metrics)
-            s = asyncio.run(run_level(sidecar, streams, args.requests_per_stream, headers, body))
+            d, s = asyncio.run(run_level(direct, sidecar, streams, args.requests_per_stream, headers, body))
             after = added_buckets(metrics)
             own.append((streams, bucket_quantile(before, after, 0.5), bucket_quantile(before, after, 0.99)))
             print(f"{streams:>8} {len(s):>6} {pct(d, .5):>11.2f} {pct(d, .99):>11.2f} {pct(s, .5):>12.2f} {pct(s, .99):>12.2f} "
@@ -210,7 +219,7 @@ def main() -> None:
         for streams, p50, p99 in own:
             print(f"{streams:>8} streams: p50 <= {p50:g} ms, p99 <= {p99:g} ms")
         if args.out:
-            write_report({"schema": "slaq.bench.sidecar_latency/v1", "load_average_before": load_average, "cpus": os.cpu_count(),
+            write_report({"schema": "slaq.bench.sidecar_latency/v1", "load_average_before": load_average, "cpus": os.cpu_count(), "paired": True,
                           "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
                           "prompt_tokens": args.prompt_tokens or None, "prompt_chars": len(prompt), "tokenizer": tokenizer_name,
                           "requests_per_stream": args.requests_per_stream, "rows": rows}, args.out, run)
