@@ -57,6 +57,29 @@ def test_step_time_model_stays_put_when_steps_stop_varying() -> None:
     assert model.predict(2000) < 0.2  # extrapolation stays physical
 
 
+def test_step_time_model_remembers_a_prompt_step_through_a_decode_only_stretch() -> None:
+    # A long prompt's step (tokens and their attention pairs) is learned, then only decodes run for
+    # minutes: the forgotten sums must not hand the prompt's cost back to the initial guess, or the
+    # horizon kept for the tightest TTFT class opens up just before its next prompt (decision 0031).
+    def truth(tokens: int, kv: int, pairs: int) -> float:
+        return 0.012 + 45e-6 * tokens + 20e-9 * kv + 8e-9 * pairs
+
+    model = StepTimeModel()
+    for step in range(300):
+        decodes, prompt = 20 + step % 30, (step * 997) % 4000
+        kv = 200_000 + (step * 7919) % 300_000
+        pairs = prompt * prompt // 2
+        model.observe(decodes + prompt, truth(decodes + prompt, kv, pairs), kv, pairs)
+    learned = model.prompt_step_s(4000, 40, 300_000)
+    assert learned == pytest.approx(truth(4040, 300_000, 8_000_000), rel=0.05)
+    for step in range(3000):
+        decodes = 40 + step % 3
+        kv = 300_000 + 40 * (step % 500)
+        model.observe(decodes, truth(decodes, kv, 0), kv)
+    assert model.prompt_step_s(4000, 40, 300_000) == pytest.approx(learned, rel=0.05)
+    assert model.predict(41, 310_000) == pytest.approx(truth(41, 310_000, 0), rel=0.02)
+
+
 def test_budget_is_shaped_only_while_a_tpot_objective_runs() -> None:
     policy = TpotStepBudget(StepTimeModel(fixed_s=0.01, per_token_s=20e-6))
     assert policy.budget(BatchView(None, 200), 8192, 0.0) is None  # full budget: throughput unharmed

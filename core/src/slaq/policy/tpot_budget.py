@@ -82,7 +82,7 @@ MIN_PREFILL_TOKENS = 64  # prompt tokens a shaped step may always carry beyond t
 TOKEN_UNIT = 1_000.0
 KV_UNIT = 100_000.0
 PAIR_UNIT = 1e7
-PRIOR_WEIGHT = 0.2  # ridge pull towards the prior, in observations; keeps unexcited directions put
+PRIOR_WEIGHT = 0.2  # ridge pull towards the last estimate, in observations; keeps unexcited directions put
 MAX_STEP_TPOTS = 2.0  # a step spends slack up to this many of the tightest objective (urgent prefills: up to all of it)
 AHEAD_STEPS = 1  # steps already planned when an arrival is first seen (vLLM's async scheduling): it waits for them and the running one
 CREDIT_MIN_OWN = 0.5  # the decoders lend their credit only to a class whose own step is at least this share of its objective (decision 0028)
@@ -111,10 +111,13 @@ class StepTimeModel:
     """step seconds ≈ fixed + per_token * tokens + per_kv_token * kv_tokens, refined from observations.
 
     Exponentially weighted least squares (forgetting factor `forget`) with a ridge pull towards
-    the prior, solved afresh from the weighted sums after each observation. The ridge is what
-    keeps the model stable when the steps stop exciting a direction (e.g. a run of decode-only
-    steps of the same size): plain recursive least squares with forgetting winds its covariance
-    up there and diverges; here an unexcited coefficient just stays where it was.
+    the last estimate (the initial coefficients before any step), solved afresh from the weighted
+    sums after each observation. The ridge is what keeps the model stable when the steps stop
+    exciting a direction (e.g. a run of decode-only steps of the same size): plain recursive least
+    squares with forgetting winds its covariance up there and diverges. Pulled towards the last
+    estimate, an unexcited coefficient stays where it was: what a prompt step costs survives a
+    decode-only stretch, whose forgotten sums would otherwise hand it back to the initial guess
+    (decision 0031).
     """
 
     fixed_s: float = 0.010
@@ -123,12 +126,8 @@ class StepTimeModel:
     per_pair_s: float = 0.0  # a (query, key) pair of a prompt chunk's attention
     forget: float = 0.98
     observations: int = 0
-    _prior: list[float] = field(default_factory=list)
     _s: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
     _r: list[float] = field(default_factory=lambda: [0.0] * 4)
-
-    def __post_init__(self) -> None:
-        self._prior = [self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT, self.per_pair_s * PAIR_UNIT]
 
     def predict(self, tokens: int, kv_tokens: int = 0, pairs: int = 0) -> float:
         return self.fixed_s + self.per_token_s * tokens + self.per_kv_token_s * kv_tokens + self.per_pair_s * pairs
@@ -159,7 +158,8 @@ class StepTimeModel:
             for j in range(4):
                 row[j] = f * row[j] + x[i] * x[j]
         lhs = [[s[i][j] + (PRIOR_WEIGHT if i == j else 0.0) for j in range(4)] for i in range(4)]
-        rhs = [r[i] + PRIOR_WEIGHT * self._prior[i] for i in range(4)]
+        last = (self.fixed_s, self.per_token_s * TOKEN_UNIT, self.per_kv_token_s * KV_UNIT, self.per_pair_s * PAIR_UNIT)
+        rhs = [r[i] + PRIOR_WEIGHT * last[i] for i in range(4)]
         fixed, per_unit, per_kv_unit, per_pair_unit = _solve(lhs, rhs)
         if not all(math.isfinite(v) for v in (fixed, per_unit, per_kv_unit, per_pair_unit)):
             return  # an ill-conditioned solve keeps the last good fit rather than poisoning budgets
