@@ -163,6 +163,8 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     assert "unknown signal(s) cpu" in capsys.readouterr().err
     assert main(["bench", "cluster", "--signals", "slaq", "--target-protected-load", "3", "--quiet"]) == 2
     assert "--target-protected-load must be in (0, 2]" in capsys.readouterr().err
+    assert main(["bench", "cluster", "--signals", "slaq", "--scale-down-window", "-1", "--quiet"]) == 2
+    assert "--scale-down-window must be in [0, 3600]" in capsys.readouterr().err
     out = tmp_path / "report.json"
     assert main(["bench", "cluster", "--workload", "wva-ramp-tiers", "--time-scale", "0.02", "--signals", "static",
                  "--max-replicas", "2", "--quiet", "--out", str(out)]) == 0
@@ -170,7 +172,7 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     static = report["signals"]["static"]
     assert set(static["tiers"]) == {"critical", "standard", "batch"}
     assert static["replicas"] == {"mean": 2.0, "peak": 2} and static["gpu_hours"] > 0
-    assert report["target_protected_load"] == 0.5  # the CRD's default
+    assert report["target_protected_load"] == 0.5 and report["scale_down_window_s"] == 300  # the CRD's defaults
     assert 0.0 <= static["attainment"] <= 1.0 and static["timeline"]
     # The report carries its envelope and schema, and docs/results.md renders it.
     from slaq.bench.results import check_report, render_section
@@ -179,6 +181,7 @@ def test_cli_names_a_bad_signal_and_runs_a_tiny_ramp(tmp_path, capsys) -> None:
     assert report["schema"] == "slaq.bench.cluster/v1" and report["run"]["date"]
     section = "\n".join(render_section("cluster-tiny", report))
     assert "| `static` | " in section and "critical / standard / batch attained" in section
+    assert "`scaleDownStabilizationSeconds` 300" in section
     from slaq.bench.plots import main as plot
 
     png = tmp_path / "timeline.png"

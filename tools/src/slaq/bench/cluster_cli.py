@@ -45,6 +45,9 @@ def add_cluster_parser(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--max-replicas", type=int, default=8, help="the pool's spec.replicas.max, also the static size (default 8)")
     cluster.add_argument("--target-protected-load", type=float, default=None, metavar="X",
                          help="the pool's spec.autoscaling.targetProtectedLoad, the slaq signal's target (default: the CRD's, 0.5)")
+    cluster.add_argument("--scale-down-window", type=int, default=None, metavar="SECONDS",
+                         help="the pool's spec.autoscaling.scaleDownStabilizationSeconds, for every HPA signal "
+                              "(default: the CRD's, 300)")
     cluster.add_argument("--clairvoyant-pod-rps", type=float, default=None, metavar="RPS",
                          help="the clairvoyant bound's requests/s per pod (default 1.25: the static pool's load per pod at the peak)")
     cluster.add_argument("--clairvoyant-lead", type=_nonnegative, default=None, metavar="SECONDS",
@@ -72,7 +75,8 @@ def _cluster(args: argparse.Namespace) -> int:
 def run_cluster_command(args: argparse.Namespace) -> int:
     from slaq.bench.cluster_report import format_table
     from slaq.bench.cluster_hpa import SYNC_PERIOD_S
-    from slaq.bench.cluster_signals import DEFAULT_CLAIRVOYANT_POD_RPS, DEFAULT_TARGET_PROTECTED_LOAD, ClairvoyantSignal, parse_signals
+    from slaq.bench.cluster_signals import (DEFAULT_CLAIRVOYANT_POD_RPS, DEFAULT_SCALE_DOWN_WINDOW_S, DEFAULT_TARGET_PROTECTED_LOAD,
+                                            ClairvoyantSignal, parse_signals)
     from slaq.bench.cluster_sim import DEFAULT_LOADING_S, DEFAULT_PENDING_S
     from slaq.bench.cluster_workloads import cluster_workload
     from slaq.bench.envelope import envelope, with_envelope
@@ -86,6 +90,9 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     target = DEFAULT_TARGET_PROTECTED_LOAD if args.target_protected_load is None else args.target_protected_load
     if not 0 < target <= 2:  # the CRD's bounds
         raise WorkloadError(f"--target-protected-load must be in (0, 2] (spec.autoscaling.targetProtectedLoad), got {target:g}")
+    window = DEFAULT_SCALE_DOWN_WINDOW_S if args.scale_down_window is None else args.scale_down_window
+    if not 0 <= window <= 3600:  # the CRD's bounds
+        raise WorkloadError(f"--scale-down-window must be in [0, 3600] (spec.autoscaling.scaleDownStabilizationSeconds), got {window}")
     if args.stock and args.router == "gateway-slaq":
         raise WorkloadError("--router gateway-slaq reads slaq_protected_prompts_pending, which stock vLLM pods do not export")
     workload = cluster_workload(args.workload, seed=args.seed, time_scale=args.time_scale)
@@ -101,7 +108,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
     lead_s = pending_s + loading_s + SYNC_PERIOD_S if args.clairvoyant_lead is None else args.clairvoyant_lead
     ClairvoyantSignal.check(pod_rps, lead_s)
     jobs = [(name, args.workload, args.seed, args.time_scale, args.max_replicas, args.min_replicas, profile.name if args.profile is None else args.profile,
-             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target, pod_rps, lead_s)
+             args.stock, pending_s, loading_s, args.fail_pod, args.router, not args.quiet and args.jobs == 1, target, pod_rps, lead_s, window)
             for name in names]
     if args.jobs == 1:
         results = [simulate_signal(*job) for job in jobs]
@@ -128,6 +135,7 @@ def run_cluster_command(args: argparse.Namespace) -> int:
         "cold_start_s": {"pending": pending_s, "loading": loading_s},
         "replicas": {"min": args.min_replicas, "max": args.max_replicas},
         "target_protected_load": target,
+        "scale_down_window_s": window,
         **({"clairvoyant": {"pod_rps": pod_rps, "lead_s": lead_s}} if "clairvoyant" in names else {}),
         "simulated": True,
         "signals": signals,
@@ -142,7 +150,8 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float, max_replicas: int, min_replicas: int, profile_name: str,
                     stock: bool, pending_s: float, loading_s: float, fail_at_s: float | None, router: str, show_progress: bool,
-                    target_protected_load: float, pod_rps: float, lead_s: float) -> dict[str, Any]:
+                    target_protected_load: float, pod_rps: float, lead_s: float,
+                    scale_down_window_s: int) -> dict[str, Any]:
     """One signal's run and figures (a top-level function of plain arguments, so a worker process can run it)."""
     from slaq.bench.cluster_report import signal_figures
     from slaq.bench.cluster_router import make_router
@@ -156,7 +165,8 @@ def simulate_signal(name: str, workload_name: str, seed: int, time_scale: float,
     workload = cluster_workload(workload_name, seed=seed, time_scale=time_scale)
     options = ClusterOptions(spec=policy("priority" if stock else "slaq"), profile=load_profile(profile_name),
                              pending_s=pending_s, loading_s=loading_s, fail_at_s=fail_at_s)
-    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load),
+    signal = make_signal(name, bench_pool(max_replicas, min_replicas=min_replicas, target_protected_load=target_protected_load,
+                                               scale_down_stabilization_s=scale_down_window_s),
                          stages=workload.stages, lead_s=lead_s, pod_rps=pod_rps)
     bar = ProgressBar(name) if show_progress else None
     started = time.perf_counter()

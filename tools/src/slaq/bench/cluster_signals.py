@@ -28,7 +28,8 @@ Prometheus and its adapter would serve it, or a fixed size.
   start: the bound of a reactive scaler with no lag of its own.
 
 Every autoscaled signal starts at `minReplicas` ready pods and uses the operator's behaviour
-(scale-up 2 pods / 60 s, scale-down 1 pod / 60 s after a 300 s window), so only the metric differs.
+(scale-up 2 pods / 60 s, scale-down 1 pod / 60 s after the pool's `scaleDownStabilizationSeconds`
+window, by default the CRD's 300 s; `--scale-down-window`), so only the metric differs.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ BOUNDS = ("clairvoyant",)  # named explicitly: not a scaler anyone can deploy
 DEFAULT_CLAIRVOYANT_POD_RPS = 1.25
 PROMETHEUS_SCRAPE_S = 15.0  # a PodMonitor's interval, as the chart's examples set it
 DEFAULT_TARGET_PROTECTED_LOAD: float = AutoscalingSpec.model_fields["target_protected_load"].default  # the CRD's
+DEFAULT_SCALE_DOWN_WINDOW_S: int = AutoscalingSpec.model_fields["scale_down_stabilization_seconds"].default  # the CRD's
 
 
 def bench_pool(max_replicas: int, *, min_replicas: int = 1, target_protected_load: float = DEFAULT_TARGET_PROTECTED_LOAD,
-               scale_down_stabilization_s: int = 300, drain_timeout: str = "120s") -> InferencePool:
+               scale_down_stabilization_s: int = DEFAULT_SCALE_DOWN_WINDOW_S, drain_timeout: str = "120s") -> InferencePool:
     """The InferencePool the cluster benchmark's HPA is rendered from: Qwen3-32B, TP=2."""
     return InferencePool.model_validate({
         "apiVersion": "slaq.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": "bench", "namespace": "bench"},

@@ -382,9 +382,11 @@ def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
 
 
 def _target(report: Mapping[str, Any]) -> str:
-    """The slaq signal's HPA target, when the report names it (reports before the flag used the CRD's 0.5)."""
+    """The slaq signal's HPA target and every HPA's scale-down window, when the report names them (reports
+    before the flags used the CRD's 0.5 and 300 s)."""
     target = report.get("target_protected_load")
-    return "" if target is None else f", `targetProtectedLoad` {target:g}"
+    window = report.get("scale_down_window_s")  # reports before the flag used the CRD's 300
+    return ("" if target is None else f", `targetProtectedLoad` {target:g}") + ("" if window is None else f", `scaleDownStabilizationSeconds` {window}")
 
 
 def _clairvoyant(report: Mapping[str, Any]) -> str:
