@@ -381,11 +381,11 @@ def render_demo_loop(report: Mapping[str, Any]) -> list[str]:
             f"{saturated['slaq']} of slaq's.", "", *_table(["figure", "min / median / max"], rows)]
 
 
-def _target(report: Mapping[str, Any]) -> str:
+def _hpa_settings(report: Mapping[str, Any]) -> str:
     """The slaq signal's HPA target and every HPA's scale-down window, when the report names them (reports
     before the flags used the CRD's 0.5 and 300 s)."""
     target = report.get("target_protected_load")
-    window = report.get("scale_down_window_s")  # reports before the flag used the CRD's 300
+    window = report.get("scale_down_window_s")
     return ("" if target is None else f", `targetProtectedLoad` {target:g}") + ("" if window is None else f", `scaleDownStabilizationSeconds` {window}")
 
 
@@ -406,7 +406,7 @@ def render_cluster(report: Mapping[str, Any]) -> list[str]:
     lines = [f"`slaq bench cluster`, simulated (not hardware): {workload['requests']:,} requests of `{workload['name']}` (seed "
              f"{workload['seed']}, time scale {workload['time_scale']:g}; stages of {stages} requests/s) on `{report['profile']}`; "
              f"{report['pods']} pods behind the `{report['router']}` router, replicas {report['replicas']['min']}..{report['replicas']['max']}"
-             f"{_target(report)}, cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.{_clairvoyant(report)}", ""]
+             f"{_hpa_settings(report)}, cold start {cold['pending']:g} s Pending + {cold['loading']:g} s loading.{_clairvoyant(report)}", ""]
     tiers = [t for t in TIERS if any(t in f.get("tiers", {}) for f in report["signals"].values())]
     rows = []
     for name, f in report["signals"].items():
