@@ -6,6 +6,7 @@ to the request meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from slaq.sidecar.errors import TokenRateExceeded
-from slaq.sidecar.service import SETTLING_NICENESS, CoreConfig, Flight, SidecarCore
+from slaq.sidecar.service import SETTLE_AFTER_S, SETTLING_NICENESS, CoreConfig, Flight, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
 from slaq.sidecar.tokens import OFF_LOOP_TEXT_CHARS, PromptBound, PromptCount, TokenizerCounter, byte_bounded, text_chars
 from tests.sidecar.tables import abc_table, bearer
@@ -125,6 +126,11 @@ class SlowBoundedCounter:
         self.release.wait(self.seconds)
         return PromptCount(self.exact, "tokenizer")
 
+    measure_apart = measure  # no encoder process: the thread's own niceness is what the test reads
+
+    def close(self) -> None:
+        pass
+
     def offloads(self, kind: str, body: dict[str, Any]) -> bool:
         return text_chars(kind, body) > OFF_LOOP_TEXT_CHARS
 
@@ -170,9 +176,11 @@ def level(c: SidecarCore, tenant: str = "vip") -> float:
 
 
 async def landed(flight: Flight) -> None:
+    """The flight's count landed (or, started for nothing, was called off) and its callback has run."""
     assert flight.counting is not None
-    await flight.counting
-    await asyncio.sleep(0)  # its callback has run
+    with contextlib.suppress(asyncio.CancelledError):
+        await flight.counting
+    await asyncio.sleep(0)
 
 
 async def test_a_request_with_room_goes_on_before_its_slow_count_lands() -> None:
@@ -193,6 +201,25 @@ async def test_a_request_with_room_goes_on_before_its_slow_count_lands() -> None
     assert b'slaq_prompt_counts_total{method="tokenizer"} 1.0' in c.metrics.render()
     c.finish(flight, output_tokens=2, engine_prompt_tokens=EXACT, status=200)
     assert level(c) == TPM - EXACT - 2 and c.quotas.in_flight("vip") == 0 and charges(c) == [("vip", EXACT + 2)]
+
+
+async def test_a_count_starts_once_the_first_token_is_forwarded_or_after_a_while_without_one() -> None:
+    counter = SlowBoundedCounter(seconds=5.0)
+    c = core(counter, tpm=4 * TPM)  # room for both at their bounds
+    streaming = await c.admit(c.identify(bearer("vip")), "completions", LONG)
+    waiting = await c.admit(c.identify(bearer("vip")), "completions", LONG)
+    await asyncio.sleep(0)
+    assert counter.threads == []  # neither starts beside the request's way to its first token
+    c.first_token(streaming)
+    await asyncio.sleep(0.01)
+    assert len(counter.threads) == 1 and waiting.count_timer is not None
+    await asyncio.sleep(SETTLE_AFTER_S)
+    assert waiting.count_timer is None  # no first token within SETTLE_AFTER_S: counted all the same
+    counter.release.set()
+    for flight in (streaming, waiting):
+        await landed(flight)
+        assert flight.prompt_tokens == EXACT
+    assert counter.threads == ["slaq-settle-count"] * 2 and level(c) == 4 * TPM - 2 * (EXACT + 2)
 
 
 @pytest.mark.parametrize("exact", [EXACT, 4500])
@@ -246,11 +273,15 @@ async def test_a_count_that_landed_before_its_callback_ran_is_used_by_finish() -
     counter.release.set()
 
 
+@pytest.mark.parametrize("started", [True, False])
 @pytest.mark.parametrize("how", ["cancelled_while_queued", "refused_by_engine", "engine_usage"])
-async def test_a_late_count_leaks_no_charge(how: str) -> None:
+async def test_a_late_count_leaks_no_charge(how: str, started: bool) -> None:
     counter = SlowBoundedCounter(seconds=5.0)
     c = core(counter)
     flight = await c.admit(c.identify(bearer("vip")), "completions", LONG)
+    if started:  # no first token within SETTLE_AFTER_S: the count starts anyway
+        await asyncio.sleep(SETTLE_AFTER_S + 0.05)
+    assert bool(counter.threads) == started
     if how == "engine_usage":
         c.finish(flight, output_tokens=2, engine_prompt_tokens=1300, status=200)
         expected = TPM - 1300 - 2
@@ -261,6 +292,7 @@ async def test_a_late_count_leaks_no_charge(how: str) -> None:
     counter.release.set()
     await landed(flight)
     assert level(c) == expected and flight.prompt_tokens == BOUND  # the late count touched nothing
+    assert len(counter.threads) == started  # a request settled before its count started is never counted
     report = c.usage.report("p", "r", {}, c.clock()).tenants["vip"]
     assert report.tokens_per_minute == (1302 if how == "engine_usage" else 0)
     assert charges(c) == ([("vip", 1302)] if how == "engine_usage" else [])

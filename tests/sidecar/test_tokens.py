@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from slaq.sidecar.chat_prompt import content_format, template_inputs, vllm_tool
 from slaq.sidecar.proxy import ResponseObserver, client_usage_filter
 from slaq.sidecar.service import CoreConfig, SidecarCore
 from slaq.sidecar.tenants import TenantDirectory
-from slaq.sidecar.tokens import OFF_LOOP_TEXT_CHARS, EstimatingCounter, PromptCount, TokenizerCounter
+from slaq.sidecar.tokens import ENCODER_PROCESSES, OFF_LOOP_TEXT_CHARS, EstimatingCounter, PromptCount, TokenizerCounter
 from tests.sidecar.tables import abc_table, bearer
 
 CJK = "服务等级目标限制首个令牌的时间和每个输出令牌的时间。"
@@ -128,6 +131,11 @@ class SlowCounter:
         time.sleep(self.seconds)
         return PromptCount(1234, "tokenizer")
 
+    measure_apart = measure
+
+    def close(self) -> None:
+        pass
+
     def offloads(self, kind: str, body: dict[str, Any]) -> bool:
         return self.offload
 
@@ -168,6 +176,40 @@ async def test_a_tenants_long_prompts_are_counted_two_at_a_time() -> None:
                                    return_exceptions=True)
     assert [type(r).__name__ for r in results] == ["Flight", "Flight", "ConcurrencyExceeded", "Flight"]  # another tenant is not held up
     assert not c._counts
+
+
+@pytest.fixture(scope="module")
+def apart() -> Iterator[TokenizerCounter]:
+    """The tiny tokenizer with the sidecar's encoder processes (`counter_for`)."""
+    from slaq.engine.tiny_model import ensure_tiny_model
+
+    counter = TokenizerCounter.load(str(ensure_tiny_model()), encoder_processes=ENCODER_PROCESSES)
+    yield counter
+    counter.close()
+
+
+def test_long_prompts_are_encoded_in_another_process_with_the_same_counts(apart: TokenizerCounter, tiny: TokenizerCounter) -> None:
+    assert apart._encoders is not None and apart._encoders.pid() != os.getpid()
+    text = "The quick brown fox jumps over the lazy dog. " * 400 + CJK
+    chat = {"messages": [{"role": "user", "content": text}], "tools": [WEATHER]}
+    for kind, body in [("completions", {"prompt": text}), ("completions", {"prompt": [text, CJK], "truncate_prompt_tokens": 500}),
+                       ("chat", chat), ("completions", {"prompt": CJK, "add_special_tokens": False})]:
+        assert apart.measure_apart(kind, body) == tiny.measure(kind, body) == apart.measure(kind, body)
+    assert tiny.measure_apart("completions", {"prompt": text}) == tiny.measure("completions", {"prompt": text})  # no processes: in this one
+
+
+def test_a_dead_encoder_process_leaves_counting_in_this_process(caplog: pytest.LogCaptureFixture) -> None:
+    from slaq.engine.tiny_model import ensure_tiny_model
+
+    counter = TokenizerCounter.load(str(ensure_tiny_model()), encoder_processes=1)
+    try:
+        os.kill(counter._encoders.pid(), signal.SIGKILL)
+        with caplog.at_level(logging.WARNING, logger="slaq.sidecar.tokens"):
+            assert counter.measure_apart("completions", {"prompt": CJK}) == PromptCount(len(counter.tokenizer.encode(CJK)), "tokenizer")
+        assert "an encoder process died" in caplog.text and counter._encoders is None
+        assert counter.measure_apart("completions", {"prompt": CJK}).method == "tokenizer"
+    finally:
+        counter.close()
 
 
 def test_the_tiny_counter_offloads_only_long_prompts(tiny: TokenizerCounter) -> None:

@@ -261,6 +261,7 @@ class SidecarApp:
         if self.core.shared_quotas is not None:
             await self.core.shared_quotas.aclose()
         self.core.parsers.close()
+        self.core.counter.close()
 
     async def _flush_access(self) -> None:
         while True:

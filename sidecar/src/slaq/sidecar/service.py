@@ -47,11 +47,17 @@ from slaq.sidecar.usage import UsageLog
 log = logging.getLogger(__name__)
 
 PARSES_PER_TENANT = 2  # a tenant's large bodies in the parsing workers at once
-COUNTING_THREADS = 2  # long prompts are tokenized here, off the event loop (the encoder releases the GIL)
+COUNTING_THREADS = 2  # long prompts are counted here, off the event loop (encoded in the counter's encoder processes)
 # Prompts admitted on their bound are counted on a thread of their own (they never queue ahead of a
 # count someone waits for), a tenant at a time in turn (`TenantTurns`): one tenant's burst of long
 # prompts does not hold back the others' settlements.
 SETTLING_NICENESS = 10  # and 10 nice levels lower: nobody waits for these counts, so they take no CPU from the request path
+# Nor do they start beside the request's own way to its first token: a count starts when the first
+# token has been forwarded, or `SETTLE_AFTER_S` after admission if the first token takes longer (a
+# request that waits in the queue, or a long prefill, does not keep its bound charged meanwhile).
+# Counting beside it added 2 ms to a 4k-token prompt's TTFT at p99 on a 2-core machine, even in an
+# encoder process of its own (docs/results.md, sidecar-latency-4k-tokenizer).
+SETTLE_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class Flight:
     settlement: Settlement | None = None
     counting: asyncio.Future[PromptCount] | None = None  # the exact count, when admitted on the prompt's bound (`prompt_tokens` is that bound until it lands)
     counted: bool = False  # that count has been applied
+    count_timer: asyncio.TimerHandle | None = None  # that count not started yet: it starts at the first token or when this fires
     unsettled: tuple[int | None, int] | None = None  # (output tokens, status) of a request that ended before its count landed
 
     @property
@@ -323,9 +330,38 @@ class SidecarCore:
             except TokenRateExceeded:
                 return None
         flight = self._checked_in(identity, order, ticket, arrival, now)
-        flight.counting = asyncio.wrap_future(self._settling.submit(identity.tenant.name, self.counter.measure, kind, payload.body))
+        loop = asyncio.get_running_loop()
+        flight.counting = loop.create_future()
         flight.counting.add_done_callback(lambda _: self._counted(flight))
+        flight.count_timer = loop.call_later(SETTLE_AFTER_S, self._count, flight)
         return flight
+
+    def _count(self, flight: Flight) -> None:
+        """Start counting a prompt admitted on its bound (once): in its tenant's turn, apart from the
+        event loop. A request settled meanwhile with the engine's count, or refunded, is not counted."""
+        if flight.count_timer is None:
+            return
+        flight.count_timer.cancel()
+        flight.count_timer = None
+        counting = flight.counting
+        assert counting is not None
+        if flight.done and flight.unsettled is None:
+            flight.counted = True
+            counting.cancel()
+            return
+        job = asyncio.wrap_future(self._settling.submit(flight.identity.tenant.name, self.counter.measure_apart, flight.payload.kind, flight.payload.body))
+
+        def landed(job: asyncio.Future[PromptCount]) -> None:
+            if counting.done():
+                return
+            if job.cancelled():
+                counting.cancel()
+            elif job.exception() is not None:
+                counting.set_exception(job.exception())  # type: ignore[arg-type]
+            else:
+                counting.set_result(job.result())
+
+        job.add_done_callback(landed)
 
     def _counted(self, flight: Flight) -> None:
         """The exact count of a prompt admitted on its bound, landed: the charge comes down (or, were
@@ -336,7 +372,7 @@ class SidecarCore:
         flight.counted = True
         try:
             count = flight.counting.result()
-        except Exception as exc:  # the count never came: the bound stands, against the tenant
+        except (Exception, asyncio.CancelledError) as exc:  # the count never came: the bound stands, against the tenant
             log.warning("counting a prompt admitted on its bound failed (%s: %s); its bound is charged", type(exc).__name__, exc)
             count = PromptCount(flight.prompt_tokens, "tokenizer")
         else:
@@ -470,7 +506,7 @@ class SidecarCore:
             self._counting = ThreadPoolExecutor(COUNTING_THREADS, thread_name_prefix="slaq-count")
         self._counts[name] += 1
         try:
-            payload.prompt_count = await asyncio.get_running_loop().run_in_executor(self._counting, self.counter.measure, kind, payload.body)
+            payload.prompt_count = await asyncio.get_running_loop().run_in_executor(self._counting, self.counter.measure_apart, kind, payload.body)
         finally:
             self._counts[name] -= 1
             if not self._counts[name]:
@@ -550,6 +586,8 @@ class SidecarCore:
         if release is not None and flight.payload.stream and flight.entry.pipe_ahead is not None:
             self.metrics.observe_handover(flight.tier.value, flight.entry.pipe_ahead, max(0.0, now - release))
         self.dispatcher.first_byte(flight.entry)
+        if flight.count_timer is not None:
+            asyncio.get_running_loop().call_soon(self._count, flight)  # once the first token is on its way to the client
 
     def finish(self, flight: Flight, *, output_tokens: int | None, engine_prompt_tokens: int | None, status: int, refund: bool = False) -> None:
         """Settle quotas, learn the output length, record latency and SLO outcome. Idempotent.
@@ -573,6 +611,7 @@ class SidecarCore:
                 self._counted(flight)  # landed, its callback not run yet: settled now
         else:
             self._charge(flight, output_tokens=output_tokens, engine_prompt_tokens=engine_prompt_tokens, status=status, refund=refund, now=now)
+        self._count(flight)  # a count not started yet: started now, or not at all when the engine's count settled it
         prompt = engine_prompt_tokens if engine_prompt_tokens is not None else flight.prompt_tokens
         e2e = now - flight.arrival
         queue_wait = flight.entry.queue_wait_s
