@@ -212,6 +212,14 @@ def test_a_dead_encoder_process_leaves_counting_in_this_process(caplog: pytest.L
         counter.close()
 
 
+def test_a_counter_closed_while_its_tokenizer_loads_starts_no_encoder(tiny: TokenizerCounter) -> None:
+    counter = TokenizerCounter(source="tiny", encoder_processes=1)  # as `start` makes it, before the load thread is done
+    counter.close()  # the sidecar shuts down meanwhile
+    counter._use(tiny.tokenizer)  # the load thread finishes
+    assert counter._encoders is None
+    assert counter.measure_apart("completions", {"prompt": CJK}) == tiny.measure("completions", {"prompt": CJK})
+
+
 def test_the_tiny_counter_offloads_only_long_prompts(tiny: TokenizerCounter) -> None:
     assert tiny.offloads("completions", {"prompt": "x" * (OFF_LOOP_TEXT_CHARS + 1)})
     assert not tiny.offloads("completions", {"prompt": "x" * 100}) and not tiny.offloads("completions", {"prompt": [1] * 100_000})

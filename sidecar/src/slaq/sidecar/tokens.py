@@ -211,6 +211,8 @@ class TokenizerCounter:
         self.fallback = EstimatingCounter()
         self.encoder_processes = encoder_processes  # long prompts encoded in processes of their own (encoder.py); 0: in this one
         self._encoders: Any = None  # `EncoderWorkers`, once started
+        self._closing = threading.Lock()
+        self._closed = False  # `close` was called: no encoders start after it (the tokenizer may still be loading)
         self.settled = threading.Event()  # loaded, or failed to load
         self.tokenizer: Any = None
         self._fast: Any = None
@@ -252,14 +254,21 @@ class TokenizerCounter:
             spec = self._fast.to_str()
             self._bounded, self._normalizes = byte_bounded(json.loads(spec))
             self._specials = self._fast.num_special_tokens_to_add(False)
-            if self.encoder_processes:
-                self._encoders = _started_encoders(spec, self.encoder_processes)
+            if self.encoder_processes and not self._closed:
+                encoders = _started_encoders(spec, self.encoder_processes)
+                with self._closing:
+                    if self._closed and encoders is not None:
+                        encoders.close()  # closed while they started
+                    else:
+                        self._encoders = encoders
         self.tokenizer = tokenizer
         self.settled.set()
 
     def close(self) -> None:
-        """Stop the encoder processes (counting goes on in this process)."""
-        encoders, self._encoders = self._encoders, None
+        """Stop the encoder processes, or keep them from starting (counting goes on in this process)."""
+        with self._closing:
+            self._closed = True
+            encoders, self._encoders = self._encoders, None
         if encoders is not None:
             encoders.close()
 
