@@ -55,8 +55,9 @@ SETTLING_NICENESS = 10  # and 10 nice levels lower: nobody waits for these count
 # Nor do they start beside the request's own way to its first token: a count starts when the first
 # token has been forwarded, or `SETTLE_AFTER_S` after admission if the first token takes longer (a
 # request that waits in the queue, or a long prefill, does not keep its bound charged meanwhile).
-# Counting beside it added 2 ms to a 4k-token prompt's TTFT at p99 on a 2-core machine, even in an
-# encoder process of its own (docs/results.md, sidecar-latency-4k-tokenizer).
+# Started at admission, a 4k-token prompt's count added 2 ms to its TTFT at p99 on a 2-core machine,
+# even in an encoder process (sidecar_latency.py --prompt-tokens 4096 --tokenizer tiny: added p99
+# 6.15 ms, 4.12 ms with no count at all; started at the first token, docs/results.md#sidecar-latency-4k-tokenizer).
 SETTLE_AFTER_S = 0.05
 
 

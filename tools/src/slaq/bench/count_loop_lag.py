@@ -19,6 +19,7 @@ import asyncio
 import threading
 import time
 
+from slaq.bench.sidecar_latency import pct, prompt_of
 from slaq.engine.tiny_model import ensure_tiny_model
 from slaq.sidecar.tokens import ENCODER_PROCESSES, TokenizerCounter
 
@@ -27,18 +28,14 @@ SLEEP_S = 0.001
 COUNT_EVERY_S = 0.005
 
 
-def prompt_of(counter: TokenizerCounter, tokens: int) -> str:
-    text = "The quick brown fox jumps over the lazy dog while the scheduler keeps every promise. " * (tokens // 8 + 1)
-    return counter.tokenizer.decode(counter.tokenizer.encode(text, add_special_tokens=False)[:tokens])
-
-
-async def lags_ms(samples: int) -> list[float]:
-    lags = []
+async def lags(samples: int) -> list[float]:
+    """How late (s) each of `samples` wake-ups from a `SLEEP_S` sleep is."""
+    late = []
     for _ in range(samples):
         start = time.perf_counter()
         await asyncio.sleep(SLEEP_S)
-        lags.append((time.perf_counter() - start - SLEEP_S) * 1000)
-    return sorted(lags)
+        late.append(time.perf_counter() - start - SLEEP_S)
+    return late
 
 
 def run(mode: str, counter: TokenizerCounter, body: dict, samples: int) -> list[float]:
@@ -53,7 +50,7 @@ def run(mode: str, counter: TokenizerCounter, body: dict, samples: int) -> list[
     if worker is not None:
         worker.start()
     try:
-        return asyncio.run(lags_ms(samples))
+        return asyncio.run(lags(samples))
     finally:
         stop.set()
         if worker is not None:
@@ -65,9 +62,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=3000)
     args = parser.parse_args()
-    counter = TokenizerCounter.load(str(ensure_tiny_model()), encoder_processes=ENCODER_PROCESSES)
+    model = str(ensure_tiny_model())
+    counter = TokenizerCounter.load(model, encoder_processes=ENCODER_PROCESSES)
     try:
-        body = {"prompt": prompt_of(counter, args.prompt_tokens)}
+        body = {"prompt": prompt_of(args.prompt_tokens, model)}  # the text sidecar_latency.py sends
         started = time.perf_counter()
         for _ in range(20):
             counter.measure("completions", body)
@@ -75,8 +73,8 @@ def main() -> None:
               f"{(time.perf_counter() - started) / 20 * 1000:.2f} ms to count in this process")
         print(f"{'mode':>8}  {'lag p50':>8}  {'lag p99':>8}  {'max':>8}  (ms, {args.samples} wake-ups of a {SLEEP_S * 1000:.0f} ms sleep)")
         for mode in MODES:
-            lags = run(mode, counter, body, args.samples)
-            print(f"{mode:>8}  {lags[len(lags) // 2]:8.3f}  {lags[int(len(lags) * 0.99)]:8.3f}  {lags[-1]:8.3f}")
+            late = run(mode, counter, body, args.samples)
+            print(f"{mode:>8}  {pct(late, 0.5):8.3f}  {pct(late, 0.99):8.3f}  {max(late) * 1000:8.3f}")
     finally:
         counter.close()
 
